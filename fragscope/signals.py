@@ -1,0 +1,129 @@
+"""The signal table: canonical signal ids, and the raw metric names each is read from.
+
+Metric names drift between engine versions and exporters; they live here and nowhere else
+(HTA declares each column with the version that introduced it; this is the same idea).
+The raw names and the ``fragscope_*`` names are contracts, documented in docs/signals.md.
+
+A canonical signal is read from the first source that has data, converted to base units by
+``scale`` (DCGM reports MiB, %, MHz; fragscope exports bytes, ratios, hertz).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MIB = 1024.0 * 1024.0
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    metric: str  # raw metric name as exposed (after normalising ray_vllm: -> vllm:)
+    scale: float = 1.0  # multiply to get base units
+    note: str = ""  # which engine / version exposes it
+
+
+@dataclass(frozen=True, slots=True)
+class Signal:
+    id: str
+    kind: str  # gauge | counter | histogram | summary | info
+    scope: str  # engine | gpu | process | trace
+    unit: str
+    sources: tuple[Source, ...]
+    doc: str = ""
+
+
+def _s(metric: str, scale: float = 1.0, note: str = "") -> Source:
+    return Source(metric, scale, note)
+
+
+SIGNALS: dict[str, Signal] = {s.id: s for s in [
+    # --- serving engine (vLLM V1 / V0; SGLang equivalents where they mean the same) -------------
+    Signal("requests_running", "gauge", "engine", "requests",
+           (_s("vllm:num_requests_running"), _s("sglang:num_running_reqs", note="SGLang"))),
+    Signal("requests_waiting", "gauge", "engine", "requests",
+           (_s("vllm:num_requests_waiting"), _s("sglang:num_queue_reqs", note="SGLang"))),
+    Signal("kv_cache_usage_ratio", "gauge", "engine", "ratio",
+           (_s("vllm:kv_cache_usage_perc", note="V1 (>=0.9)"),
+            _s("vllm:gpu_cache_usage_perc", note="V0; deprecated 0.9"),
+            _s("sglang:token_usage", note="SGLang"))),
+    Signal("preemptions_total", "counter", "engine", "preemptions",
+           (_s("vllm:num_preemptions_total"),
+            _s("sglang:num_retracted_requests_total", note="SGLang retractions"))),
+    Signal("generation_tokens_total", "counter", "engine", "tokens",
+           (_s("vllm:generation_tokens_total"), _s("sglang:generation_tokens_total", note="SGLang"))),
+    Signal("prompt_tokens_total", "counter", "engine", "tokens",
+           (_s("vllm:prompt_tokens_total"), _s("sglang:prompt_tokens_total", note="SGLang"))),
+    Signal("request_success_total", "counter", "engine", "requests",
+           (_s("vllm:request_success_total"), _s("sglang:num_requests_total", note="SGLang"))),
+    Signal("ttft_seconds", "histogram", "engine", "seconds",
+           (_s("vllm:time_to_first_token_seconds"), _s("sglang:time_to_first_token_seconds", note="SGLang"))),
+    Signal("request_prompt_tokens", "histogram", "engine", "tokens",
+           (_s("vllm:request_prompt_tokens"),)),
+    Signal("request_generation_tokens", "histogram", "engine", "tokens",
+           (_s("vllm:request_generation_tokens"),)),
+    Signal("cache_config_info", "info", "engine", "",
+           (_s("vllm:cache_config_info"),),
+           "labels block_size, gpu_memory_utilization, num_gpu_blocks (strings)"),
+    # --- GPU (fragscope NVML collector, or dcgm-exporter) -----------------------------------------
+    Signal("gpu_memory_used_bytes", "gauge", "gpu", "bytes",
+           (_s("fragscope_gpu_memory_used_bytes"), _s("DCGM_FI_DEV_FB_USED", MIB, "dcgm-exporter, MiB"))),
+    Signal("gpu_memory_total_bytes", "gauge", "gpu", "bytes",
+           (_s("fragscope_gpu_memory_total_bytes"), _s("DCGM_FI_DEV_FB_TOTAL", MIB, "dcgm, not default")),
+           "dcgm-exporter default counters lack FB_TOTAL: derived as FB_USED + FB_FREE (+ FB_RESERVED)"),
+    Signal("gpu_memory_free_bytes", "gauge", "gpu", "bytes",
+           (_s("fragscope_gpu_memory_free_bytes"), _s("DCGM_FI_DEV_FB_FREE", MIB, "dcgm-exporter, MiB"))),
+    Signal("gpu_utilization_ratio", "gauge", "gpu", "ratio",
+           (_s("fragscope_gpu_utilization_ratio"), _s("DCGM_FI_DEV_GPU_UTIL", 0.01, "dcgm-exporter, %"))),
+    Signal("gpu_sm_clock_hertz", "gauge", "gpu", "hertz",
+           (_s("fragscope_gpu_sm_clock_hertz"), _s("DCGM_FI_DEV_SM_CLOCK", 1e6, "dcgm-exporter, MHz"))),
+    Signal("gpu_sm_clock_max_hertz", "gauge", "gpu", "hertz",
+           (_s("fragscope_gpu_sm_clock_max_hertz"),)),
+    Signal("gpu_temperature_celsius", "gauge", "gpu", "celsius",
+           (_s("fragscope_gpu_temperature_celsius"), _s("DCGM_FI_DEV_GPU_TEMP", 1.0, "dcgm-exporter"))),
+    Signal("gpu_power_watts", "gauge", "gpu", "watts",
+           (_s("fragscope_gpu_power_watts"), _s("DCGM_FI_DEV_POWER_USAGE", 1.0, "dcgm-exporter"))),
+    Signal("gpu_throttle_reason_active", "gauge", "gpu", "bool",
+           (_s("fragscope_gpu_throttle_reason_active"),), "label reason, NVML names"),
+    Signal("gpu_power_violation_seconds_total", "counter", "gpu", "seconds",
+           (_s("DCGM_FI_DEV_POWER_VIOLATION", 1e-9, "dcgm, ns, not default"),)),
+    Signal("gpu_thermal_violation_seconds_total", "counter", "gpu", "seconds",
+           (_s("DCGM_FI_DEV_THERMAL_VIOLATION", 1e-9, "dcgm, ns, not default"),)),
+    # --- PyTorch caching allocator (fragscope probe, in the engine process) ------------------------
+    Signal("torch_allocated_bytes", "gauge", "gpu", "bytes", (_s("fragscope_torch_allocated_bytes"),)),
+    Signal("torch_reserved_bytes", "gauge", "gpu", "bytes", (_s("fragscope_torch_reserved_bytes"),)),
+    Signal("torch_inactive_split_bytes", "gauge", "gpu", "bytes", (_s("fragscope_torch_inactive_split_bytes"),)),
+    Signal("torch_alloc_retries_total", "counter", "gpu", "retries", (_s("fragscope_torch_alloc_retries_total"),)),
+    Signal("torch_ooms_total", "counter", "gpu", "ooms", (_s("fragscope_torch_ooms_total"),)),
+    # --- kernel timeline (periodic short captures) -------------------------------------------------
+    Signal("kernel_gap_seconds", "summary", "gpu", "seconds", (_s("fragscope_kernel_gap_seconds"),),
+           "quantile label 0.5 / 0.99"),
+    Signal("gpu_idle_ratio", "gauge", "gpu", "ratio", (_s("fragscope_gpu_idle_ratio"),)),
+]}
+
+# Raw metric name -> (signal id, source). Built once.
+RAW_TO_SIGNAL: dict[str, tuple[str, Source]] = {}
+for _sig in SIGNALS.values():
+    for _src in _sig.sources:
+        RAW_TO_SIGNAL.setdefault(_src.metric, (_sig.id, _src))
+
+# Prefixes rewritten at ingest so one table serves every deployment.
+PREFIX_ALIASES: tuple[tuple[str, str], ...] = (
+    ("ray_vllm:", "vllm:"),  # Ray Serve LLM re-export
+)
+
+# Labels that identify a GPU across exporters: fragscope & dcgm use ``gpu`` (index);
+# ``gpu_uuid`` (fragscope) / ``UUID`` (dcgm) identify it globally.
+GPU_LABELS = ("gpu", "gpu_uuid", "UUID")
+# Labels that identify an engine inside a pod.
+ENGINE_LABELS = ("model_name", "engine")
+# Labels that identify a serving target in a fleet (Prometheus / Kubernetes).
+TARGET_LABELS = ("namespace", "pod")
+
+# DCGM reports "blank" values as huge sentinels (README: MEMORY_TEMP = 9223372036854775794).
+DCGM_BLANK_THRESHOLD = 9.0e18
+
+
+def normalise_name(name: str) -> str:
+    for old, new in PREFIX_ALIASES:
+        if name.startswith(old):
+            return new + name[len(old):]
+    return name
