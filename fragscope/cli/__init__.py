@@ -10,7 +10,8 @@ import sys
 import click
 
 from .. import __version__
-from . import agent_cmds, deep_cmds, diagnose_cmd, fleet_cmds
+from . import (agent_cmds, diagnose_cmd, fleet_cmds, kv_budget_cmd, logs_cmd, snapshot_cmd,
+               trace_cmd)
 from .common import EXIT_USAGE
 
 
@@ -47,7 +48,7 @@ def fragscope_group() -> None:
     pass
 
 
-for _mod in (diagnose_cmd, deep_cmds, agent_cmds, fleet_cmds):
+for _mod in (diagnose_cmd, kv_budget_cmd, snapshot_cmd, trace_cmd, logs_cmd, agent_cmds, fleet_cmds):
     _mod.register(fragscope_group, diagnose_group)
 # `fragscope diagnose ...` is the same as `diagnose ...`
 fragscope_group.add_command(diagnose_group, name="diagnose")

@@ -75,9 +75,6 @@ def explain_cmd(diagnosis_id: str, fmt: str) -> int:
 def register(fragscope_group: click.Group, diagnose_group: click.Group) -> None:
     diagnose_group.add_command(run_cmd)
     diagnose_group.add_command(explain_cmd)
-    from .kv_budget_cmd import kv_budget_cmd
-
-    fragscope_group.add_command(kv_budget_cmd)
 
 
 __all__ = ["register", "Report", "Severity", "EXIT_FINDINGS"]

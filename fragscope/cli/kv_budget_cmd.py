@@ -1,9 +1,8 @@
-"""``fragscope kv-budget`` (placeholder; filled in by the core issue)."""
+"""CLI commands (module owned by one area; see fragscope/cli/__init__.py)."""
 from __future__ import annotations
 
 import click
 
 
-@click.command("kv-budget")
-def kv_budget_cmd() -> None:
-    """KV-cache budget calculator."""
+def register(fragscope_group: click.Group, diagnose_group: click.Group) -> None:
+    """Attach this module's commands to the two entry points."""
