@@ -1,0 +1,515 @@
+"""PyTorch CUDA caching-allocator memory snapshots: safe loading and normalisation.
+
+Reads what ``torch.cuda.memory._snapshot()`` / ``_dump_snapshot(path)`` write (a pickled dict with
+``segments``, ``device_traces``, ``allocator_settings``), the bare segment list of
+``torch.cuda.memory_snapshot()``, legacy (PyTorch ~2.0) snapshots whose blocks carry
+``history: [{addr, real_size, frames}]``, and the same structures saved as JSON. gzip is accepted.
+Formats: docs/snapshot.md; field notes: ../shared/notes/formats-and-analyses.md section 2.
+
+Safety. PyTorch's own viewer opens these files with plain ``pickle.load``, which runs whatever a
+crafted file asks for. Real snapshots hold only dicts, lists, tuples, strings, numbers and bools, so
+:class:`_RefusingUnpickler` refuses every class lookup (GLOBAL, STACK_GLOBAL, INST, OBJ and the
+EXT* registry all go through ``find_class``) and every persistent id. Without a class lookup nothing
+callable can reach the unpickler's stack, so REDUCE, NEWOBJ and BUILD can only fail; when a load
+fails, the opcode stream is walked with ``pickletools`` (no execution) to name the offending opcode.
+The file size (and the gzip-decompressed size) is capped, and so is the number of blocks a file may
+claim relative to its size (shared references would otherwise let a tiny file describe billions).
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import pickletools
+import zlib
+from dataclasses import dataclass, field
+
+import numpy as np
+
+MAX_SNAPSHOT_BYTES = 2 * 1024**3  # 2 GiB: a 100k-block snapshot with frames is ~10-30 MB
+
+# block states, as small ints in Snapshot.blk_state
+INACTIVE, ALLOCATED, PENDING_FREE = 0, 1, 2
+_STATES = {
+    "inactive": INACTIVE,
+    "active_allocated": ALLOCATED,
+    "active_pending_free": PENDING_FREE,  # what the C++ emits
+    "active_awaiting_free": PENDING_FREE,  # what the _snapshot() docstring says
+}
+STATE_NAMES = {INACTIVE: "inactive", ALLOCATED: "active_allocated", PENDING_FREE: "active_pending_free"}
+
+DEFAULT_POOL = (0, 0)
+
+# opcodes that look up or call objects; a snapshot has none of them (SOURCES.txt of the samples)
+_DANGEROUS_OPCODES = frozenset({
+    "GLOBAL", "STACK_GLOBAL", "INST", "OBJ", "REDUCE", "NEWOBJ", "NEWOBJ_EX", "BUILD",
+    "EXT1", "EXT2", "EXT4", "PERSID", "BINPERSID",
+})
+
+
+class SnapshotError(ValueError):
+    """The file is not a readable, safe memory snapshot. ``str()`` is one line naming the file."""
+
+
+class _Refused(Exception):
+    pass
+
+
+class _RefusingUnpickler(pickle.Unpickler):
+    """C unpickler that refuses every class lookup and persistent id."""
+
+    def find_class(self, module: str, name: str):  # noqa: D401
+        raise _Refused(f"pickle references class {module}.{name}")
+
+    def persistent_load(self, pid):
+        raise _Refused("pickle uses a persistent id (PERSID)")
+
+
+@dataclass(frozen=True, slots=True)
+class OomEvent:
+    """One ``oom`` trace entry: the allocator could not satisfy ``size_bytes`` on ``stream``."""
+
+    device: int
+    size_bytes: int  # rounded request size
+    stream: int
+    device_free_bytes: int | None  # cudaMemGetInfo free at the failure
+    time_us: int | None
+    entries_after: int  # trace entries recorded after this one (snapshot state is later than the OOM)
+    pool_id: tuple[int, int] | None = None
+
+
+@dataclass(slots=True)
+class Snapshot:
+    """A snapshot as columns: one row per segment, one row per block (blocks grouped by segment).
+
+    All sizes in bytes (int64). ``blk_requested`` is -1 where the file does not say.
+    """
+
+    source: str
+    container: str  # pickle | pickle.gz | json | json.gz | object
+    layout: str  # dump (dict with segments) | segment-list (memory_snapshot())
+    legacy: bool  # blocks carry history/real_size (PyTorch ~2.0)
+    seg_device: np.ndarray
+    seg_address: np.ndarray
+    seg_total: np.ndarray
+    seg_stream: np.ndarray
+    seg_pool: np.ndarray  # index into ``pools``
+    seg_large: np.ndarray  # bool: segment_type == 'large'
+    seg_expandable: np.ndarray  # bool
+    seg_first_block: np.ndarray
+    seg_nblocks: np.ndarray
+    blk_seg: np.ndarray
+    blk_offset: np.ndarray  # offset from segment base
+    blk_size: np.ndarray
+    blk_requested: np.ndarray
+    blk_state: np.ndarray  # int8: INACTIVE / ALLOCATED / PENDING_FREE
+    pools: list[tuple[int, int]]
+    pool_ids_known: bool  # False for snapshots without segment_pool_id (legacy)
+    expandable_known: bool  # False for snapshots without is_expandable
+    allocator_settings: dict | None
+    devices_traced: list[int]
+    trace_actions: dict[int, dict[str, int]]
+    ooms: list[OomEvent]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def n_segments(self) -> int:
+        return int(self.seg_total.size)
+
+    @property
+    def n_blocks(self) -> int:
+        return int(self.blk_size.size)
+
+    def devices(self) -> list[int]:
+        return sorted({int(d) for d in np.unique(self.seg_device)} | set(self.devices_traced))
+
+
+# ---------------------------------------------------------------------------------------------
+# loading bytes
+def read_snapshot(path: str, max_bytes: int = MAX_SNAPSHOT_BYTES) -> Snapshot:
+    """Load and normalise a snapshot file (pickle or JSON, optionally gzip). Raises SnapshotError."""
+    name = str(path)
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise SnapshotError(f"cannot read {name}: {e.strerror or e}") from None
+    if not os.path.isfile(path):
+        raise SnapshotError(f"cannot read {name}: not a regular file")
+    if st.st_size > max_bytes:
+        raise SnapshotError(f"refusing to load {name}: {st.st_size} bytes exceeds the "
+                            f"{max_bytes} byte cap for a memory snapshot")
+    if st.st_size == 0:
+        raise SnapshotError(f"cannot read {name}: empty file, not a memory snapshot")
+    try:
+        with open(path, "rb") as f:
+            data = f.read(max_bytes + 1)
+    except OSError as e:
+        raise SnapshotError(f"cannot read {name}: {e.strerror or e}") from None
+    obj, container = load_snapshot_bytes(data, name, max_bytes)
+    return parse_snapshot(obj, source=name, container=container, file_bytes=len(data))
+
+
+def load_snapshot_bytes(data: bytes, name: str = "snapshot",
+                        max_bytes: int = MAX_SNAPSHOT_BYTES) -> tuple[object, str]:
+    """Decode bytes into plain Python objects without running code. Returns (object, container)."""
+    gz = data[:2] == b"\x1f\x8b"
+    if gz:
+        data = _gunzip(data, name, max_bytes)
+        if not data:
+            raise SnapshotError(f"cannot read {name}: gzip stream is empty, not a memory snapshot")
+    head = data.lstrip()[:1]
+    if head in (b"{", b"["):
+        return _load_json(data, name), "json.gz" if gz else "json"
+    if data[:1] == b"\x80" or head in (b"(", b"}", b"]", b"c"):
+        return _load_pickle(data, name), "pickle.gz" if gz else "pickle"
+    raise SnapshotError(f"cannot read {name}: not a PyTorch memory snapshot (neither a pickle nor JSON; "
+                        f"write one with torch.cuda.memory._dump_snapshot(path))")
+
+
+def _gunzip(data: bytes, name: str, max_bytes: int) -> bytes:
+    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    out = io.BytesIO()
+    try:
+        view = memoryview(data)
+        step = 1 << 20
+        for i in range(0, len(data), step):
+            chunk = d.decompress(view[i:i + step], max_bytes + 1 - out.tell())
+            out.write(chunk)
+            if out.tell() > max_bytes or d.unconsumed_tail:
+                raise SnapshotError(f"refusing to load {name}: decompressed size exceeds the "
+                                    f"{max_bytes} byte cap for a memory snapshot")
+            if d.eof:
+                break
+    except zlib.error as e:
+        raise SnapshotError(f"cannot read {name}: corrupt gzip data ({e})") from None
+    if not d.eof:
+        raise SnapshotError(f"cannot read {name}: truncated gzip file (stream ends before its end marker)")
+    return out.getvalue()
+
+
+def _load_json(data: bytes, name: str) -> object:
+    try:
+        return json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        where = f" at byte {e.pos}" if isinstance(e, json.JSONDecodeError) else ""
+        if isinstance(e, json.JSONDecodeError) and e.pos >= len(data.rstrip()) - 1:
+            raise SnapshotError(f"cannot read {name}: truncated JSON{where}") from None
+        raise SnapshotError(f"cannot read {name}: invalid JSON{where} ({e.args[0].split(':')[0]})") from None
+    except RecursionError:
+        raise SnapshotError(f"cannot read {name}: JSON nested too deeply, not a memory snapshot") from None
+
+
+def _load_pickle(data: bytes, name: str) -> object:
+    try:
+        return _RefusingUnpickler(io.BytesIO(data)).load()
+    except _Refused as e:
+        raise SnapshotError(f"refusing to load {name}: {e} (a memory snapshot holds only plain data; "
+                            f"this file could run code)") from None
+    except MemoryError:
+        raise SnapshotError(f"cannot read {name}: out of memory while unpickling") from None
+    except Exception as e:  # noqa: BLE001 - any failure is explained from the opcode stream below
+        raise SnapshotError(f"{'refusing to load' if _first_dangerous(data) else 'cannot read'} {name}: "
+                            f"{_explain_pickle_failure(data, e)}") from None
+
+
+def _first_dangerous(data: bytes) -> tuple[str, int] | None:
+    try:
+        for op, _arg, pos in pickletools.genops(data):
+            if op.name in _DANGEROUS_OPCODES:
+                return op.name, pos
+    except Exception:  # noqa: BLE001 - truncated or corrupt: no dangerous opcode before the damage
+        return None
+    return None
+
+
+def _explain_pickle_failure(data: bytes, exc: BaseException) -> str:
+    bad = _first_dangerous(data)
+    if bad:
+        return (f"pickle has a {bad[0]} opcode at byte {bad[1]} (a memory snapshot holds only plain "
+                f"data; this file could run code)")
+    try:
+        for _ in pickletools.genops(data):
+            pass
+    except ValueError as e:
+        msg = str(e)
+        if "exhausted" in msg or "truncated" in msg or "not enough data" in msg or "no newline" in msg:
+            return "truncated pickle (data ends before the STOP opcode)"
+        return f"corrupt pickle ({msg})"
+    if isinstance(exc, EOFError):
+        return "truncated pickle (data ends before the STOP opcode)"
+    return f"corrupt pickle ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+
+
+# ---------------------------------------------------------------------------------------------
+# normalising
+def _int(v, what: str, name: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        if isinstance(v, float) and v.is_integer():
+            return int(v)
+        raise SnapshotError(f"cannot read {name}: not a PyTorch memory snapshot ({what} is "
+                            f"{type(v).__name__}, expected an integer)")
+    return v
+
+
+def _pool_id(v, name: str) -> tuple[int, int]:
+    if v is None:
+        return DEFAULT_POOL
+    if isinstance(v, (list, tuple)) and len(v) == 2 and all(isinstance(x, int) for x in v):
+        return (int(v[0]), int(v[1]))
+    raise SnapshotError(f"cannot read {name}: not a PyTorch memory snapshot (segment_pool_id {v!r} "
+                        f"is not a pair of integers)")
+
+
+def parse_snapshot(obj: object, source: str = "snapshot", container: str = "object",
+                   file_bytes: int | None = None) -> Snapshot:
+    """Normalise a loaded snapshot (dict from ``_snapshot()`` or list from ``memory_snapshot()``)."""
+    name = source
+    if isinstance(obj, dict):
+        if "segments" not in obj:
+            keys = ", ".join(sorted(str(k) for k in list(obj)[:8]))
+            raise SnapshotError(f"cannot read {name}: not a PyTorch memory snapshot (no 'segments' key; "
+                                f"top-level keys: {keys or 'none'})")
+        segments = obj["segments"]
+        traces = obj.get("device_traces") or []
+        settings = obj.get("allocator_settings")
+        layout = "dump"
+    elif isinstance(obj, list):
+        segments, traces, settings, layout = obj, [], None, "segment-list"
+    else:
+        raise SnapshotError(f"cannot read {name}: not a PyTorch memory snapshot (top level is "
+                            f"{type(obj).__name__}, expected a dict or a list of segments)")
+    if not isinstance(segments, list):
+        raise SnapshotError(f"cannot read {name}: not a PyTorch memory snapshot ('segments' is "
+                            f"{type(segments).__name__}, expected a list)")
+    if settings is not None and not isinstance(settings, dict):
+        settings = None
+    if not isinstance(traces, list):
+        traces = []
+
+    # bound the work a file can ask for: shared references let a small pickle describe huge lists
+    n_claimed = 0
+    for s in segments:
+        if not isinstance(s, dict) or not isinstance(s.get("blocks", []), list):
+            raise SnapshotError(f"cannot read {name}: not a PyTorch memory snapshot (a segment is "
+                                f"{type(s).__name__}, expected a dict with a 'blocks' list)")
+        n_claimed += len(s.get("blocks", ()))
+    limit = (file_bytes // 8 + 10_000) if file_bytes is not None else 50_000_000
+    if n_claimed > limit:
+        raise SnapshotError(f"refusing to analyse {name}: {n_claimed} blocks claimed by a "
+                            f"{file_bytes}-byte file (shared references, not a real snapshot)")
+
+    nseg = len(segments)
+    seg_device = np.empty(nseg, np.int64)
+    seg_address = np.empty(nseg, np.int64)
+    seg_total = np.empty(nseg, np.int64)
+    seg_stream = np.empty(nseg, np.int64)
+    seg_pool = np.empty(nseg, np.int32)
+    seg_large = np.empty(nseg, bool)
+    seg_exp = np.zeros(nseg, bool)
+    seg_nblocks = np.empty(nseg, np.int64)
+    sizes: list[int] = []
+    reqs: list[int] = []
+    states: list[int] = []
+    pools: dict[tuple[int, int], int] = {DEFAULT_POOL: 0}
+    legacy = False
+    pool_known = expandable_known = nseg > 0
+    unknown_states: dict[str, int] = {}
+    size_mismatch = 0
+    states_get = _STATES.get
+    try:
+        for i, s in enumerate(segments):
+            blocks = s.get("blocks", [])
+            seg_device[i] = _int(s.get("device", 0), "segment device", name)
+            seg_address[i] = _int(s.get("address", 0), "segment address", name)
+            total = seg_total[i] = _int(s.get("total_size"), "segment total_size", name)
+            seg_stream[i] = _int(s.get("stream", 0), "segment stream", name)
+            if "segment_pool_id" in s:
+                pid = _pool_id(s["segment_pool_id"], name)
+            else:
+                pid, pool_known = DEFAULT_POOL, False
+            seg_pool[i] = pools.setdefault(pid, len(pools))
+            seg_large[i] = s.get("segment_type", "large") != "small"
+            if "is_expandable" in s:
+                seg_exp[i] = bool(s["is_expandable"])
+            else:
+                expandable_known = False
+            seg_nblocks[i] = len(blocks)
+            bsum = 0
+            for b in blocks:
+                size = b["size"]
+                st = states_get(b["state"])
+                if st is None:
+                    st_name = str(b["state"])
+                    unknown_states[st_name] = unknown_states.get(st_name, 0) + 1
+                    st = INACTIVE if "inactive" in st_name else ALLOCATED
+                req = b.get("requested_size")
+                if "history" in b:
+                    legacy = True
+                    if req is None:
+                        hist = b["history"]
+                        req = min(sum(h["real_size"] for h in hist), size) if hist else None
+                if req is None or st != ALLOCATED:
+                    req = -1 if req is None else req
+                sizes.append(size)
+                reqs.append(req)
+                states.append(st)
+                bsum += size
+            if blocks and bsum != total:
+                size_mismatch += 1
+    except SnapshotError:
+        raise
+    except (KeyError, TypeError, AttributeError) as e:
+        what = f"missing key {e.args[0]!r}" if isinstance(e, KeyError) else str(e).splitlines()[0]
+        raise SnapshotError(f"cannot read {name}: not a PyTorch memory snapshot (a segment or block is "
+                            f"malformed: {what})") from None
+    except OverflowError:
+        raise SnapshotError(f"cannot read {name}: not a PyTorch memory snapshot (an address or size does "
+                            f"not fit in 64 bits)") from None
+    try:
+        blk_size = np.array(sizes, dtype=np.int64)
+        blk_req = np.array(reqs, dtype=np.int64)
+    except (OverflowError, TypeError, ValueError):
+        raise SnapshotError(f"cannot read {name}: not a PyTorch memory snapshot (a block size is not an "
+                            f"integer that fits in 64 bits)") from None
+    blk_state = np.array(states, dtype=np.int8)
+    if (blk_size < 0).any() or (seg_total < 0).any():
+        raise SnapshotError(f"cannot read {name}: not a PyTorch memory snapshot (negative size)")
+    first = np.zeros(nseg, np.int64)
+    if nseg > 1:
+        np.cumsum(seg_nblocks[:-1], out=first[1:])
+    blk_seg = np.repeat(np.arange(nseg, dtype=np.int32), seg_nblocks)
+    # offset of each block from its segment base: running sum of sizes, restarted per segment
+    excl = np.zeros(blk_size.size + 1, np.int64)  # exclusive prefix sum of block sizes
+    np.cumsum(blk_size, out=excl[1:])
+    blk_offset = excl[:-1] - np.repeat(excl[first], seg_nblocks)
+
+    notes: list[str] = []
+    if unknown_states:
+        notes.append("unknown block states counted by name: "
+                     + ", ".join(f"{k} ({v})" for k, v in sorted(unknown_states.items())))
+    if size_mismatch:
+        notes.append(f"{size_mismatch} segment(s) whose block sizes do not add up to total_size")
+    if nseg and not pool_known:
+        notes.append("no segment_pool_id in this snapshot (older PyTorch): private pools cannot be told apart")
+    alloc_req = blk_req[blk_state == ALLOCATED]
+    if alloc_req.size and (alloc_req < 0).any():
+        notes.append("some allocated blocks have no requested size: requested bytes are not available")
+
+    trace_actions, ooms, devices_traced = _parse_traces(traces, name)
+    return Snapshot(
+        source=source, container=container, layout=layout, legacy=legacy,
+        seg_device=seg_device, seg_address=seg_address, seg_total=seg_total, seg_stream=seg_stream,
+        seg_pool=seg_pool, seg_large=seg_large, seg_expandable=seg_exp, seg_first_block=first,
+        seg_nblocks=seg_nblocks, blk_seg=blk_seg, blk_offset=blk_offset, blk_size=blk_size,
+        blk_requested=blk_req, blk_state=blk_state, pools=list(pools), pool_ids_known=pool_known,
+        expandable_known=expandable_known, allocator_settings=settings, devices_traced=devices_traced,
+        trace_actions=trace_actions, ooms=ooms, notes=notes)
+
+
+def _parse_traces(traces: list, name: str) -> tuple[dict[int, dict[str, int]], list[OomEvent], list[int]]:
+    actions: dict[int, dict[str, int]] = {}
+    ooms: list[OomEvent] = []
+    traced: list[int] = []
+    for dev, trace in enumerate(traces):
+        if not isinstance(trace, list):
+            continue
+        if trace:
+            traced.append(dev)
+        counts: dict[str, int] = {}
+        n = len(trace)
+        for i, e in enumerate(trace):
+            if not isinstance(e, dict):
+                continue
+            a = str(e.get("action", "?"))
+            counts[a] = counts.get(a, 0) + 1
+            if a == "oom":
+                size = e.get("size")
+                if not isinstance(size, int):
+                    continue
+                free = e.get("device_free")
+                t = e.get("time_us")
+                pid = e.get("pool_id")
+                ooms.append(OomEvent(
+                    device=dev, size_bytes=int(size), stream=int(e.get("stream") or 0),
+                    device_free_bytes=int(free) if isinstance(free, int) else None,
+                    time_us=int(t) if isinstance(t, (int, float)) else None,
+                    entries_after=n - 1 - i,
+                    pool_id=_pool_id(pid, name) if pid is not None else None))
+        if counts:
+            actions[dev] = counts
+    return actions, ooms, traced
+
+
+def allocator_settings_summary(snap: Snapshot) -> dict:
+    """The allocator settings in effect, normalised (None where the snapshot does not say).
+
+    ``PYTORCH_ALLOC_CONF`` is the newer name of ``PYTORCH_CUDA_ALLOC_CONF`` (PyTorch 2.10+).
+    """
+    raw = snap.allocator_settings or {}
+    conf = raw.get("PYTORCH_CUDA_ALLOC_CONF", raw.get("PYTORCH_ALLOC_CONF"))
+    parsed = parse_alloc_conf(conf) if isinstance(conf, str) else {}
+    exp = raw.get("expandable_segments")
+    if exp is None and "expandable_segments" in parsed:
+        exp = parsed["expandable_segments"].lower() == "true"
+    if exp is None and snap.expandable_known and snap.n_segments:
+        exp = bool(snap.seg_expandable.any())
+    mss = raw.get("max_split_size")
+    if isinstance(mss, int) and mss < 0:
+        mss_bytes = None  # -1 / SIZE_MAX: unlimited (the default)
+    elif isinstance(mss, int):
+        mss_bytes = mss if mss < (1 << 62) else None
+    elif "max_split_size_mb" in parsed:
+        mss_bytes = _mb(parsed["max_split_size_mb"])
+    else:
+        mss_bytes = None
+    gct = raw.get("garbage_collection_threshold")
+    if gct is None and "garbage_collection_threshold" in parsed:
+        try:
+            gct = float(parsed["garbage_collection_threshold"])
+        except ValueError:
+            gct = None
+    return {
+        "known": bool(snap.allocator_settings) or bool(parsed),
+        "alloc_conf": conf if isinstance(conf, str) else None,
+        "backend": parsed.get("backend", "native") if isinstance(conf, str) else None,
+        "expandable_segments": None if exp is None else bool(exp),
+        "max_split_size_bytes": mss_bytes,  # None: unlimited or unknown (see "known")
+        "garbage_collection_threshold": float(gct) if isinstance(gct, (int, float)) else None,
+        "roundup_power2_divisions": raw.get("roundup_power2_divisions"),
+    }
+
+
+def _mb(v: str) -> int | None:
+    try:
+        return int(float(v) * 1024 * 1024)
+    except ValueError:
+        return None
+
+
+def parse_alloc_conf(conf: str) -> dict[str, str]:
+    """``key:value,key:value`` (values may hold ``[a:b,c:d]`` lists) -> dict of strings."""
+    out: dict[str, str] = {}
+    depth, cur = 0, ""
+    parts = []
+    for ch in conf:
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    parts.append(cur)
+    for p in parts:
+        if ":" in p:
+            k, v = p.split(":", 1)
+            out[k.strip()] = v.strip()
+    return out
+
+
+__all__ = ["Snapshot", "SnapshotError", "OomEvent", "read_snapshot", "load_snapshot_bytes",
+           "parse_snapshot", "allocator_settings_summary", "parse_alloc_conf", "MAX_SNAPSHOT_BYTES",
+           "INACTIVE", "ALLOCATED", "PENDING_FREE", "STATE_NAMES", "DEFAULT_POOL"]
