@@ -1,8 +1,187 @@
-"""CLI commands (module owned by one area; see fragscope/cli/__init__.py)."""
+"""``diagnose snapshot FILE``: PyTorch memory snapshot -> allocator numbers, OOM cause, verdict, map.
+
+Contract (flags, JSON fields, diagnosis ids): docs/snapshot.md.
+"""
 from __future__ import annotations
+
+import json
+import math
+import re
 
 import click
 
+from .common import EXIT_OK, fail
+from .render import fmt_value
+
+FORMATS = click.Choice(["human", "json"])
+FAIL_ON = click.Choice(["info", "warning", "critical", "never"])
+
+_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+
+
+def parse_size(text: str) -> int:
+    """'80GiB', '81920MiB', '85899345920' -> bytes (binary units; 'GB' is read as GiB)."""
+    m = _SIZE_RE.match(text or "")
+    if not m:
+        raise ValueError(text)
+    unit = (m.group(2) or "").lower()[:1]
+    return int(float(m.group(1)) * _UNITS[unit])
+
+
+def _b(v) -> str:
+    return fmt_value(None if v is None else float(v), "bytes")
+
+
+def _r(v) -> str:
+    return "n/a" if v is None else f"{v:.2f}"
+
+
+@click.command("snapshot")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--format", "fmt", type=FORMATS, default="human", show_default=True, help="Output format.")
+@click.option("--device", "device", type=int, default=None, help="Only this CUDA device index.")
+@click.option("--map/--no-map", "show_map", default=None,
+              help="Per-segment map (default: on for human output, off for JSON).")
+@click.option("--map-limit", type=click.IntRange(min=0), default=40, show_default=True,
+              help="Segments in the map, those with the most free bytes first (0: all).")
+@click.option("--device-memory", "device_memory", default=None, metavar="SIZE",
+              help="GPU memory size (e.g. 80GiB), to tell OOMs caused by memory outside PyTorch.")
+@click.option("--fail-on", type=FAIL_ON, default="critical", show_default=True,
+              help="Exit 1 when a finding is at or above this severity.")
+def snapshot_cmd(file: str, fmt: str, device: int | None, show_map: bool | None, map_limit: int,
+                 device_memory: str | None, fail_on: str) -> int:
+    """Analyse a PyTorch memory snapshot FILE (torch.cuda.memory._dump_snapshot pickle, the
+    memory_snapshot() segment list, or the same as JSON; .gz too). The file is never executed."""
+    from ..collectors.snapshot import SnapshotError, read_snapshot
+    from ..detectors.snapshot import analyse_snapshot, segment_map_rows
+    from ..model import Report
+    from .render import report_exit_code
+
+    total = None
+    if device_memory is not None:
+        try:
+            total = parse_size(device_memory)
+        except ValueError:
+            fail(f"--device-memory {device_memory!r}: not a size (write e.g. 80GiB or 85899345920)")
+    try:
+        snap = read_snapshot(file)
+    except SnapshotError as e:
+        fail(str(e))
+    except MemoryError:
+        fail(f"cannot read {file}: out of memory")
+    if device is not None and device not in snap.devices():
+        have = ", ".join(str(d) for d in snap.devices()) or "none"
+        fail(f"{file}: no device {device} in this snapshot (devices present: {have})")
+    doc, findings = analyse_snapshot(snap, device=device, device_total_bytes=total)
+    if show_map is None:
+        show_map = fmt == "human"
+    rows, in_scope = segment_map_rows(snap, device, limit=map_limit or None) if show_map else ([], 0)
+    if fmt == "json":
+        if show_map:
+            doc["segment_map"] = {"legend": _legend(), "segments_in_scope": in_scope, "rows": rows}
+        click.echo(json.dumps(doc, indent=2, default=_json_default))
+    else:
+        _render_human(doc, rows, in_scope, show_map)
+    rc = report_exit_code(Report(window=(math.nan, math.nan), findings=findings), fail_on)
+    return rc if rc else EXIT_OK
+
+
+def _json_default(o):
+    if hasattr(o, "item"):
+        return o.item()
+    return str(o)
+
+
+def _legend() -> dict:
+    from ..detectors.snapshot import MAP_CHARS
+
+    return {"allocated": MAP_CHARS["allocated"], "rounding_waste": MAP_CHARS["waste"],
+            "pending_free": MAP_CHARS["pending"], "free": MAP_CHARS["free"],
+            "mixed_used_and_free": MAP_CHARS["mixed"]}
+
+
+def _render_human(doc: dict, rows: list[dict], in_scope: int, show_map: bool) -> None:
+    out = click.echo
+    f = doc["format"]
+    out(f"fragscope memory snapshot: {doc['source']}  ({f['container']}, {f['layout']}"
+        f"{', legacy' if f['legacy'] else ''}; {doc['segment_count']} segments, {doc['block_count']} blocks)")
+    s = doc["allocator_settings"]
+    if s["known"]:
+        exp = {True: "on", False: "off", None: "?"}[s["expandable_segments"]]
+        mss = _b(s["max_split_size_bytes"]) if s["max_split_size_bytes"] is not None else "unlimited"
+        gct = s["garbage_collection_threshold"]
+        out(f"allocator: backend {s['backend'] or '?'}, expandable_segments {exp}, max_split_size {mss}, "
+            f"garbage_collection_threshold {gct if gct is not None else '?'}, "
+            f"PYTORCH_CUDA_ALLOC_CONF={s['alloc_conf']!r}")
+    else:
+        out("allocator settings: not recorded in this snapshot (older PyTorch)")
+    out(f"verdict: {doc['verdict']}")
+    for d in doc["devices"]:
+        out("")
+        out(f"GPU {d['device']}  verdict {d['verdict']}")
+        req = _b(d["requested_bytes"])
+        out(f"  reserved {_b(d['reserved_bytes'])}   allocated {_b(d['allocated_bytes'])}   requested {req}"
+            f"   rounding waste {_b(d['internal_waste_bytes'])}   pending free {_b(d['active_pending_free_bytes'])}")
+        out(f"  free in segments {_b(d['inactive_bytes'])} in {d['free_blocks']} blocks, largest "
+            f"{_b(d['largest_free_block_bytes'])}, external fragmentation {_r(d['external_fragmentation'])}")
+        out(f"  empty_cache() could return {_b(d['releasable_bytes'])}; stuck beside live tensors "
+            f"{_b(d['non_releasable_inactive_bytes'])}; private pools {_b(d['private_pool_bytes'])}; "
+            f"slivers {d['sliver_count']} ({_b(d['sliver_bytes'])}); expandable segments {d['expandable_segments']}")
+        out(f"  {'pool':<14}{'stream':>16}{'reserved':>13}{'allocated':>13}{'free':>13}{'largest free':>14}"
+            f"{'ext.frag':>9}{'segments':>9}")
+        for r in d["streams"]:
+            pool = "default" if r["pool_id"] == [0, 0] else f"private {r['pool_id'][0]},{r['pool_id'][1]}"
+            out(f"  {pool:<14}{r['stream']:>16}{_b(r['reserved_bytes']):>13}{_b(r['allocated_bytes']):>13}"
+                f"{_b(r['inactive_bytes']):>13}{_b(r['largest_free_block_bytes']):>14}"
+                f"{_r(r['external_fragmentation']):>9}{r['segments']:>9}")
+        for o in d["ooms"]:
+            out(f"  OOM: {_b(o['size_bytes'])} on stream {o['stream']}, device free {_b(o['device_free_bytes'])}"
+                f" -> {o['classification']}: {o['reason']}")
+        if d["trace_actions"]:
+            out("  trace: " + ", ".join(f"{k} {v}" for k, v in d["trace_actions"].items()))
+    for i, fd in enumerate(doc["findings"], 1):
+        subject = " ".join(f"{k}={v}" for k, v in fd["subject"].items())
+        out("")
+        out(f"{i}. {fd['severity'].upper()} {fd['id']}  confidence {fd['confidence']:.2f}  {subject}")
+        out(f"   {fd['summary']}")
+        for e in fd["evidence"]:
+            mark = "+" if e["agrees"] else "-"
+            thr = f" threshold {fmt_value(e['threshold'], e['unit'])}" if e["threshold"] is not None else ""
+            note = f" — {e['note']}" if e["note"] else ""
+            out(f"   {mark} {e['signal']}: {fmt_value(e['observed'], e['unit'])}{thr}{note}")
+        if fd["missing"]:
+            out(f"   missing to be sure: {', '.join(fd['missing'])}")
+        pb = fd["playbook"] or {}
+        for line in pb.get("immediate", []):
+            out(f"   now: {line}")
+        for a in pb.get("actions", []):
+            out(f"   fix: {a}")
+        for o in pb.get("options", []):
+            out(f"   option {o['setting']} [{o['status']}]: {o['why']}")
+            for c in o["preconditions"]:
+                out(f"       needs: {c}")
+            for c in o["contraindications"]:
+                out(f"       not if: {c}")
+    for inc in doc["inconclusive"]:
+        out("")
+        out(f"could not judge {inc['id']}: {inc['reason']}")
+    if doc["notes"]:
+        out("")
+        for n in doc["notes"]:
+            out(f"note: {n}")
+    if show_map and rows:
+        out("")
+        shown = f"{len(rows)} of {in_scope}, most free first" if len(rows) < in_scope else f"{len(rows)}"
+        out(f"Segment map ({shown}); one character = 1/{len(rows[0]['map'])} of the segment: "
+            f"# allocated  + rounding waste  ~ pending free  . free  : used and free")
+        for r in rows:
+            pool = "" if r["pool_id"] == [0, 0] else f" pool {r['pool_id'][0]},{r['pool_id'][1]}"
+            kind = ("exp " if r["is_expandable"] else "") + r["segment_type"]
+            out(f"  gpu{r['device']} {r['address']:#014x} {_b(r['total_size']):>10} {kind:<9} s{r['stream']}"
+                f"{pool} [{r['map']}] free {_b(r['inactive_bytes'])} in {r['free_blocks']}")
+
 
 def register(fragscope_group: click.Group, diagnose_group: click.Group) -> None:
-    """Attach this module's commands to the two entry points."""
+    """Attach ``snapshot`` to the ``diagnose`` group (``fragscope diagnose snapshot`` follows)."""
+    diagnose_group.add_command(snapshot_cmd)
