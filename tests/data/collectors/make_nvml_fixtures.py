@@ -1,0 +1,102 @@
+"""Build the recorded-NVML fixtures (nvml_*.json) from real nvidia-smi captures.
+
+Source: utkuozdemir/nvidia_gpu_exporter internal/captures/*.txt (MIT), copied in
+../shared/data/nvidia-smi/. Each capture has an "idle" and a "load" section; each becomes one
+snapshot of a RecordedBackend timeline. Mapping (nvidia-smi field -> NVML call it reports):
+  memory.total/reserved/used/free [MiB]       -> nvmlDeviceGetMemoryInfo_v2 (bytes)
+  v1 view: used + reserved, free, total       -> nvmlDeviceGetMemoryInfo (v1 folds the reservation into used)
+  utilization.gpu / utilization.memory [%]    -> nvmlDeviceGetUtilizationRates ("[N/A]" -> NOT_SUPPORTED)
+  clocks.current.sm / .memory [MHz]           -> nvmlDeviceGetClockInfo
+  clocks.max.sm / .memory [MHz]               -> nvmlDeviceGetMaxClockInfo
+  clocks_event_reasons.active / .supported    -> nvmlDeviceGetCurrentClocksEventReasons / Supported...
+  temperature.gpu [C]                          -> nvmlDeviceGetTemperature
+  power.draw [W]                               -> nvmlDeviceGetPowerUsage (mW)
+  --query-compute-apps used_gpu_memory [MiB]  -> nvmlDeviceGetComputeRunningProcesses
+Run: python tests/data/collectors/make_nvml_fixtures.py [SHARED_NVIDIA_SMI_DIR]
+"""
+import json
+import os
+import sys
+
+MIB = 1024 * 1024
+CAPTURES = {
+    "nvml_h100_idle_load.json": "nvidia_gpu_exporter__captures__linux-x86_64__nvidia-h100-80gb-hbm3__590.48.01.txt",
+    "nvml_h200_mig_idle_load.json": "nvidia_gpu_exporter__captures__linux-x86_64__nvidia-h200-mig__590.48.01.txt",
+    "nvml_l40s_idle_load.json": "nvidia_gpu_exporter__captures__linux-x86_64__nvidia-l40s__595.80.txt",
+}
+NA = {"error": "NVML_ERROR_NOT_SUPPORTED"}
+
+
+def num(v, unit=""):
+    v = v.strip()
+    if v.startswith("[") or v in ("N/A", ""):
+        return None
+    if unit and v.endswith(unit):
+        v = v[: -len(unit)].strip()
+    return float(v)
+
+
+def section(lines, title):
+    for i, line in enumerate(lines):
+        if line.startswith("# ") and title in line:
+            j = i + 1
+            while lines[j].startswith("#"):
+                j += 1
+            out = []
+            while j < len(lines) and lines[j].strip():
+                out.append(lines[j])
+                j += 1
+            return out
+    raise KeyError(title)
+
+
+def snapshot(lines, phase, driver):
+    rows = section(lines, f"{phase} :: query-gpu (csv")
+    hdr = [h.strip() for h in rows[0].split(",")]
+    vals = [v.strip() for v in rows[1].split(", ")]
+    d = dict(zip(hdr, vals))
+    apps = section(lines, f"{phase} :: query-compute-apps")
+    procs = []
+    for row in apps[1:]:
+        f = [v.strip() for v in row.split(", ")]
+        procs.append({"pid": int(f[5]), "process_name": f[6], "used_bytes": int(num(f[7], "MiB") * MIB)})
+    total, reserved = num(d["memory.total [MiB]"], "MiB"), num(d["memory.reserved [MiB]"], "MiB")
+    used, free = num(d["memory.used [MiB]"], "MiB"), num(d["memory.free [MiB]"], "MiB")
+    ug, um = num(d["utilization.gpu [%]"], "%"), num(d["utilization.memory [%]"], "%")
+    dev = {
+        "index": int(d["index"]), "uuid": d["uuid"], "name": d["name"],
+        "memory_v2": {"total": int(total * MIB), "reserved": int(reserved * MIB), "used": int(used * MIB),
+                      "free": int(free * MIB)},
+        "memory_v1": {"total": int(total * MIB), "used": int((used + reserved) * MIB), "free": int(free * MIB)},
+        "processes": procs,
+        "utilization": NA if ug is None else {"gpu": int(ug), "memory": int(um or 0)},
+        "clock_mhz": {"sm": int(num(d["clocks.current.sm [MHz]"], "MHz")),
+                      "mem": int(num(d["clocks.current.memory [MHz]"], "MHz"))},
+        "max_clock_mhz": {"sm": int(num(d["clocks.max.sm [MHz]"], "MHz")),
+                          "mem": int(num(d["clocks.max.memory [MHz]"], "MHz"))},
+        "clock_event_reasons": int(d["clocks_event_reasons.active"], 16),
+        "supported_clock_event_reasons": int(d["clocks_event_reasons.supported"], 16),
+        "temperature_c": int(num(d["temperature.gpu"])),
+        "power_mw": int(round(num(d["power.draw [W]"], "W") * 1000)),
+        "xid_events": [],
+        "mig_mode": d.get("mig.mode.current"),
+    }
+    return {"driver_version": driver, "devices": [dev]}
+
+
+def main(src):
+    here = os.path.dirname(os.path.abspath(__file__))
+    for out, name in CAPTURES.items():
+        lines = open(os.path.join(src, name), encoding="utf-8").read().split("\n")
+        driver = name.rsplit("__", 1)[1][: -len(".txt")]
+        data = {"source": f"utkuozdemir/nvidia_gpu_exporter internal/captures/{name.split('__captures__')[1]} (MIT)",
+                "driver_version": driver,
+                "timeline": [snapshot(lines, "idle", driver), snapshot(lines, "load", driver)]}
+        with open(os.path.join(here, out), "w", encoding="utf-8") as fh:
+            json.dump(data, fh, indent=1)
+            fh.write("\n")
+        print("wrote", out)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "/work/shared/data/nvidia-smi")
