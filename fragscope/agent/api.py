@@ -1,0 +1,314 @@
+"""Read-only HTTP API of the agent: ``/metrics`` and JSON under ``/api/v1/`` (docs/agent.md#http-api).
+
+Standard library ``ThreadingHTTPServer``: a handful of requests a minute (Prometheus, an on-call
+``diagnose --agent``) need no framework, and each request gets its own thread so a slow history
+query never delays a scrape. Responses are bounded (``api.max_points``); bad parameters get a 400
+with a JSON ``{"error": ...}`` naming the parameter.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import socket
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from .. import __version__
+from ..model import Window
+from .config import AgentConfig, ConfigError, parse_duration
+from .exporter import Exporter
+from .store import TooManyPoints
+
+log = logging.getLogger("fragscope.agent.api")
+
+MAX_SINCE_S = 31 * 86400.0
+HEARTBEAT_STALE_S = 15.0
+
+
+class BadRequest(ValueError):
+    pass
+
+
+def window_to_json(w: Window, max_points: int | None = None) -> dict:
+    """The wire form of a Window (``client.window_from_json`` reads it back)."""
+    out = []
+    total = 0
+    for key, s in sorted(w.series.items(), key=lambda kv: (kv[0].name, kv[0].labels)):
+        total += len(s)
+        if max_points is not None and total > max_points:
+            raise TooManyPoints(f"more than {max_points} points: narrow the range, name fewer signals "
+                                "or give a larger step")
+        out.append({"name": key.name, "labels": dict(key.labels), "type": s.type,
+                    "ts": [round(float(t), 3) for t in s.ts], "values": [float(v) for v in s.values]})
+    return {"start": _num(w.start), "end": _num(w.end), "source": w.source, "points": total, "series": out}
+
+
+def _num(x: float | None) -> float | None:
+    return None if x is None or not math.isfinite(x) else float(x)
+
+
+def _param_time(q: dict, name: str, default: float, now: float) -> float:
+    v = q.get(name)
+    if v is None:
+        return default
+    s = v.strip()
+    if s == "now":
+        return now
+    try:
+        if s.startswith("-"):  # relative: start=-1h
+            return now - parse_duration(s[1:], name)
+        t = float(s)
+    except (ConfigError, ValueError):
+        raise BadRequest(f"{name}: expected unix seconds, 'now' or -DURATION (e.g. -1h), got {v!r}") from None
+    if not math.isfinite(t) or t < 0:
+        raise BadRequest(f"{name}: expected unix seconds, got {v!r}")
+    return t / 1000.0 if t > 1e11 else t  # milliseconds are accepted too
+
+
+def _param_duration(q: dict, name: str, default: float | None) -> float | None:
+    v = q.get(name)
+    if v is None or v == "":
+        return default
+    if v.strip() in ("0", "raw"):
+        return 0.0
+    try:
+        return parse_duration(v, name)
+    except ConfigError as e:
+        raise BadRequest(str(e)) from None
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server_version = f"fragscope/{__version__}"
+    protocol_version = "HTTP/1.1"
+    timeout = 10  # seconds a client may take to send its request
+
+    # set by serve()
+    state: Any = None
+    cfg: AgentConfig = None  # type: ignore[assignment]
+    exporter: Exporter = None  # type: ignore[assignment]
+
+    def log_message(self, fmt: str, *args: Any) -> None:  # access log at debug only
+        log.debug("%s %s", self.address_string(), fmt % args)
+
+    def _send(self, code: int, body: bytes, ctype: str) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.end_headers()
+        if self.command != "HEAD":
+            try:
+                self.wfile.write(body)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+
+    def _json(self, code: int, obj: Any) -> None:
+        body = json.dumps(_finite(obj), separators=(",", ":"), default=_json_default, allow_nan=False).encode()
+        self._send(code, body, "application/json")
+
+    def _error(self, code: int, msg: str) -> None:
+        self._json(code, {"error": msg, "status": code})
+
+    def do_HEAD(self) -> None:  # noqa: N802
+        self.do_GET()
+
+    def do_POST(self) -> None:  # noqa: N802
+        self._error(405, "read-only API: only GET")
+
+    do_PUT = do_DELETE = do_PATCH = do_POST  # noqa: N815
+
+    def do_GET(self) -> None:  # noqa: N802
+        try:
+            parts = urlsplit(self.path)
+            raw = parse_qs(parts.query, keep_blank_values=True, max_num_fields=50)
+            q = {k: v[-1] for k, v in raw.items()}
+            route = {
+                "/metrics": self._metrics,
+                "/healthz": self._healthz,
+                "/readyz": self._readyz,
+                "/api/v1/findings": self._findings,
+                "/api/v1/signals": self._signals,
+                "/api/v1/window": self._window,
+                "/api/v1/series": self._series,
+                "/api/v1/status": self._status,
+                "/": self._index,
+            }.get(parts.path.rstrip("/") or "/")
+            if route is None:
+                self._error(404, f"no such endpoint {parts.path!r}; see /")
+                return
+            route(q)
+        except BadRequest as e:
+            self._error(400, str(e))
+        except TooManyPoints as e:
+            self._error(400, str(e))
+        except ValueError as e:  # e.g. parse_qs: too many fields
+            self._error(400, f"bad request: {e}")
+        except Exception as e:  # noqa: BLE001 - answer 500, keep serving
+            log.error("api: %s failed (%s: %s)", self.path[:100], type(e).__name__, e)
+            self._error(500, f"internal error: {type(e).__name__}")
+
+    # --- endpoints ----------------------------------------------------------------------------
+    def _index(self, q: dict) -> None:
+        self._json(200, {"service": "fragscope agent", "version": __version__, "endpoints": [
+            "/metrics", "/healthz", "/readyz", "/api/v1/findings", "/api/v1/signals?names=&start=&end=&step=",
+            "/api/v1/window?since=&step=", "/api/v1/series", "/api/v1/status"]})
+
+    def _metrics(self, q: dict) -> None:
+        body, ctype = self.exporter.render(self.headers.get("Accept"))
+        self._send(200, body, ctype)
+
+    def _healthz(self, q: dict) -> None:
+        age = time.monotonic() - self.state.heartbeat
+        if age > HEARTBEAT_STALE_S:
+            self._json(503, {"status": "stalled", "heartbeat_age_seconds": round(age, 1)})
+        else:
+            self._json(200, {"status": "ok"})
+
+    def _readyz(self, q: dict) -> None:
+        st = self.state
+        why = []
+        if not st.first_round_done:
+            why.append("first round of collection not finished")
+        if st.store is not None and st.store.degraded:
+            why.append(f"history degraded: {st.store.degraded}")
+        if not st.collectors:
+            why.append("no collector configured")
+        elif not any(h.up for h in st.collectors.values()):
+            why.append("every collector is down")
+        if why:
+            self._json(503, {"status": "not ready", "reasons": why})
+        else:
+            self._json(200, {"status": "ready"})
+
+    def _findings(self, q: dict) -> None:
+        st = self.state
+        if st.report is None:
+            self._json(200, {"status": "pending", "at": None, "findings": [], "inconclusive": [],
+                             "note": "the detectors have not run yet"})
+            return
+        d = st.report.to_dict()
+        d["at"] = st.report_at
+        d["status"] = "ok"
+        self._json(200, d)
+
+    def _range(self, q: dict, default_span: float) -> tuple[float, float]:
+        now = time.time()
+        if "since" in q:
+            since = _param_duration(q, "since", None) or default_span
+            if since > MAX_SINCE_S:
+                raise BadRequest(f"since: at most {MAX_SINCE_S / 86400:.0f}d")
+            return now - since, now
+        end = _param_time(q, "end", now, now)
+        start = _param_time(q, "start", end - default_span, now)
+        if start > end:
+            raise BadRequest("start is after end")
+        return start, end
+
+    def _query(self, names: list[str] | None, start: float, end: float, step: float | None) -> Window:
+        st = self.state
+        mp = self.cfg.api_max_points
+        if st.store is not None:
+            return st.store.query(names, start, end, step=step or None, max_points=mp,
+                                  source="fragscope agent history")
+        w = st.ring.window_at(time.time(), source="fragscope agent (memory, no history)").between(start, end)
+        if names:
+            fam = set(names)
+            w.series = {k: s for k, s in w.series.items()
+                        if k.name in fam or any(k.name.startswith(n + "_") for n in fam)}
+        return w
+
+    def _signals(self, q: dict) -> None:
+        names = [n.strip() for n in (q.get("names") or "").split(",") if n.strip()]
+        if not names:
+            raise BadRequest("names: give one or more metric names, comma-separated "
+                             "(e.g. names=vllm:num_requests_waiting,fragscope_gpu_memory_used_bytes)")
+        if len(names) > 100:
+            raise BadRequest("names: at most 100 names")
+        start, end = self._range(q, 3600.0)
+        step = _param_duration(q, "step", None)
+        w = self._query(names, start, end, step)
+        d = window_to_json(w, self.cfg.api_max_points)
+        d["start"], d["end"] = start, end
+        self._json(200, d)
+
+    def _window(self, q: dict) -> None:
+        start, end = self._range(q, self.cfg.detect_window)
+        step = _param_duration(q, "step", self.cfg.detect_step)
+        w = self._query(None, start, end, step)
+        d = window_to_json(w, self.cfg.api_max_points)
+        d["start"], d["end"] = start, end
+        self._json(200, d)
+
+    def _series(self, q: dict) -> None:
+        st = self.state
+        if st.store is not None:
+            rows = [{"name": n, "labels": dict(lab), "type": t} for _, n, lab, t in st.store.series_list()]
+        else:
+            w = st.ring.window_at(time.time(), "")
+            rows = [{"name": k.name, "labels": dict(k.labels), "type": s.type} for k, s in w.series.items()]
+        rows.sort(key=lambda r: (r["name"], sorted(r["labels"].items())))
+        self._json(200, {"series": rows[:20000], "truncated": len(rows) > 20000})
+
+    def _status(self, q: dict) -> None:
+        st = self.state
+        rss = None
+        try:
+            import resource
+
+            with open("/proc/self/statm") as fh:
+                rss = int(fh.read().split()[1]) * resource.getpagesize()
+        except (OSError, ImportError, ValueError, IndexError):
+            pass
+        self._json(200, {
+            "version": __version__, "started": st.started, "uptime_seconds": time.monotonic() - st.started_mono,
+            "ready": st.first_round_done, "rss_bytes": rss, "pandas_loaded": "pandas" in sys.modules,
+            "collectors": [h.to_dict() for h in st.collectors.values()],
+            "store": st.store.stats() if st.store is not None else None,
+            "ring": {"series": len(st.ring), "points": st.ring.points(), "step_seconds": st.ring.step},
+            "detector": {"runs": st.detector.runs, "errors": st.detector.errors, "last_run": st.detector.last_run,
+                         "duration_seconds": st.detector.last_duration, "error": st.detector.last_error},
+            "notes": st.notes})
+
+
+def _finite(o: Any) -> Any:
+    """NaN/Inf are not JSON: they become null (not available), recursively."""
+    if isinstance(o, float):
+        return o if math.isfinite(o) else None
+    if isinstance(o, dict):
+        return {k: _finite(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_finite(v) for v in o]
+    return o
+
+
+def _json_default(o: Any) -> Any:
+    if hasattr(o, "item"):
+        v = o.item()
+        return v if not isinstance(v, float) or math.isfinite(v) else None
+    if hasattr(o, "to_dict"):
+        return o.to_dict()
+    return str(o)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 64
+
+
+def serve(state: Any, cfg: AgentConfig) -> _Server:
+    """Bind ``cfg.listen`` and serve in a background thread. Raises OSError when it cannot bind."""
+    host, port = cfg.listen_addr
+    handler = type("Handler", (_Handler,), {"state": state, "cfg": cfg, "exporter": Exporter(state)})
+    cls = _Server
+    if ":" in host:
+        cls = type("Server6", (_Server,), {"address_family": socket.AF_INET6})
+    srv = cls((host, port), handler)
+    t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.5}, name="api", daemon=True)
+    t.start()
+    return srv
