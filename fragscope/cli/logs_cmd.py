@@ -1,8 +1,254 @@
-"""CLI commands (module owned by one area; see fragscope/cli/__init__.py)."""
+"""``diagnose logs FILE`` (engine logs) and ``fragscope capture`` (one capture by hand). docs/logs.md, docs/captures.md."""
 from __future__ import annotations
+
+import json
+import os
+import sys
+import time
 
 import click
 
+from .common import EXIT_OK, EXIT_USAGE, fail
+
+FORMATS = click.Choice(["human", "json"])
+FAIL_ON = click.Choice(["info", "warning", "critical", "never"])
+GIB = 1024.0 ** 3
+_DTYPE_BYTES = {"float32": 4, "fp32": 4, "float": 4, "float16": 2, "fp16": 2, "half": 2, "bfloat16": 2, "bf16": 2,
+                "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "float8_e4m3fn": 1, "int8": 1}
+
+
+def _read_events(path: str, tz_offset_hours: float):
+    from datetime import timedelta, timezone
+
+    from ..collectors.logs import iter_file_lines, parse_log
+
+    if not os.path.exists(path):
+        fail(f"{path}: no such file")
+    if os.path.isdir(path):
+        fail(f"{path}: is a directory, not a log file")
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(8192)
+    except OSError as e:
+        fail(f"{path}: {e.strerror or e}")
+    if head[:2] != b"\x1f\x8b" and b"\x00" in head:
+        fail(f"{path}: binary file, not a text log (give the engine's stdout/stderr log, .gz accepted)")
+    tz = timezone(timedelta(hours=tz_offset_hours))
+    try:
+        return parse_log(iter_file_lines(path), reference=os.path.getmtime(path), tz=tz)
+    except (OSError, EOFError) as e:  # truncated or corrupt gzip
+        fail(f"{path}: cannot read: {e}")
+
+
+def _model_config(path: str) -> dict:
+    """Layers, KV heads, head dim and dtype bytes from a Hugging Face config.json (kv-budget's reader)."""
+    try:
+        from ..kvbudget import KvBudgetError, read_model_config
+    except ImportError:
+        fail("--model-config needs fragscope.kvbudget (missing in this build); give --num-layers, --num-kv-heads, "
+             "--head-dim")
+    try:
+        shape = read_model_config(path)
+    except KvBudgetError as e:
+        fail(str(e))
+    return {"num_layers": shape.num_layers, "num_kv_heads": shape.num_kv_heads, "head_dim": shape.head_dim,
+            "dtype_bytes": shape.dtype_bytes}
+
+
+def _estimate(events, opts: dict):
+    """(expected tokens, estimate inputs) from the options and what the log says; (None, None) if no check asked."""
+    if opts["expected_kv_tokens"] is not None:
+        return float(opts["expected_kv_tokens"]), {}
+    want = any(opts[k] is not None for k in ("gpu_memory_gib", "model_config", "num_layers"))
+    if not want:
+        return None, None
+    from ..detectors.logs import kv_capacity_summary
+
+    cap = kv_capacity_summary(events) or {}
+    model = _model_config(opts["model_config"]) if opts["model_config"] else {}
+    for k in ("num_layers", "num_kv_heads", "head_dim"):
+        if opts[k] is not None:
+            model[k] = opts[k]
+    missing = [k for k in ("num_layers", "num_kv_heads", "head_dim") if k not in model]
+    if missing:
+        fail("the KV check needs the model shape: give --model-config config.json (or --num-layers, --num-kv-heads, "
+             "--head-dim)")
+    gpu_bytes = opts["gpu_memory_gib"] * GIB if opts["gpu_memory_gib"] is not None else cap.get("total_gpu_memory_bytes")
+    if not gpu_bytes:
+        fail("the KV check needs --gpu-memory-gib (the log does not say the GPU's memory)")
+    util = opts["gpu_memory_utilization"] or cap.get("gpu_memory_utilization") or 0.9  # vLLM's default
+    weights = opts["weights_gib"] * GIB if opts["weights_gib"] is not None else cap.get("weights_bytes")
+    if weights is None:
+        fail("the KV check needs --weights-gib (the log has no 'Loading model weights took' / 'Model loading took' line)")
+    kv_dtype = (opts["kv_dtype"] or "auto").lower()
+    if kv_dtype == "auto":
+        dtype_bytes = model.get("dtype_bytes") or 2  # configs without torch_dtype: vLLM serves them in 16 bits
+    else:
+        dtype_bytes = _DTYPE_BYTES.get(kv_dtype.replace("torch.", ""))
+        if dtype_bytes is None:
+            fail(f"unknown --kv-dtype {kv_dtype!r}; use auto, fp16, bf16, fp8 or fp32")
+    tp = max(1, opts["tensor_parallel_size"])
+    kv_heads = max(1, model["num_kv_heads"] // tp)
+    block = opts["block_size"] or cap.get("block_size") or 16
+    overhead = (opts["overhead_gib"] or 0.0) * GIB
+    inputs = {"gpu_memory_bytes": gpu_bytes, "gpu_memory_utilization": util, "weights_bytes": weights,
+              "overhead_bytes": overhead, "block_size": block, "num_layers": model["num_layers"],
+              "num_kv_heads": kv_heads, "head_dim": model["head_dim"], "dtype_bytes": dtype_bytes,
+              "bytes_per_token": 2.0 * model["num_layers"] * kv_heads * model["head_dim"] * dtype_bytes}
+    try:
+        from ..kvbudget import kv_budget
+    except ImportError:
+        fail("kv-budget estimate unavailable in this build (fragscope.kvbudget missing); give --expected-kv-tokens N")
+    try:
+        est = kv_budget(gpu_memory_bytes=gpu_bytes, gpu_memory_utilization=util, weights_bytes=weights,
+                        overhead_bytes=overhead, block_size=block, num_layers=model["num_layers"],
+                        num_kv_heads=kv_heads, head_dim=model["head_dim"], dtype_bytes=dtype_bytes)
+    except (ValueError, TypeError) as e:
+        fail(f"kv-budget: {e}")
+    tokens = getattr(est, "cached_tokens", None)
+    if tokens is None:
+        fail("kv-budget returned no cached_tokens")
+    return float(tokens), inputs
+
+
+def _print_summary(s: dict, out) -> None:
+    from .render import fmt_ts, fmt_value
+
+    cap = s["kv_capacity"]
+    w = out.write
+    w(f"\nEngine log: {s['source']}  ({s['events']} events; {', '.join(s['engines']) or 'no engine lines'})\n")
+    if cap:
+        src = cap["tokens_source"] or ""
+        w(f"  KV capacity: {fmt_value(cap['tokens'], 'tokens')} ({src}; line {cap['line']}, {fmt_ts(cap['time'])})")
+        if cap["blocks"] is not None:
+            w(f", {cap['blocks']} blocks")
+        if cap["kv_cache_bytes"]:
+            w(f", {fmt_value(cap['kv_cache_bytes'], 'bytes')}")
+        if cap["startups"] > 1:
+            w(f"; {cap['startups']} startups in this log, the last one shown")
+        w("\n")
+    else:
+        w("  KV capacity: not in this log (startup lines missing)\n")
+    pre = s["preemptions"]
+    if pre["count"] is not None:
+        rate = f", {pre['rate_per_second']:.2f}/s" if pre["rate_per_second"] is not None else ""
+        w(f"  Preemptions: {pre['count']:.0f} ({pre['source']}{rate}) {fmt_ts(pre['first'])} → {fmt_ts(pre['last'])}\n")
+    for o in s["ooms"]:
+        w(f"  OOM {fmt_ts(o['time'])} line {o['line']} (PyTorch {o['wording']}): asked "
+          f"{fmt_value(o['requested_bytes'], 'bytes')}, free {fmt_value(o['free_bytes'], 'bytes')}, reserved-unallocated "
+          f"{fmt_value(o['reserved_unallocated_bytes'], 'bytes')} → {o['verdict']}\n")
+    st = s["stats"]
+    if st["count"]:
+        parts = []
+        for key, unit in (("requests_running", ""), ("requests_waiting", ""), ("kv_cache_usage_ratio", "ratio"),
+                          ("generation_tokens_per_second", "tokens/s")):
+            r = st.get(key)
+            if r:
+                parts.append(f"{key} {fmt_value(r['min'], unit)}–{fmt_value(r['max'], unit)}")
+        w(f"  Stats lines: {st['count']}; " + "; ".join(parts) + "\n")
+    chk = s["kv_check"]
+    if chk:
+        w(f"  KV check: logged {chk['logged_tokens']:,.0f} vs estimate {chk['expected_tokens']:,.0f} tokens "
+          f"(gap {chk['gap_ratio'] * 100:.1f} %)" + (f", likely {chk['likely_reason']}" if chk["likely_reason"] else "")
+          + "\n")
+    for n in s.get("notes", []):
+        w(f"  note: {n}\n")
+
+
+@click.command("logs")
+@click.argument("file", type=click.Path(dir_okay=True))
+@click.option("--format", "fmt", type=FORMATS, default="human", show_default=True, help="Output format.")
+@click.option("--fail-on", type=FAIL_ON, default="critical", show_default=True,
+              help="Exit 1 when a finding is at or above this severity.")
+@click.option("--tz-offset", type=float, default=0.0, show_default=True,
+              help="Hours east of UTC of the log's MM-DD HH:MM:SS timestamps.")
+@click.option("--expected-kv-tokens", type=click.IntRange(min=1), default=None,
+              help="KV capacity to expect, in tokens (skips the kv-budget estimate).")
+@click.option("--gpu-memory-gib", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="GPU memory for the kv-budget estimate (GiB).")
+@click.option("--gpu-memory-utilization", type=click.FloatRange(0, 1, min_open=True), default=None,
+              help="Default: as logged, else 0.9.")
+@click.option("--weights-gib", type=click.FloatRange(min=0), default=None, help="Default: as logged.")
+@click.option("--overhead-gib", type=click.FloatRange(min=0), default=None,
+              help="Activations, CUDA context, graphs assumed by the estimate (default 0: the check names them).")
+@click.option("--model-config", type=click.Path(dir_okay=False), default=None, help="Hugging Face config.json.")
+@click.option("--num-layers", type=click.IntRange(min=1), default=None)
+@click.option("--num-kv-heads", type=click.IntRange(min=1), default=None)
+@click.option("--head-dim", type=click.IntRange(min=1), default=None)
+@click.option("--kv-dtype", default=None, help="auto (model dtype), fp16, bf16, fp8, fp32.")
+@click.option("--block-size", type=click.IntRange(min=1), default=None, help="Default: as logged, else 16.")
+@click.option("--tensor-parallel-size", type=click.IntRange(min=1), default=1, show_default=True)
+def logs_cmd(file: str, fmt: str, fail_on: str, tz_offset: float, **opts) -> int:
+    """Diagnose an engine log FILE (vLLM V0/V1, SGLang; PyTorch OOM messages): KV capacity,
+    preemptions, OOM fragmentation, stats lines; with model/GPU options, check the KV capacity
+    against the kv-budget estimate."""
+    from ..detectors.logs import analyse_log
+    from ..model import Inconclusive, Report
+    from .render import print_report, report_exit_code, _json_default
+
+    events = _read_events(file, tz_offset)
+    expected, inputs = _estimate(events, opts)
+    summary, findings = analyse_log(events, expected_kv_tokens=expected, estimate_inputs=inputs, source=file)
+    tr = summary["time_range"]
+    start = tr["start"] if tr["start"] is not None else float("nan")
+    end = tr["end"] if tr["end"] is not None else float("nan")
+    report = Report(window=(start, end), findings=findings, source=file)
+    if not events:
+        report.inconclusive.append(Inconclusive("logs", [], f"no vLLM, SGLang or PyTorch OOM lines recognised in {file}"))
+    elif summary["preemptions"]["count"] is None and summary["stats"]["count"]:
+        report.inconclusive.append(Inconclusive("kv-cache-pressure", ["preemptions_total"],
+                                                "this log does not report preemptions"))
+    if fmt == "json":
+        d = report.to_dict()
+        d["log"] = summary
+        sys.stdout.write(json.dumps(d, indent=2, default=_json_default) + "\n")
+    else:
+        print_report(report, "human")
+        _print_summary(summary, sys.stdout)
+    return report_exit_code(report, fail_on)
+
+
+# ---------------------------------------------------------------------------------------------
+@click.command("capture")
+@click.option("--kind", type=click.Choice(["snapshot", "profile"]), required=True)
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True, help="Where captures are kept.")
+@click.option("--probe-dir", type=click.Path(file_okay=False), default=None, help="The probe's shared directory.")
+@click.option("--vllm", "vllm_urls", multiple=True, help="vLLM base URL (for --kind profile).")
+@click.option("--profiler-dir", type=click.Path(file_okay=False), default=None,
+              help="vLLM's torch profiler directory (VLLM_TORCH_PROFILER_DIR), as mounted here.")
+@click.option("--seconds", type=click.FloatRange(0, 600), default=5.0, show_default=True, help="Profile length.")
+@click.option("--timeout", type=click.FloatRange(0.1, 600), default=30.0, show_default=True,
+              help="Seconds to wait for the snapshot or the trace file.")
+@click.option("--max-bytes", type=click.IntRange(min=1), default=2 << 30, show_default=True,
+              help="Size budget of --out; the oldest captures beyond it are deleted.")
+@click.option("--format", "fmt", type=FORMATS, default="human", show_default=True)
+def capture_cmd(kind: str, out_dir: str, probe_dir: str | None, vllm_urls: tuple[str, ...], profiler_dir: str | None,
+                seconds: float, timeout: float, max_bytes: int, fmt: str) -> int:
+    """Take one capture by hand: a memory snapshot through the probe, or a short vLLM profile."""
+    from ..agent.capture import CaptureError, CaptureManager
+
+    if kind == "snapshot" and not probe_dir:
+        fail("--kind snapshot needs --probe-dir (the directory the fragscope probe in the engine watches)")
+    if kind == "profile" and not vllm_urls:
+        fail("--kind profile needs --vllm URL (a server started with VLLM_TORCH_PROFILER_DIR set)")
+    try:
+        mgr = CaptureManager(out_dir, probe_dir=probe_dir, vllm_urls=vllm_urls, profiler_dir=profiler_dir,
+                             profile_seconds=seconds, snapshot_timeout=timeout, trace_timeout=timeout,
+                             max_bytes=max_bytes, max_per_hour=None)
+        att = mgr.capture(kind, time.time())
+    except CaptureError as e:
+        fail(str(e))
+    if fmt == "json":
+        click.echo(json.dumps(att, indent=2, default=str))
+    else:
+        click.echo(f"{att['kind']}: {att['verdict']}")
+        for p in att.get("paths") or ([att["path"]] if att.get("path") else []):
+            click.echo(f"  {p}")
+        if att.get("error"):
+            click.echo(f"  error: {att['error']}")
+    return EXIT_OK if att.get("ok") else EXIT_USAGE
+
 
 def register(fragscope_group: click.Group, diagnose_group: click.Group) -> None:
-    """Attach this module's commands to the two entry points."""
+    diagnose_group.add_command(logs_cmd)
+    fragscope_group.add_command(capture_cmd)
