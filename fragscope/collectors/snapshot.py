@@ -193,9 +193,11 @@ def _load_json(data: bytes, name: str) -> object:
         return json.loads(data)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         where = f" at byte {e.pos}" if isinstance(e, json.JSONDecodeError) else ""
-        if isinstance(e, json.JSONDecodeError) and e.pos >= len(data.rstrip()) - 1:
-            raise SnapshotError(f"cannot read {name}: truncated JSON{where}") from None
-        raise SnapshotError(f"cannot read {name}: invalid JSON{where} ({e.args[0].split(':')[0]})") from None
+        if isinstance(e, json.JSONDecodeError) and (e.msg.startswith("Unterminated")
+                                                    or e.pos >= len(e.doc.rstrip())):
+            raise SnapshotError(f"cannot read {name}: truncated JSON (ends{where} inside a value)") from None
+        detail = e.msg if isinstance(e, json.JSONDecodeError) else "not UTF-8"
+        raise SnapshotError(f"cannot read {name}: invalid JSON{where} ({detail})") from None
     except RecursionError:
         raise SnapshotError(f"cannot read {name}: JSON nested too deeply, not a memory snapshot") from None
 
@@ -244,6 +246,8 @@ def _explain_pickle_failure(data: bytes, exc: BaseException) -> str:
 # ---------------------------------------------------------------------------------------------
 # normalising
 def _int(v, what: str, name: str) -> int:
+    if v is None:
+        raise SnapshotError(f"cannot read {name}: not a PyTorch memory snapshot ({what} is missing)")
     if isinstance(v, bool) or not isinstance(v, int):
         if isinstance(v, float) and v.is_integer():
             return int(v)
@@ -360,7 +364,8 @@ def parse_snapshot(obj: object, source: str = "snapshot", container: str = "obje
     except SnapshotError:
         raise
     except (KeyError, TypeError, AttributeError) as e:
-        what = f"missing key {e.args[0]!r}" if isinstance(e, KeyError) else str(e).splitlines()[0]
+        what = (f"missing key {e.args[0]!r}" if isinstance(e, KeyError)
+                else f"a field has the wrong type: {str(e).splitlines()[0]}")
         raise SnapshotError(f"cannot read {name}: not a PyTorch memory snapshot (a segment or block is "
                             f"malformed: {what})") from None
     except OverflowError:
