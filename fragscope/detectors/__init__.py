@@ -1,11 +1,15 @@
-"""Detectors: pure functions from a Window to findings. Entry point: :func:`diagnose`."""
+"""Detectors: pure functions from a Window (through a Frame) to findings.
+
+Callers use :func:`diagnose`; it is re-exported from :mod:`fragscope.playbooks`, which attaches
+the playbooks (playbooks sit above detectors in the layering, so the import is lazy).
+"""
 from __future__ import annotations
 
 from ..model import Report, Window
 
 
 def diagnose(window: Window) -> Report:
-    """Run every detector over ``window`` and return a ranked report (filled in by the core issue)."""
-    from .engine import run_detectors  # noqa: PLC0415
+    """Run every detector over ``window``; findings carry their full playbook."""
+    from ..playbooks import diagnose as _diagnose  # noqa: PLC0415  (upper layer, imported lazily)
 
-    return run_detectors(window)
+    return _diagnose(window)

@@ -1,0 +1,209 @@
+"""allocator-fragmentation: memory the PyTorch allocator holds but cannot use grows, and the
+engine degrades at unchanged traffic while the GPU stays busy.
+
+Mechanism: the caching allocator splits cached segments; long-lived small blocks pin them, so
+free bytes exist only as slivers (reserved − allocated, inactive_split_bytes). Requests that
+find no large-enough block force a cudaMalloc; when that fails the allocator flushes its cache
+and retries (num_alloc_retries: a device sync each). The engine then runs smaller batches,
+preempts, and launches kernels late, yet NVML utilization stays high.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..model import Evidence, Finding, Inconclusive, Severity
+from . import common, stats
+from .frame import Frame
+
+ID = "allocator-fragmentation"
+REQUIRES = ("torch_reserved_bytes", "torch_allocated_bytes")
+CORROBORATES = ("torch_inactive_split_bytes", "torch_alloc_retries_total", "generation_tokens_total",
+                "requests_running", "preemptions_total", "kernel_gap_seconds", "gpu_utilization_ratio")
+
+
+@dataclass(frozen=True)
+class Config:
+    # seed: fragmentation 5 % -> 35 % over 6 h. A rise of 5 points is a sixth of that path and far
+    # outside the noise of a steady allocator (< 1 point).
+    frag_rise: float = 0.05
+    # A quarter of reserved memory free-but-unusable is pathological whatever the baseline
+    # (seed end state 35 %; the OOM message calls it "reserved by PyTorch but unallocated").
+    frag_high: float = 0.25
+    # Early (minutes after onset, seed: ~+1 point after 15 min): a rise of >= 0.5 points and
+    # >= 2 noise scales, confirmed by an allocator-internal signal (retries or inactive split
+    # blocks) and >= 3 agreeing signals in all; or >= 3 noise scales and >= 4 agreeing signals.
+    frag_early: float = 0.005
+    early_sigmas: float = 2.0
+    # non-releasable split blocks (what empty_cache() cannot return), share of reserved
+    inactive_rise: float = 0.03
+    # steady-state serving should never retry a cudaMalloc: any sustained retry rate counts
+    retries_per_min: float = 0.1
+    # critical when throughput has lost >= 40 % (seed: -75 % at 6 h), or OOMs, or >= 30 % unusable
+    critical_tput_drop: float = 0.40
+    critical_frag: float = 0.30
+
+
+def detect(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive:
+    gpus = [g for g in f.gpus() if f.has_gpu(g, "torch_reserved_bytes") and f.has_gpu(g, "torch_allocated_bytes")]
+    if not gpus:
+        return Inconclusive(ID, ["fragscope_torch_reserved_bytes", "fragscope_torch_allocated_bytes"],
+                            "allocator state not collected (run the engine under fragscope-probe); "
+                            "NVML memory cannot show fragmentation in engines that pre-allocate the KV cache")
+    sp = stats.spans(f)
+    # engine-wide corroboration, computed once
+    tput = common.throughput_fact(f, sp)
+    demand = common.demand_unchanged_fact(f, sp)
+    batch = common.batch_shrink_fact(f, sp)
+    pre = common.preemption_fact(f, sp)
+    kv = common.kv_fact(f, sp)
+    out: list[Finding] = []
+    for g in gpus:
+        fnd = _detect_gpu(f, g, sp, cfg, tput, demand, batch, pre, kv)
+        if fnd is not None:
+            out.append(fnd)
+    return out
+
+
+def _detect_gpu(f: Frame, g: str, sp: stats.Spans, cfg: Config, tput, demand, batch, pre, kv) -> Finding | None:
+    sig = f.gpu[g]
+    fr = sig["torch_fragmentation_ratio"]
+    ch = stats.change(f, fr, sp, floor_abs=0.003)
+    if not ch.known:
+        return None
+    res = sig["torch_reserved_bytes"]
+    alloc = sig["torch_allocated_bytes"]
+    rec = stats.mask(f, sp.recent)
+    base = stats.mask(f, sp.base)
+    res_r, alloc_r = stats.nanmedian(res[rec]), stats.nanmedian(alloc[rec])
+    alloc_b = stats.nanmedian(alloc[base])
+    slack_r = res_r - alloc_r
+
+    evidence: list[Evidence] = []
+    agree = 0
+    strong = ch.delta >= cfg.frag_rise or ch.recent >= cfg.frag_high
+    early = ch.delta >= max(cfg.frag_early, cfg.early_sigmas * ch.scale)
+    frag_ev = Evidence("torch_fragmentation_ratio", ch.recent, ch.baseline, ch.baseline + cfg.frag_rise,
+                       "ratio", sp.recent,
+                       f"(reserved − allocated) / reserved; {common.fmt_bytes(slack_r)} unusable", strong or early)
+    evidence.append(frag_ev)
+
+    # A leak grows allocated memory and reserved follows: the gap stays small. Not ours.
+    alloc_growth = (alloc_r - alloc_b) / alloc_b if alloc_b and alloc_b > 0 else 0.0
+    if not strong and alloc_growth > 0.10 and ch.delta < cfg.frag_rise:
+        return None
+
+    # corroborating allocator signals
+    inactive = sig.get("torch_inactive_split_ratio")
+    ich = stats.change(f, inactive, sp, floor_abs=0.003) if inactive is not None else None
+    if ich is not None and ich.known:
+        ok = ich.delta >= cfg.inactive_rise or (early and ich.delta >= max(0.003, 3 * ich.scale))
+        evidence.append(Evidence("torch_inactive_split_ratio", ich.recent, ich.baseline,
+                                 ich.baseline + cfg.inactive_rise, "ratio", sp.recent,
+                                 "free split blocks empty_cache() cannot return", ok))
+        agree += ok
+    retries = sig.get("torch_alloc_retries_total")
+    retry_onset = None
+    if retries is not None and np.isfinite(retries).any():
+        cum = f.gpu_cum.get(g, {}).get("torch_alloc_retries_total")
+        dur_r = sp.recent[1] - sp.recent[0]
+        dur_b = sp.base[1] - sp.base[0]
+        inc_r = stats.increase(f, cum, sp.recent)
+        inc_b = stats.increase(f, cum, sp.base)
+        rr = inc_r / dur_r * 60 if math.isfinite(inc_r) else math.nan
+        rb = inc_b / dur_b * 60 if math.isfinite(inc_b) else math.nan
+        ok = math.isfinite(rr) and rr >= cfg.retries_per_min and (not math.isfinite(rb) or rr > 3 * rb)
+        if ok:
+            retry_onset = stats.onset_time(f, retries * 60, cfg.retries_per_min / 2, 1)
+        evidence.append(Evidence("torch_alloc_retries_per_minute", rr, rb, cfg.retries_per_min, "/min",
+                                 sp.recent, "cache flush + device sync per retry", ok))
+        agree += ok
+    ooms = stats.increase(f, f.gpu_cum.get(g, {}).get("torch_ooms_total"), (f.start, f.end))
+    if math.isfinite(ooms) and ooms > 0:
+        evidence.append(Evidence("torch_ooms", ooms, 0.0, 1.0, "OOMs", (f.start, f.end),
+                                 "allocator raised out-of-memory", True))
+        agree += 1
+
+    # engine degradation at unchanged traffic
+    degraded = 0
+    for fact in (tput, batch, pre):
+        if fact.evidence is not None:
+            evidence.append(fact.evidence)
+            degraded += fact.present
+    if tput.present or batch.present:
+        if demand.evidence is not None:
+            evidence.append(demand.evidence)
+        # throughput that falls with demand is not a symptom
+        if not demand.present and demand.evidence is None and not pre.present:
+            degraded -= tput.present
+    gap = common.gap_fact(f, g, sp)
+    if gap.evidence is not None:
+        evidence.append(gap.evidence)
+        degraded += gap.present
+    busy = common.util_busy_fact(f, g, sp)
+    if busy.evidence is not None and (tput.present or batch.present):
+        evidence.append(busy.evidence)
+        degraded += busy.present
+
+    # contrary evidence: the clock, not the allocator, explains a slowdown
+    against = 0
+    thr = common.throttle_fact(f, g, sp)
+    if thr.present and thr.evidence is not None:
+        thr.evidence.agrees = False
+        thr.evidence.note = "clock throttling also explains a slowdown"
+        evidence.append(thr.evidence)
+        against += 1
+
+    allocator_agree = 1 + agree  # the ratio itself plus inactive/retries/ooms
+    total_agree = allocator_agree + degraded
+    early_confirmed = early and ((agree >= 1 and total_agree >= 3) or (ch.z >= 3 and total_agree >= 4))
+    if not strong and not early_confirmed:
+        return None
+
+    tput_drop = tput.value if tput.present else 0.0
+    critical = ((tput_drop >= cfg.critical_tput_drop) or (math.isfinite(ooms) and ooms > 0)
+                or ch.recent >= cfg.critical_frag) and total_agree >= 3
+    if critical:
+        sev = Severity.CRITICAL
+    elif strong or total_agree >= 3:
+        sev = Severity.WARNING
+    else:
+        sev = Severity.INFO
+    conf = stats.confidence(total_agree, base=0.35 if strong else 0.25, against=against)
+    onset = common.earliest(ch.onset, retry_onset)
+    missing = [m for m, have in (
+        ("fragscope_torch_inactive_split_bytes", ich is not None and ich.known),
+        ("fragscope_torch_alloc_retries_total", retries is not None),
+        ("vllm:generation_tokens_total", tput.evidence is not None),
+        ("vllm:num_preemptions_total", pre.evidence is not None),
+        ("fragscope_kernel_gap_seconds", gap.evidence is not None),
+        ("gpu utilization (fragscope_gpu_utilization_ratio or DCGM_FI_DEV_GPU_UTIL)", busy.evidence is not None),
+    ) if not have]
+
+    parts = [f"GPU {g}: {common.fmt_pct(ch.recent)} of reserved memory ({common.fmt_bytes(slack_r)}) is free but "
+             f"unusable since {common.fmt_time(onset)} (baseline {common.fmt_pct(ch.baseline)})"]
+    for e in evidence:
+        if not e.agrees:
+            continue
+        if e.signal == "torch_alloc_retries_per_minute":
+            parts.append(f"allocation retries {e.baseline or 0:.1f} → {e.observed:.1f}/min")
+        elif e.signal == "generation_tokens_per_second":
+            parts.append(f"throughput {e.baseline:.0f} → {e.observed:.0f} tok/s"
+                         + (" at unchanged traffic" if demand.present else ""))
+        elif e.signal == "requests_running":
+            parts.append(f"running batch {e.baseline:.0f} → {e.observed:.0f}")
+        elif e.signal == "preemptions_per_minute":
+            parts.append(f"preemptions {e.baseline or 0:.1f} → {e.observed:.0f}/min")
+        elif e.signal == "kernel_gap_p50_seconds":
+            parts.append(f"kernel gaps {common.fmt_seconds(e.baseline)} → {common.fmt_seconds(e.observed)}")
+        elif e.signal == "torch_ooms":
+            parts.append(f"{e.observed:.0f} OOM(s)")
+    if busy.present and (tput.present or batch.present):
+        parts.append(f"GPU utilization still {busy.value * 100:.0f} %")
+    summary = "; ".join(parts) + "."
+    ctx = {"slack_bytes": slack_r, "reserved_bytes": res_r, "fragmentation_ratio": ch.recent,
+           "throughput_drop_ratio": tput_drop, "gpu_memory_total_bytes": stats.nanmedian(
+               sig.get("gpu_memory_total_bytes", np.full(f.t.size, np.nan)))}
+    return Finding(ID, sev, conf, summary, onset, evidence, missing, {"gpu": g}, playbook={"context": ctx})

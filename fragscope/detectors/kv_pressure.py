@@ -1,0 +1,132 @@
+"""kv-cache-pressure: the KV block pool is (nearly) full, the scheduler preempts running
+sequences to free blocks, requests queue, and TTFT's tail spikes while its median stays healthy.
+
+Mechanism: vLLM admits sequences while free KV blocks remain; when decoding needs a block and
+none is free it preempts (recompute) the newest sequences. Preempted work is redone, queued
+requests wait for blocks, so p99 TTFT explodes while requests that get in early are fine.
+Usually more or longer requests than the pool was sized for.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..model import Evidence, Finding, Inconclusive, Severity
+from . import common, stats
+from .frame import Frame
+
+ID = "kv-cache-pressure"
+REQUIRES = ("kv_cache_usage_ratio",)
+CORROBORATES = ("preemptions_total", "requests_waiting", "ttft_seconds", "request_prompt_tokens")
+
+
+@dataclass(frozen=True)
+class Config:
+    kv_high: float = 0.90  # vLLM preempts at a full pool; >= 90 % median means it runs at the edge
+    preempt_per_min: float = 1.0  # healthy servers preempt ~never (see common.Defaults)
+    # TTFT tail: p99 at >= 3x its baseline while p50 stays within 2x (the "p99 spikes while p50
+    # stays healthy" signature of queueing behind a full pool).
+    ttft_p99_ratio: float = 3.0
+    ttft_p50_ratio: float = 2.0
+    # Storm: >= 60 preemptions/min (seed: "hundreds per minute") is critical.
+    critical_preempt_per_min: float = 60.0
+    length_growth: float = 0.2  # requests >= 20 % longer than baseline explain the pressure
+
+
+def detect(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive:
+    if not f.has_engine("kv_cache_usage_ratio"):
+        return Inconclusive(ID, ["vllm:kv_cache_usage_perc (V1) or vllm:gpu_cache_usage_perc (V0)"],
+                            "KV-cache usage not available")
+    if not f.has_engine("preemptions_total") and not f.has_engine("requests_waiting"):
+        return Inconclusive(ID, ["vllm:num_preemptions_total", "vllm:num_requests_waiting"],
+                            "neither preemptions nor the queue are available")
+    sp = stats.spans(f)
+    kv = common.kv_fact(f, sp, cfg.kv_high)
+    pre = common.preemption_fact(f, sp, cfg.preempt_per_min)
+    if not kv.present:
+        return []
+    evidence: list[Evidence] = [kv.evidence]
+    agree = 1
+    if pre.evidence is not None:
+        evidence.append(pre.evidence)
+    if not pre.present:
+        # A full pool without preemptions is a busy server (capacity-saturation), not pressure.
+        return []
+    agree += 1
+    demand = common.demand_unchanged_fact(f, sp)
+    wait = f.engine.get("requests_waiting")
+    if wait is not None and np.isfinite(wait).any():
+        share = stats.share_true(f, np.nan_to_num(wait) >= 1, sp.recent, np.isfinite(wait))
+        wr = stats.nanmedian(wait[stats.mask(f, sp.recent)])
+        wb = stats.nanmedian(wait[stats.mask(f, sp.base)])
+        ok = math.isfinite(share) and share >= 0.5
+        evidence.append(Evidence("requests_waiting", wr, wb, 1.0, "requests", sp.recent,
+                                 f"queued {share * 100:.0f} % of the recent window" if math.isfinite(share) else "", ok))
+        agree += ok
+    p99 = f.engine.get("ttft_p99_seconds")
+    p50 = f.engine.get("ttft_p50_seconds")
+    tail = False
+    if p99 is not None and p50 is not None and np.isfinite(p99).any():
+        c99 = stats.change(f, p99, sp, floor_rel=0.05)
+        c50 = stats.change(f, p50, sp, floor_rel=0.05)
+        if c99.known and c50.known and c99.baseline > 0 and c50.baseline > 0:
+            r99, r50 = c99.recent / c99.baseline, c50.recent / c50.baseline
+            tail = r99 >= cfg.ttft_p99_ratio and r50 <= cfg.ttft_p50_ratio
+            evidence.append(Evidence("ttft_p99_seconds", c99.recent, c99.baseline, c99.baseline * cfg.ttft_p99_ratio,
+                                     "seconds", sp.recent, f"p50 {common.fmt_seconds(c50.baseline)} → "
+                                     f"{common.fmt_seconds(c50.recent)}", tail))
+            agree += tail
+    # cause: longer or more requests
+    cause = []
+    for sig_id, label in (("request_prompt_tokens_mean", "prompt"), ("request_generation_tokens_mean", "output")):
+        x = f.engine.get(sig_id)
+        if x is None or not np.isfinite(x).any():
+            continue
+        ch = stats.change(f, x, sp, floor_rel=0.05)
+        if ch.known and ch.baseline > 0 and ch.recent / ch.baseline - 1 >= cfg.length_growth:
+            cause.append(f"{label} length {ch.baseline:.0f} → {ch.recent:.0f} tokens")
+            evidence.append(Evidence(sig_id, ch.recent, ch.baseline, ch.baseline * (1 + cfg.length_growth),
+                                     "tokens", sp.recent, "longer requests", True))
+    rate = f.engine.get("request_prompt_tokens_rate")
+    if rate is None or not np.isfinite(rate).any():
+        rate = f.engine.get("request_success_total")
+    if rate is not None and np.isfinite(rate).any():
+        ch = stats.change(f, rate, sp, floor_rel=0.05)
+        if ch.known and ch.baseline > 0 and ch.recent / ch.baseline - 1 >= cfg.length_growth:
+            cause.append(f"request rate {ch.baseline * 60:.0f} → {ch.recent * 60:.0f}/min")
+
+    against = 0
+    if common.any_frag_rising(f, sp):
+        # an allocator losing memory also shrinks what the engine can run: say so, weigh less
+        evidence.append(Evidence("torch_fragmentation_ratio", None, None, None, "ratio", sp.recent,
+                                 "allocator fragmentation rising on a GPU: see allocator-fragmentation", False))
+        against += 1
+    sev = Severity.WARNING
+    if pre.value >= cfg.critical_preempt_per_min or (tail and agree >= 4):
+        sev = Severity.CRITICAL
+    conf = stats.confidence(agree, base=0.45, against=against)
+    onset = common.earliest(kv.onset, pre.onset)
+    missing = [m for m, have in (
+        ("vllm:num_requests_waiting", wait is not None),
+        ("vllm:time_to_first_token_seconds", p99 is not None),
+        ("vllm:request_prompt_tokens", "request_prompt_tokens_mean" in f.engine),
+    ) if not have]
+    summary = (f"KV cache {common.fmt_pct(kv.value)} full (p90 {common.fmt_pct(kv.extra.get('p90', math.nan))}) "
+               f"since {common.fmt_time(onset)}; preemptions {pre.extra.get('base', 0.0):.1f} → {pre.value:.0f}/min")
+    for e in evidence:
+        if e.signal == "requests_waiting" and e.agrees:
+            summary += f"; {e.observed:.0f} requests waiting"
+        if e.signal == "ttft_p99_seconds" and e.agrees:
+            summary += (f"; TTFT p99 {common.fmt_seconds(e.baseline)} → {common.fmt_seconds(e.observed)} "
+                        f"while p50 stays healthy")
+    if cause:
+        summary += "; " + ", ".join(cause)
+    summary += "."
+    ctx = {"kv_usage": kv.value, "preempt_per_min": pre.value, "cause": cause,
+           "avg_prompt_tokens": f.hist_avg.get("request_prompt_tokens"),
+           "avg_generation_tokens": f.hist_avg.get("request_generation_tokens"),
+           "running": stats.nanmedian(f.engine.get("requests_running", np.full(f.t.size, np.nan))[
+               stats.mask(f, sp.recent)])}
+    return [Finding(ID, sev, conf, summary, onset, evidence, missing, {}, playbook={"context": ctx})]

@@ -1,0 +1,150 @@
+"""memory-leak: allocated memory grows steadily, reserved follows it (the gap stays small), NVML
+used grows, and the process ends in OOM. Not fragmentation: there the gap grows instead.
+
+Mechanism: tensors kept alive by references (caches keyed by request, lists of outputs, graphs)
+accumulate; the allocator reserves more to serve them. In a serving engine the KV cache is
+pre-allocated, so steady growth of live allocations does not follow traffic.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..model import Evidence, Finding, Inconclusive, Severity
+from . import common, stats
+from .frame import Frame
+
+ID = "memory-leak"
+REQUIRES = ("torch_allocated_bytes|gpu_memory_used_bytes",)
+CORROBORATES = ("torch_reserved_bytes", "gpu_memory_used_bytes", "torch_ooms_total")
+
+
+@dataclass(frozen=True)
+class Config:
+    # Growth that matters: >= 2 % of the GPU's memory (or >= 10 % of the baseline allocation)
+    # since onset. A serving engine's live allocations are flat once the KV pool exists.
+    growth_of_total: float = 0.02
+    growth_of_base: float = 0.10
+    r2_min: float = 0.8  # "steadily": a linear fit explains >= 80 % of the variance
+    follow_min: float = 0.6  # reserved grows by >= 60 % of allocated's growth (the gap stays small)
+    gap_rise_max: float = 0.05  # a gap (fragmentation ratio) rising more than this is fragmentation
+    traffic_corr: float = 0.8  # growth that tracks running requests this closely is load, not a leak
+    critical_hours_to_full: float = 1.0
+    critical_used_ratio: float = 0.97
+
+
+def detect(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive:
+    gpus = [g for g in f.gpus() if f.has_gpu(g, "torch_allocated_bytes") or f.has_gpu(g, "gpu_memory_used_bytes")]
+    if not gpus:
+        return Inconclusive(ID, ["fragscope_torch_allocated_bytes", "fragscope_gpu_memory_used_bytes or DCGM_FI_DEV_FB_USED"],
+                            "no GPU memory signal")
+    sp = stats.spans(f)
+    out = []
+    for g in gpus:
+        fnd = _detect_gpu(f, g, sp, cfg)
+        if fnd is not None:
+            out.append(fnd)
+    return out
+
+
+def _growth(f: Frame, x: np.ndarray, sp: stats.Spans, start: float | None):
+    ch = stats.change(f, x, sp, floor_rel=0.005)
+    span = (start if start is not None else sp.base[1], f.end)
+    slope, r2 = stats.slope_per_hour(f, x, span)
+    return ch, slope, r2, span
+
+
+def _detect_gpu(f: Frame, g: str, sp: stats.Spans, cfg: Config) -> Finding | None:
+    sig = f.gpu[g]
+    total = stats.nanmedian(sig.get("gpu_memory_total_bytes", np.full(f.t.size, np.nan)))
+    alloc = sig.get("torch_allocated_bytes")
+    used = sig.get("gpu_memory_used_bytes")
+    primary = alloc if alloc is not None and np.isfinite(alloc).any() else used
+    primary_name = "torch_allocated_bytes" if primary is alloc else "gpu_memory_used_bytes"
+    ch = stats.change(f, primary, sp, floor_rel=0.005)
+    if not ch.known or ch.delta <= 0:
+        return None
+    need = cfg.growth_of_base * ch.baseline
+    if math.isfinite(total) and total > 0:
+        need = min(need, cfg.growth_of_total * total) if primary is alloc else cfg.growth_of_total * total
+    if ch.delta < need or ch.delta < 3 * ch.scale:
+        return None
+    onset = ch.onset
+    span = (onset if onset is not None else sp.base[1], f.end)
+    slope, r2 = stats.slope_per_hour(f, primary, span)
+    if not math.isfinite(slope) or slope <= 0 or r2 < cfg.r2_min:
+        return None
+    evidence = [Evidence(primary_name, ch.recent, ch.baseline, ch.baseline + need, "bytes", span,
+                         f"+{common.fmt_bytes(slope)}/h, linear fit R² {r2:.2f}", True)]
+    agree = 1
+    against = 0
+    missing = []
+
+    # load-driven growth is not a leak
+    run = f.engine.get("requests_running")
+    if run is not None and np.isfinite(run).any():
+        m = stats.mask(f, span) & np.isfinite(run) & np.isfinite(primary)
+        if m.sum() >= 10 and np.std(run[m]) > 0:
+            corr = float(np.corrcoef(run[m], primary[m])[0, 1])
+            rch = stats.change(f, run, sp, floor_abs=0.5)
+            if corr >= cfg.traffic_corr and rch.known and rch.baseline > 0 and rch.recent / rch.baseline > 1.2:
+                return None
+
+    if primary is alloc:
+        res = sig.get("torch_reserved_bytes")
+        if res is not None and np.isfinite(res).any():
+            rch = stats.change(f, res, sp, floor_rel=0.005)
+            follows = rch.known and rch.delta >= cfg.follow_min * ch.delta
+            evidence.append(Evidence("torch_reserved_bytes", rch.recent, rch.baseline, None, "bytes", span,
+                                     "reserved follows allocated", follows))
+            agree += follows
+            fr = common.frag_rise(f, g, sp)
+            if fr is not None and fr.known:
+                small = fr.delta < cfg.gap_rise_max and fr.recent < 0.25
+                evidence.append(Evidence("torch_fragmentation_ratio", fr.recent, fr.baseline, cfg.gap_rise_max,
+                                         "ratio", span, "the reserved−allocated gap stays small" if small
+                                         else "the gap grows: fragmentation, not a leak", small))
+                if not small:
+                    return None
+                agree += 1
+        else:
+            missing.append("fragscope_torch_reserved_bytes")
+        if used is not None and np.isfinite(used).any():
+            uch = stats.change(f, used, sp, floor_rel=0.002)
+            grows = uch.known and uch.delta > 3 * uch.scale and uch.delta > 0.25 * ch.delta
+            evidence.append(Evidence("gpu_memory_used_bytes", uch.recent, uch.baseline, None, "bytes", span,
+                                     "NVML used grows" if grows else "NVML used flat (inside the pre-allocation)", grows))
+            agree += grows
+        else:
+            missing.append("fragscope_gpu_memory_used_bytes or DCGM_FI_DEV_FB_USED")
+    else:
+        missing.append("fragscope_torch_allocated_bytes (run the engine under fragscope-probe)")
+    ooms = stats.increase(f, f.gpu_cum.get(g, {}).get("torch_ooms_total"), (f.start, f.end))
+    if math.isfinite(ooms) and ooms > 0:
+        evidence.append(Evidence("torch_ooms", ooms, 0.0, 1.0, "OOMs", (f.start, f.end), "out of memory", True))
+        agree += 1
+
+    hours_to_full = math.nan
+    used_now = stats.nanmedian(used[stats.mask(f, sp.recent)]) if used is not None else math.nan
+    ref_now = used_now if math.isfinite(used_now) else ch.recent
+    if math.isfinite(total) and total > 0:
+        hours_to_full = max(0.0, (total - ref_now) / slope)
+    sev = Severity.WARNING
+    if (math.isfinite(ooms) and ooms > 0) or (math.isfinite(hours_to_full) and hours_to_full <= cfg.critical_hours_to_full) \
+            or (math.isfinite(used_now) and math.isfinite(total) and used_now / total >= cfg.critical_used_ratio):
+        sev = Severity.CRITICAL
+    conf = stats.confidence(agree, base=0.4 if primary is alloc else 0.3, against=against)
+    summary = (f"GPU {g}: {'allocated' if primary is alloc else 'NVML used'} memory grows steadily by "
+               f"{common.fmt_bytes(slope)}/h since {common.fmt_time(onset)} "
+               f"({common.fmt_bytes(ch.baseline)} → {common.fmt_bytes(ch.recent)}, R² {r2:.2f})")
+    if primary is alloc and agree >= 2:
+        summary += " with reserved following and the gap small"
+    if math.isfinite(ooms) and ooms > 0:
+        summary += f"; {ooms:.0f} OOM(s)"
+    elif math.isfinite(hours_to_full):
+        summary += f"; at this rate memory is exhausted in ~{hours_to_full:.1f} h"
+    summary += "."
+    ctx = {"slope_bytes_per_hour": slope, "hours_to_full": hours_to_full, "total_bytes": total}
+    return Finding(ID, sev, conf, summary, onset, evidence, missing, {"gpu": g}, playbook={"context": ctx})

@@ -1,0 +1,133 @@
+"""clock-throttling: the SM clock drops with a thermal or power reason (or, from DCGM, with the
+temperature high), throughput falls while the GPU stays busy, and memory is healthy.
+
+Mechanism: the driver lowers clocks when the GPU reaches its power cap or slowdown temperature
+(or the board signals HW slowdown / power brake). Kernels run longer; the engine does the same
+work more slowly. NVML reports why (clocks-event reasons); DCGM's default counters do not.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..model import Evidence, Finding, Inconclusive, Severity
+from . import common, stats
+from .frame import Frame
+
+ID = "clock-throttling"
+REQUIRES = ("gpu_sm_clock_hertz",)
+CORROBORATES = ("gpu_throttle_reason_active", "gpu_temperature_celsius", "generation_tokens_total",
+                "gpu_utilization_ratio")
+
+
+@dataclass(frozen=True)
+class Config:
+    # >= 10 % below its own baseline (or below the max clock): boost clocks wobble by a few %,
+    # a thermal or power slowdown takes 20-40 % (H100 1980 -> ~1400 MHz).
+    clock_drop: float = 0.10
+    # Slowdown temperatures: H100/A100 slow down near 85-90 °C (nvidia-smi -q "GPU Slowdown Temp");
+    # a GPU at >= 83 °C under load is at the edge. A rise of >= 10 °C corroborates too.
+    temp_high_c: float = 83.0
+    temp_rise_c: float = 10.0
+    util_busy: float = 0.5  # clocks fall at idle by design (gpu_idle reason): require real load
+    critical_clock_ratio: float = 0.70
+    hardware_reasons: tuple[str, ...] = ("hw_slowdown", "hw_power_brake_slowdown")
+
+
+def detect(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive:
+    gpus = [g for g in f.gpus() if f.has_gpu(g, "gpu_sm_clock_hertz")]
+    if not gpus:
+        return Inconclusive(ID, ["fragscope_gpu_sm_clock_hertz or DCGM_FI_DEV_SM_CLOCK"], "SM clock not collected")
+    sp = stats.spans(f)
+    tput = common.throughput_fact(f, sp, drop=0.08)
+    out = []
+    for g in gpus:
+        fnd = _detect_gpu(f, g, sp, cfg, tput)
+        if fnd is not None:
+            out.append(fnd)
+    return out
+
+
+def _detect_gpu(f: Frame, g: str, sp: stats.Spans, cfg: Config, tput) -> Finding | None:
+    sig = f.gpu[g]
+    clk = sig["gpu_sm_clock_hertz"]
+    util = sig.get("gpu_utilization_ratio")
+    # compare clocks only while busy: idle clock drops are power management
+    busy_mask = np.ones(f.t.size, dtype=bool)
+    if util is not None and np.isfinite(util).any():
+        busy_mask = np.nan_to_num(util, nan=1.0) >= cfg.util_busy
+    clk_busy = np.where(busy_mask, clk, np.nan)
+    ch = stats.change(f, clk_busy, sp, direction=-1, floor_rel=0.01)
+    if not ch.known:
+        return None
+    ref = ch.baseline
+    ref_name = "baseline"
+    mx = stats.nanmedian(sig.get("gpu_sm_clock_max_hertz", np.full(f.t.size, np.nan)))
+    drop = 1 - ch.recent / ref if ref > 0 else 0.0
+    if math.isfinite(mx) and mx > 0 and 1 - ch.recent / mx > drop and 1 - ref / mx >= cfg.clock_drop:
+        # throttled from the start of the window: judge against the max clock
+        drop, ref, ref_name = 1 - ch.recent / mx, mx, "max clock"
+    if drop < cfg.clock_drop:
+        return None
+    evidence = [Evidence("gpu_sm_clock_hertz", ch.recent, ref, ref * (1 - cfg.clock_drop), "hertz", sp.recent,
+                         f"-{drop * 100:.0f} % vs {ref_name} while busy", True)]
+    agree = 1
+    missing = []
+    thr = common.throttle_fact(f, g, sp)
+    reason = None
+    if thr.evidence is not None:
+        evidence.append(thr.evidence)
+        agree += thr.present
+        if thr.present:
+            reason = thr.extra["reason"]
+        elif ref_name == "max clock" and thr.value >= 0.5:
+            agree += 1
+            reason = thr.extra["reason"]
+            thr.evidence.agrees = True
+    else:
+        missing.append("fragscope_gpu_throttle_reason_active (NVML clocks-event reasons; DCGM lacks them)")
+    temp = sig.get("gpu_temperature_celsius")
+    hot = False
+    if temp is not None and np.isfinite(temp).any():
+        tch = stats.change(f, temp, sp, floor_abs=1.0)
+        hot = tch.known and (tch.recent >= cfg.temp_high_c or tch.delta >= cfg.temp_rise_c)
+        evidence.append(Evidence("gpu_temperature_celsius", tch.recent, tch.baseline, cfg.temp_high_c, "°C",
+                                 sp.recent, "", hot))
+        agree += hot
+    else:
+        missing.append("fragscope_gpu_temperature_celsius or DCGM_FI_DEV_GPU_TEMP")
+    if reason is None and not hot:
+        return None  # a clock drop with no reason and a cool GPU: applications clocks, not throttling
+    if tput.evidence is not None:
+        evidence.append(tput.evidence)
+        agree += tput.present
+    busy = common.util_busy_fact(f, g, sp, busy=0.7)
+    if busy.evidence is not None:
+        evidence.append(busy.evidence)
+        agree += busy.present
+    # memory healthy: fragmentation is not what slows this server
+    against = 0
+    fr = common.frag_rise(f, g, sp)
+    if fr is not None and fr.known and (fr.delta >= 0.05 or fr.recent >= 0.25):
+        evidence.append(Evidence("torch_fragmentation_ratio", fr.recent, fr.baseline, 0.05, "ratio", sp.recent,
+                                 "allocator fragmentation also present", False))
+        against += 1
+    sev = Severity.WARNING
+    if reason in cfg.hardware_reasons or (ch.recent / ref <= cfg.critical_clock_ratio and tput.present):
+        sev = Severity.CRITICAL
+    conf = stats.confidence(agree, base=0.4, against=against)
+    onset = common.earliest(ch.onset, thr.onset)
+    why = reason or ("high temperature" if hot else "unknown")
+    summary = (f"GPU {g}: SM clock {ch.recent / 1e6:.0f} MHz, {drop * 100:.0f} % below {ref_name} "
+               f"({ref / 1e6:.0f} MHz) since {common.fmt_time(onset)}, reason {why}")
+    if temp is not None and np.isfinite(temp).any():
+        summary += f", {stats.nanmedian(temp[stats.mask(f, sp.recent)]):.0f} °C"
+    if tput.present:
+        summary += f"; throughput {tput.evidence.baseline:.0f} → {tput.evidence.observed:.0f} tok/s"
+    if busy.present:
+        summary += f" at {busy.value * 100:.0f} % utilization"
+    summary += "."
+    ctx = {"reason": why, "clock_drop_ratio": drop}
+    return Finding(ID, sev, conf, summary, onset, evidence, missing, {"gpu": g}, playbook={"context": ctx})
