@@ -1,0 +1,112 @@
+"""NVIDIA dcgm-exporter ``/metrics``, for clusters that already run it. docs/collectors.md#dcgm.
+
+Keeps the ``DCGM_FI_*`` fields the signal table reads (memory in MiB, utilization in %, clocks in
+MHz: fragscope/signals.py scales them), the clock-throttle violation counters and a few extras;
+drops DCGM's "blank" sentinels (not available, not a value) and the per-host labels that only
+add series (Hostname, driver version, PCI id, device node).
+"""
+from __future__ import annotations
+
+import logging
+
+from ..model import CollectResult, Missing, Reason, Sample
+from ..signals import SIGNALS
+from .exposition import ParseError, scrape_samples
+from .http import DEFAULT_MAX_BYTES, Fetch, FetchError, LogOnce, http_get
+
+log = logging.getLogger(__name__)
+
+EXTRA_FIELDS = (
+    "DCGM_FI_DEV_FB_RESERVED",  # total = used + free + reserved when FB_TOTAL is not exported
+    "DCGM_FI_DEV_MEM_CLOCK",
+    "DCGM_FI_DEV_MEMORY_TEMP",
+    "DCGM_FI_DEV_MEM_COPY_UTIL",
+    "DCGM_FI_DEV_XID_ERRORS",  # value of the last XID
+    "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS",  # bitmask, NVML bits (older name)
+    "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",  # same bitmask, newer name
+    # throttle violation counters (ns), besides POWER/THERMAL in the signal table
+    "DCGM_FI_DEV_SYNC_BOOST_VIOLATION",
+    "DCGM_FI_DEV_BOARD_LIMIT_VIOLATION",
+    "DCGM_FI_DEV_LOW_UTIL_VIOLATION",
+    "DCGM_FI_DEV_RELIABILITY_VIOLATION",
+    "DCGM_FI_DEV_TOTAL_APP_CLOCKS_VIOLATION",
+    "DCGM_FI_DEV_TOTAL_BASE_CLOCKS_VIOLATION",
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE",  # ratio: better than GPU_UTIL for "is it busy"
+    "DCGM_FI_PROF_SM_ACTIVE",
+    "DCGM_FI_PROF_DRAM_ACTIVE",
+    "DCGM_EXP_XID_ERRORS_COUNT",
+    "DCGM_EXP_CLOCK_EVENTS_COUNT",
+)
+KEEP = frozenset([s.metric for sig in SIGNALS.values() for s in sig.sources if s.metric.startswith("DCGM_")]
+                 + list(EXTRA_FIELDS))
+DROP_LABELS = frozenset({"Hostname", "DCGM_FI_DRIVER_VERSION", "pci_bus_id", "device"})
+CORE = ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_SM_CLOCK",
+        "DCGM_FI_DEV_GPU_TEMP")
+
+# DCGM blank values (dcgm_structs.h): int32 from 0x7ffffff0, int64 from 0x7ffffffffffffff0 (the
+# exposition parser drops those), fp64 from 2**47; +1..+3 mean not found / not supported / no permission.
+_INT32_BLANK = 0x7FFFFFF0
+_FP64_BLANK = float(2**47)
+
+
+def is_blank(value: float, name: str = "") -> bool:
+    """True for a DCGM blank sentinel. The int32 range is not checked on int64 counters (the
+    violation counters in ns pass through 2**31 legitimately)."""
+    if value > 9.0e18 or (_FP64_BLANK <= value < _FP64_BLANK + 16):
+        return True
+    return _INT32_BLANK <= value <= 0x7FFFFFFF and not name.endswith(("_VIOLATION", "_COUNT"))
+
+
+def parse_dcgm_metrics(text: str, ts: float, source: str = "dcgm") -> list[Sample]:
+    """A dcgm-exporter body -> kept samples stamped ``ts`` (pure). Raises ParseError."""
+    out = []
+    for s in scrape_samples(text, ts, source):
+        if s.name not in KEEP or is_blank(s.value, s.name):
+            continue
+        labels = s.labels
+        if any(k in DROP_LABELS for k, _ in labels):
+            labels = tuple((k, v) for k, v in labels if k not in DROP_LABELS)
+        out.append(Sample(s.name, labels, s.ts, s.value))
+    return out
+
+
+class DcgmCollector:
+    """Scrapes a dcgm-exporter. Never raises: failures mark it down with one line."""
+
+    name = "dcgm"
+
+    def __init__(self, url: str, timeout_s: float = 2.0, max_bytes: int = DEFAULT_MAX_BYTES,
+                 fetch: Fetch = http_get) -> None:
+        self.url = url
+        self.timeout_s = timeout_s
+        self.max_bytes = max_bytes
+        self.fetch = fetch
+        self._log = LogOnce(log, f"dcgm {url}")
+
+    def _down(self, now: float, reason: Reason | str, msg: str) -> CollectResult:
+        self._log.problem(msg)
+        return CollectResult(missing=[Missing(n, (), now, reason, msg) for n in CORE], up=False, error=msg)
+
+    def collect(self, now: float) -> CollectResult:
+        try:
+            try:
+                text = self.fetch(self.url, timeout_s=self.timeout_s, max_bytes=self.max_bytes)
+            except FetchError as e:
+                return self._down(now, e.reason, str(e))
+            try:
+                samples = parse_dcgm_metrics(text, now, source=self.url)
+            except ParseError as e:
+                return self._down(now, Reason.PARSE_ERROR, str(e))
+            if not samples:
+                return self._down(now, Reason.PARSE_ERROR,
+                                  f"{self.url}: no DCGM_FI_* fields in the response; is this dcgm-exporter?")
+            names = {s.name for s in samples}
+            res = CollectResult(samples=samples)
+            for n in CORE:
+                if n not in names:
+                    res.missing.append(Missing(n, (), now, Reason.NOT_COLLECTED,
+                                               f"{self.url} does not export {n} (blank or not in its counters CSV)"))
+            self._log.ok()
+            return res
+        except Exception as e:  # never raise into the agent
+            return self._down(now, Reason.SOURCE_DOWN, f"{self.url}: dcgm collector failed: {type(e).__name__}: {e}"[:200])
