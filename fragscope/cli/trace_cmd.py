@@ -1,8 +1,93 @@
-"""CLI commands (module owned by one area; see fragscope/cli/__init__.py)."""
+"""``diagnose trace FILE``: kernel-timeline verdicts from an nsys SQLite export or a Kineto JSON trace."""
 from __future__ import annotations
 
+import json
+import sys
+
 import click
+
+from ..model import Report, rank_findings
+from .common import fail
+from .render import fmt_value, render_human, report_exit_code
+
+FORMATS = click.Choice(["human", "json"])
+FAIL_ON = click.Choice(["info", "warning", "critical", "never"])
+
+
+def _json_default(o):
+    if hasattr(o, "item"):
+        return o.item()
+    return str(o)
+
+
+@click.command("trace")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--format", "fmt", type=FORMATS, default="human", show_default=True, help="Output format.")
+@click.option("--fail-on", type=FAIL_ON, default="critical", show_default=True,
+              help="Exit 1 when a finding is at or above this severity.")
+def trace_cmd(file: str, fmt: str, fail_on: str) -> int:
+    """Analyse a kernel timeline FILE: an Nsight Systems SQLite export (nsys export --type sqlite)
+    or a PyTorch profiler / Kineto JSON trace (.json, .json.gz). Format detected by content."""
+    from ..collectors.kineto import TraceError
+    from ..detectors.timeline import analyse_trace_file
+    from ..model import Inconclusive
+
+    try:
+        analysis, findings = analyse_trace_file(file)
+    except TraceError as e:
+        fail(str(e))
+    except MemoryError:
+        fail(f"cannot read {file}: out of memory")
+    w = analysis["window"]
+    report = Report(window=(w["start"] or float("nan"), w["end"] or float("nan")), findings=findings,
+                    inconclusive=[Inconclusive(**i) for i in analysis["inconclusive"]], source=file)
+    if fmt == "json":
+        out = dict(analysis)
+        out["findings"] = [f.to_dict() for f in rank_findings(findings)]
+        sys.stdout.write(json.dumps(out, indent=2, default=_json_default) + "\n")
+    else:
+        _print_tables(analysis)
+        render_human(report, sys.stdout)
+    return report_exit_code(report, fail_on)
+
+
+def _r(v) -> str:
+    return fmt_value(v, "ratio")
+
+
+def _s(d: dict | None, k: str) -> str:
+    return fmt_value(d.get(k) if d else None, "seconds")
+
+
+def _print_tables(a: dict) -> None:
+    echo = click.echo
+    ver = f" schema {a['schema_version']}" if a.get("schema_version") else ""
+    sel = a["selection"]
+    echo(f"{a['format']}{ver}: {a['source']}  span {fmt_value(a['window']['span_seconds'], 'seconds')}, "
+         f"{sel['ops_analysed']} of {sel['ops_total']} GPU ops analysed ({sel['rule']})")
+    hdr = (f"{'gpu':>4} {'stream':>10} {'ops':>7} {'busy':>7} {'idle':>7} {'gap p50':>8} {'gap p99':>8} "
+           f"{'gap max':>8} {'host-w':>7} {'kern-w':>7} {'delay50':>8} {'short':>6}")
+    echo(hdr)
+    for d in a["devices"]:
+        rows = [("all", d)] + [(str(s["stream"]), s) for s in d["streams"][:8]]
+        for name, m in rows:
+            g = m.get("gap_seconds")
+            echo(f"{d['device']:>4} {name:>10} {sum(m['ops'].values()):>7} {_r(m['busy_ratio']):>7} "
+                 f"{_r(m['idle_ratio']):>7} {_s(g, 'p50'):>8} {_s(g, 'p99'):>8} {_s(g, 'max'):>8} "
+                 f"{_r(m['host_wait_ratio']):>7} {_r(m['kernel_wait_ratio']):>7} "
+                 f"{_s(m['launch_delay_seconds'], 'p50'):>8} {_r(m['short_kernel_ratio']):>6}")
+        if len(d["streams"]) > 8:
+            echo(f"{'':>4} {'…':>10} {len(d['streams']) - 8} more streams (--format json)")
+    h = a["host"]
+    echo(f"host: {h['launch_calls']} launches ({h['driver_launch_calls']} driver, {h['graph_launch_calls']} graph), "
+         f"{h['sync_api_calls']} synchronizing calls {fmt_value(h['sync_api_seconds'], 'seconds')} "
+         f"({_r(h['sync_api_ratio'])}), {h['pageable_copies']} pageable copies, steady-state "
+         f"{h['steady_malloc_calls']} malloc / {h['steady_free_calls']} free")
+    for n in a.get("notes", []):
+        echo(f"note: {n}")
+    echo("")
 
 
 def register(fragscope_group: click.Group, diagnose_group: click.Group) -> None:
     """Attach this module's commands to the two entry points."""
+    diagnose_group.add_command(trace_cmd)
