@@ -610,3 +610,15 @@ def test_real_modern_sample_exact_numbers():
     assert d["inactive_bytes"] == 18190848 and d["largest_free_block_bytes"] == 11534336
     assert d["external_fragmentation"] == round(1 - 11534336 / 18190848, 6)
     assert d["sliver_count"] == 1 and d["sliver_bytes"] == 1352704
+
+
+def test_committed_fixture_fragmented_oom():
+    """tests/data/snapshot/fragmented_oom.pickle: fragmented_segments() + a 48 MiB OOM, as written by
+    pickle protocol 4 (what torch.cuda.memory._dump_snapshot uses); see tests/data/README_snapshot.md."""
+    path = Path(__file__).parent / "data" / "snapshot" / "fragmented_oom.pickle"
+    doc, findings = analyse_snapshot_file(str(path))
+    d = dev0(doc)
+    assert (d["reserved_bytes"], d["inactive_bytes"], d["largest_free_block_bytes"]) == \
+        (2068 * MiB, 660 * MiB, 32 * MiB)
+    assert d["trace_actions"] == {"oom": 1, "segment_alloc": 1}
+    assert [f.id for f in findings] == [FRAGMENTATION] and findings[0].severity is Severity.CRITICAL
