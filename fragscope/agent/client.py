@@ -128,11 +128,16 @@ def sample_live(vllm_urls: Sequence[str], dcgm_url: str | None, duration_s: floa
     errors: dict[str, str] = {}
     ok_rounds = 0
     t_start = time.monotonic()
+    interrupted = False
     for r in range(rounds):
         due = t_start + r * interval_s
         delay = due - time.monotonic()
-        if delay > 0:
-            time.sleep(delay)
+        try:
+            if delay > 0:
+                time.sleep(delay)
+        except KeyboardInterrupt:  # Ctrl-C: keep what was sampled
+            interrupted = True
+            break
         if should_stop is not None and should_stop():
             break
         now = time.time()
@@ -162,7 +167,9 @@ def sample_live(vllm_urls: Sequence[str], dcgm_url: str | None, duration_s: floa
     keys = {SeriesKey(s.name, s.labels) for s in samples}
     w = Window.from_samples(samples, source="live: " + ", ".join([*vllm_urls, *([dcgm_url] if dcgm_url else [])]),
                             types=infer_types(keys))
-    if ok_rounds < rounds:
+    if interrupted:
+        w.notes.append(f"sampling interrupted after {ok_rounds} rounds")
+    elif ok_rounds < rounds:
         w.notes.append(f"{rounds - ok_rounds} of {rounds} sampling rounds returned nothing")
     return w
 

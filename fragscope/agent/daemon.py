@@ -475,7 +475,11 @@ class Agent:
                 signal.signal(s, _sig)
             except ValueError:  # not the main thread
                 pass
-        self.start()
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
         try:
             while not self._stop.wait(1.0):
                 pass

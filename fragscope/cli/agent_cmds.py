@@ -1,18 +1,234 @@
-"""CLI commands (module owned by one area; see fragscope/cli/__init__.py)."""
+"""``fragscope agent``, ``fragscope record``, and the live options of ``diagnose`` (--agent, --vllm).
+
+Each command is a few library calls (fragscope/agent/); errors are one line with exit code 2.
+Flags, config keys and environment variables: docs/agent.md.
+"""
 from __future__ import annotations
+
+import os
+import sys
 
 import click
 
+from .common import fail
 
-def register(fragscope_group: click.Group, diagnose_group: click.Group) -> None:
-    """Attach this module's commands to the two entry points."""
+MAX_LIVE_DURATION_S = 24 * 3600.0
+MIN_INTERVAL_S = 0.2
+
+
+def _duration(value: str | None, flag: str, default: str | None = None) -> float | None:
+    from ..agent.config import ConfigError, parse_duration
+
+    v = value if value not in (None, "") else default
+    if v is None:
+        return None
+    try:
+        return parse_duration(v, flag)
+    except ConfigError as e:
+        fail(str(e))
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+@click.command("agent")
+@click.option("--config", "config_file", metavar="FILE", default=None,
+              help="TOML config file (env FRAGSCOPE_CONFIG). Flags override env, env overrides the file.")
+@click.option("--vllm", "vllm", metavar="URL", multiple=True, help="vLLM /metrics URL (repeatable).")
+@click.option("--dcgm", metavar="URL", default=None, help="dcgm-exporter /metrics URL (then NVML is off unless --nvml).")
+@click.option("--listen", metavar="HOST:PORT", default=None, help="Exporter and API address. [default: 0.0.0.0:9400]")
+@click.option("--data-dir", metavar="DIR", default=None, help="History directory. [default: /var/lib/fragscope]")
+@click.option("--interval", metavar="SECONDS", default=None, help="Default sampling interval, e.g. 1s, 5s. [default: 1s]")
+@click.option("--probe-dir", metavar="DIR", default=None, help="Directory the in-engine probe publishes to.")
+@click.option("--log-file", metavar="FILE", default=None, help="Engine log file to follow.")
+@click.option("--nvml/--no-nvml", "nvml", default=None, help="Force the NVML collector on or off. [default: auto]")
+@click.option("--nvml-recorded", metavar="FILE", default=None, help="Replay recorded NVML values (demo, tests).")
+@click.option("--no-process", is_flag=True, default=False, help="Do not sample the engine processes.")
+@click.option("--retention", metavar="DURATION", default=None, help="Keep history this long. [default: 7d]")
+@click.option("--max-store-size", metavar="SIZE", default=None, help="Bound on the history on disk. [default: 1GiB]")
+@click.option("--no-store", is_flag=True, default=False, help="Keep no history on disk (memory window only).")
+@click.option("--detect-interval", metavar="DURATION", default=None, help="Run the detectors this often. [default: 30s]")
+@click.option("--capture/--no-capture", "capture", default=None,
+              help="Capture deep evidence (memory snapshots, traces) when a finding appears. [default: off]")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default=None)
+@click.option("--print-config", is_flag=True, default=False, help="Print the effective config as TOML and exit.")
+def agent_cmd(config_file, vllm, dcgm, listen, data_dir, interval, probe_dir, log_file, nvml, nvml_recorded,
+              no_process, retention, max_store_size, no_store, detect_interval, capture, log_level,
+              print_config) -> int:
+    """Run the sidecar: sample, keep history, diagnose continuously, export to Prometheus."""
+    from ..agent.config import ConfigError, load_config
+
+    flags = {
+        "vllm.urls": list(vllm) or None, "dcgm.url": dcgm, "listen": listen, "data_dir": data_dir,
+        "interval": interval, "torch.probe_dir": probe_dir, "logs.file": log_file,
+        "nvml.enabled": None if nvml is None else ("true" if nvml else "false"),
+        "nvml.recorded": nvml_recorded, "process.enabled": False if no_process else None,
+        "store.retention": retention, "store.max_size": max_store_size,
+        "store.enabled": False if no_store else None, "detect.interval": detect_interval,
+        "capture.enabled": capture, "log_level": log_level,
+    }
+    try:
+        cfg = load_config(config_file, os.environ, flags)
+    except ConfigError as e:
+        fail(str(e))
+    if print_config:
+        click.echo(cfg.to_toml(), nl=False)
+        return 0
+    _setup_logging(cfg.log_level)
+    from ..agent.daemon import Agent
+    from ..agent.store import StoreError
+
+    agent = Agent(cfg)
+    try:
+        return agent.run()
+    except StoreError as e:
+        agent.close()
+        fail(str(e))
+    except OSError as e:
+        agent.close()
+        fail(f"cannot listen on {cfg.listen}: {e.strerror or e}; pick another --listen HOST:PORT")
+    return 0
+
+
+def _setup_logging(level: str) -> None:
+    import logging
+
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+# ---------------------------------------------------------------------------------------------
+@click.command("record")
+@click.option("--vllm", "vllm", metavar="URL", multiple=True, help="vLLM /metrics URL (repeatable).")
+@click.option("--dcgm", metavar="URL", default=None, help="dcgm-exporter /metrics URL.")
+@click.option("--agent", metavar="URL", default=None, help="Export a running agent's history instead of sampling.")
+@click.option("--since", metavar="DURATION", default=None, help="With --agent: how far back. [default: 1h]")
+@click.option("--duration", metavar="DURATION", default=None, help="How long to sample, e.g. 10m. [default: 2m]")
+@click.option("--interval", metavar="DURATION", default=None, help="Sampling interval. [default: 5s]")
+@click.option("-o", "--output", metavar="FILE", required=True,
+              help="OpenMetrics file to write (.gz compresses; - for stdout).")
+def record_cmd(vllm, dcgm, agent, since, duration, interval, output) -> int:
+    """Record live signals as OpenMetrics with timestamps (read by `diagnose FILE` and promtool)."""
+    window = _live_window(agent, vllm, dcgm, since, duration, interval, default_since="1h", allow_none=False)
+    _write_recording(window, output)
+    return 0
+
+
+def _write_recording(window, output: str) -> None:
+    import gzip
+    import tempfile
+
+    from ..agent.client import write_openmetrics
+
+    if output == "-":
+        n = write_openmetrics(window, sys.stdout)
+        click.echo(f"record: {n} samples, {len(window)} series written to stdout", err=True)
+        return
+    d = os.path.dirname(os.path.abspath(output))
+    if not os.path.isdir(d):
+        fail(f"{output}: directory {d} does not exist")
+    # write next to the target, then rename: never a half-written recording
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".record-", dir=d)
+    except OSError as e:
+        fail(f"{output}: cannot write ({e.strerror or e})")
+    try:
+        with os.fdopen(fd, "wb") as raw:
+            if output.endswith(".gz"):
+                with gzip.open(raw, "wt", encoding="utf-8") as fh:
+                    n = write_openmetrics(window, fh)
+            else:
+                import io
+
+                with io.TextIOWrapper(raw, encoding="utf-8") as fh:
+                    n = write_openmetrics(window, fh)
+        os.replace(tmp, output)
+    except OSError as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        fail(f"{output}: cannot write ({e.strerror or e})")
+    click.echo(f"record: {n} samples, {len(window)} series written to {output}", err=True)
+
+
+# ---------------------------------------------------------------------------------------------
+def _live_window(agent, vllm, dcgm, since, duration, interval, default_since: str, allow_none: bool):
+    from ..agent.client import ClientError, fetch_window, sample_live
+
+    vllm = tuple(vllm or ())
+    if agent and (vllm or dcgm):
+        fail("give --agent URL or --vllm/--dcgm URL, not both")
+    if agent:
+        if duration:
+            fail("--duration samples a live server (--vllm/--dcgm); with --agent use --since")
+        since_s = _duration(since, "--since", default_since)
+        try:
+            return fetch_window(agent, since_s)
+        except ClientError as e:
+            fail(str(e))
+    if vllm or dcgm:
+        dur = _duration(duration, "--duration", "2m")
+        ivl = _duration(interval, "--interval", "5s")
+        if dur > MAX_LIVE_DURATION_S:
+            fail(f"--duration: at most 24h (got {duration}); for longer, run `fragscope agent`")
+        if ivl < MIN_INTERVAL_S:
+            fail(f"--interval: at least {MIN_INTERVAL_S:g}s")
+        if ivl > dur:
+            fail("--interval is longer than --duration")
+        targets = ", ".join([*vllm, *([dcgm] if dcgm else [])])
+        click.echo(f"sampling {targets} every {ivl:g}s for {dur:g}s (Ctrl-C stops early and keeps what "
+                   "was sampled)", err=True)
+        last_err: list[str] = []
+
+        def tick(r: int, got: int, errs: list[str]) -> None:
+            if errs and errs != last_err:
+                click.echo(f"  round {r}: {'; '.join(errs)[:300]}", err=True)
+                last_err[:] = errs
+        try:
+            return sample_live(vllm, dcgm, dur, ivl, on_tick=tick)
+        except ClientError as e:
+            fail(str(e))
+        except ImportError as e:
+            fail(f"live sampling is not available in this build ({e})")
+    if not allow_none:
+        fail("nothing to record: give --vllm URL, --dcgm URL or --agent URL")
+    if duration or interval:
+        fail("--duration and --interval need --vllm URL or --dcgm URL")
+    return None
 
 
 def live_options(f):
-    """Options of ``diagnose`` for live sources (--agent, --vllm, --dcgm, --duration)."""
+    """Options of ``diagnose`` for live sources (--agent, --vllm, --dcgm, --duration, --since, --interval)."""
+    have = {p.name for p in getattr(f, "__click_params__", [])}
+    opts = [
+        click.option("--agent", metavar="URL", default=None,
+                     help="Diagnose from a running fragscope agent's history (e.g. http://pod:9400)."),
+        click.option("--vllm", "vllm", metavar="URL", multiple=True,
+                     help="Sample a live vLLM /metrics for --duration, then diagnose (repeatable)."),
+        click.option("--dcgm", metavar="URL", default=None, help="With --vllm: also sample a dcgm-exporter."),
+        click.option("--duration", metavar="DURATION", default=None,
+                     help="With --vllm/--dcgm: how long to sample, e.g. 2m, 90s. [default: 2m]"),
+        click.option("--interval", metavar="DURATION", default=None,
+                     help="With --vllm/--dcgm: sampling interval. [default: 5s]"),
+    ]
+    if "since" not in have:  # fleet mode may define --since already: one option serves both
+        opts.append(click.option("--since", metavar="DURATION", default=None,
+                                 help="With --agent: how far back to read. [default: 1h]"))
+    for o in reversed(opts):
+        f = o(f)
     return f
 
 
 def run_live(ctx: click.Context, **opts) -> "object | None":
     """Return a Window sampled from a live source, or None when no live option was given."""
-    return None
+    live = opts.get("agent") or opts.get("vllm") or opts.get("dcgm")
+    if live and ctx.params.get("file"):
+        fail("give a recording FILE or a live source (--agent, --vllm, --dcgm), not both")
+    return _live_window(opts.get("agent"), opts.get("vllm"), opts.get("dcgm"), opts.get("since"),
+                        opts.get("duration"), opts.get("interval"), default_since="1h", allow_none=True)
+
+
+def register(fragscope_group: click.Group, diagnose_group: click.Group) -> None:
+    """Attach this module's commands to the two entry points."""
+    fragscope_group.add_command(agent_cmd)
+    fragscope_group.add_command(record_cmd)
