@@ -1,0 +1,205 @@
+"""KV-cache budget maths (seed 001): how many paged-attention blocks fit, and how much they waste.
+
+Pure functions over numbers; no I/O except :func:`read_model_config`, which reads a Hugging Face
+``config.json``. Documented in docs/kv-budget.md.
+
+    blocks = floor((gpu_memory × gpu_memory_utilization − weights − overhead)
+                   / (2 × block_size × layers × kv_heads × head_dim × dtype_bytes))
+
+The factor 2 is one K and one V tensor per layer (vLLM ``get_cache_block_size``). Per-GPU figures: with
+tensor parallelism pass this GPU's share of the weights and of the KV heads.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, field
+
+GIB = 1024**3
+
+# Block sizes vLLM accepts on CUDA (vllm.config BlockSize = Literal[1, 8, 16, 32, 64, 128] in 0.9-0.10,
+# 256 added later; the V0 CUDA paged-attention kernel stopped at 32). 1 and 256 are left out of
+# recommendations: 1 multiplies block-table overhead, 256 is not accepted by older releases.
+VLLM_BLOCK_SIZES: tuple[int, ...] = (8, 16, 32, 64, 128)
+
+# torch_dtype names in config.json -> bytes per element.
+DTYPE_BYTES: dict[str, float] = {
+    "float32": 4, "fp32": 4, "float": 4,
+    "float16": 2, "fp16": 2, "half": 2, "bfloat16": 2, "bf16": 2,
+    "float8": 1, "fp8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "int8": 1, "uint8": 1,
+}
+
+
+class KvBudgetError(ValueError):
+    """Bad input; the message is one line naming the value and the fix."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the KV cache size depends on, as read from a model config."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    dtype_bytes: float | None  # None when the config names no dtype
+    source: str = ""
+
+
+@dataclass
+class KvBudget:
+    num_blocks: int
+    bytes_per_block: int
+    cached_tokens: int  # num_blocks × block_size
+    kv_cache_bytes: int  # bytes available to the KV cache before rounding to whole blocks
+    max_concurrent_seqs: int | None  # sequences of max_seq_len that fit at once (None: no max_seq_len)
+    expected_waste_ratio: float | None  # internal fragmentation of the last block (None: no avg_seq_len)
+    recommended_block_size: int | None  # near avg_seq_len / 2, snapped to VLLM_BLOCK_SIZES
+    recommended_waste_ratio: float | None  # expected waste at the recommended block size
+    inputs: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def expected_waste_ratio(block_size: int, avg_seq_len: float) -> float:
+    """Expected unused share of a sequence's KV blocks: (B − 1) / (2 × L + B − 1).
+
+    The last block of a sequence of L tokens is on average (B − 1) / 2 tokens short (uniform remainder),
+    so the waste is that over the allocated L + (B − 1) / 2 tokens. Seed 001: L = 32, B = 64 → 0.496.
+    """
+    if block_size <= 0 or avg_seq_len <= 0:
+        raise KvBudgetError("block_size and avg_seq_len must be positive")
+    return (block_size - 1) / (2.0 * avg_seq_len + block_size - 1)
+
+
+def recommend_block_size(avg_seq_len: float, choices: tuple[int, ...] = VLLM_BLOCK_SIZES) -> int:
+    """The supported block size nearest avg_seq_len / 2 (on a log scale; ties go to the smaller)."""
+    if avg_seq_len <= 0:
+        raise KvBudgetError("avg_seq_len must be positive")
+    target = avg_seq_len / 2.0
+    return min(choices, key=lambda b: (abs(math.log2(b) - math.log2(max(target, 1e-9))), b))
+
+
+def _positive(name: str, value, integer: bool = False) -> None:
+    if value is None:
+        raise KvBudgetError(f"--{name.replace('_', '-')} is required")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise KvBudgetError(f"--{name.replace('_', '-')} must be a finite number, got {value!r}")
+    if value <= 0:
+        raise KvBudgetError(f"--{name.replace('_', '-')} must be positive, got {value!r}")
+    if integer and int(value) != value:
+        raise KvBudgetError(f"--{name.replace('_', '-')} must be a whole number, got {value!r}")
+
+
+def kv_budget(*, gpu_memory_bytes: float, gpu_memory_utilization: float, weights_bytes: float,
+              overhead_bytes: float, block_size: int, num_layers: int, num_kv_heads: int, head_dim: int,
+              dtype_bytes: float, max_seq_len: int | None = None, avg_seq_len: float | None = None) -> KvBudget:
+    """Blocks, cached tokens, concurrency and waste for one GPU's KV cache (seed 001's maths)."""
+    _positive("gpu_memory_bytes", gpu_memory_bytes)
+    _positive("gpu_memory_utilization", gpu_memory_utilization)
+    if gpu_memory_utilization > 1:
+        raise KvBudgetError(f"--gpu-memory-utilization is a fraction in (0, 1], got {gpu_memory_utilization!r}")
+    for name, v in (("weights_bytes", weights_bytes), ("overhead_bytes", overhead_bytes)):
+        if v is None or isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise KvBudgetError(f"--{name.replace('_bytes', '').replace('_', '-')} must be a number ≥ 0, got {v!r}")
+    for name, v in (("block_size", block_size), ("num_layers", num_layers), ("num_kv_heads", num_kv_heads),
+                    ("head_dim", head_dim)):
+        _positive(name, v, integer=True)
+    _positive("dtype_bytes", dtype_bytes)
+    if max_seq_len is not None:
+        _positive("max_seq_len", max_seq_len, integer=True)
+    if avg_seq_len is not None:
+        _positive("avg_seq_len", avg_seq_len)
+
+    block_size, num_layers, num_kv_heads, head_dim = int(block_size), int(num_layers), int(num_kv_heads), int(head_dim)
+    bytes_per_block = 2 * block_size * num_layers * num_kv_heads * head_dim * dtype_bytes
+    available = gpu_memory_bytes * gpu_memory_utilization - weights_bytes - overhead_bytes
+    if available <= 0:
+        raise KvBudgetError(
+            f"no memory left for the KV cache: {gpu_memory_bytes / GIB:.2f} GiB × {gpu_memory_utilization} "
+            f"− weights {weights_bytes / GIB:.2f} GiB − overhead {overhead_bytes / GIB:.2f} GiB = "
+            f"{available / GIB:.2f} GiB; raise --gpu-memory-utilization or use more GPUs (tensor parallelism)")
+    num_blocks = int(math.floor(available / bytes_per_block))
+    cached_tokens = num_blocks * block_size
+    max_conc = None
+    if max_seq_len is not None:
+        max_conc = num_blocks // math.ceil(max_seq_len / block_size)
+    waste = rec = rec_waste = None
+    if avg_seq_len is not None:
+        waste = expected_waste_ratio(block_size, avg_seq_len)
+        rec = recommend_block_size(avg_seq_len)
+        rec_waste = expected_waste_ratio(rec, avg_seq_len)
+    inputs = dict(gpu_memory_bytes=gpu_memory_bytes, gpu_memory_utilization=gpu_memory_utilization,
+                  weights_bytes=weights_bytes, overhead_bytes=overhead_bytes, block_size=block_size,
+                  num_layers=num_layers, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype_bytes=dtype_bytes,
+                  max_seq_len=max_seq_len, avg_seq_len=avg_seq_len)
+    bpb = int(bytes_per_block) if float(bytes_per_block).is_integer() else bytes_per_block
+    return KvBudget(num_blocks=num_blocks, bytes_per_block=bpb, cached_tokens=cached_tokens,
+                    kv_cache_bytes=int(available), max_concurrent_seqs=max_conc, expected_waste_ratio=waste,
+                    recommended_block_size=rec, recommended_waste_ratio=rec_waste, inputs=inputs)
+
+
+def _dtype_bytes(v) -> float | None:
+    if v is None:
+        return None
+    key = str(v).lower().replace("torch.", "")
+    if key not in DTYPE_BYTES:
+        raise KvBudgetError(f"unknown torch_dtype {v!r} in the model config; pass --dtype-bytes")
+    return float(DTYPE_BYTES[key])
+
+
+def model_shape_from_config(cfg: dict, source: str = "config.json") -> ModelShape:
+    """Layers, KV heads, head dim and dtype from a Hugging Face config dict (``text_config`` for multimodal)."""
+    if not isinstance(cfg, dict):
+        raise KvBudgetError(f"{source}: expected a JSON object")
+    outer = cfg
+    for nested in ("text_config", "llm_config", "language_config"):
+        if isinstance(cfg.get(nested), dict) and "num_hidden_layers" not in cfg:
+            cfg = cfg[nested]
+            break
+
+    def get(*names):
+        for n in names:
+            v = cfg.get(n)
+            if v is not None:
+                return v
+        return None
+
+    layers = get("num_hidden_layers", "n_layer", "num_layers")
+    heads = get("num_attention_heads", "n_head")
+    kv_heads = get("num_key_value_heads", "num_kv_heads", "n_head_kv")
+    if kv_heads is None and cfg.get("multi_query"):
+        kv_heads = 1
+    kv_heads = kv_heads if kv_heads is not None else heads
+    head_dim = get("head_dim")
+    hidden = get("hidden_size", "n_embd")
+    if head_dim is None and hidden is not None and heads:
+        head_dim = hidden / heads
+    missing = [n for n, v in (("num_hidden_layers", layers), ("num_key_value_heads/num_attention_heads", kv_heads),
+                              ("head_dim/hidden_size", head_dim)) if v is None]
+    if missing:
+        raise KvBudgetError(f"{source}: missing {', '.join(missing)}; pass --num-layers/--num-kv-heads/--head-dim")
+    for n, v in (("num_hidden_layers", layers), ("num_key_value_heads", kv_heads), ("head_dim", head_dim)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0 or int(v) != v:
+            raise KvBudgetError(f"{source}: {n} must be a positive whole number, got {v!r}")
+    dtype = cfg.get("torch_dtype", cfg.get("dtype", outer.get("torch_dtype", outer.get("dtype"))))
+    return ModelShape(int(layers), int(kv_heads), int(head_dim), _dtype_bytes(dtype), source)
+
+
+def read_model_config(path: str) -> ModelShape:
+    """Read a Hugging Face ``config.json`` (a file, or a model directory holding one)."""
+    if os.path.isdir(path):
+        path = os.path.join(path, "config.json")
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(16 * 1024 * 1024 + 1)
+    except OSError as e:
+        raise KvBudgetError(f"cannot read {path}: {e.strerror or e}") from None
+    if len(raw) > 16 * 1024 * 1024:
+        raise KvBudgetError(f"{path}: larger than 16 MiB, not a model config.json")
+    try:
+        cfg = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise KvBudgetError(f"{path}: not JSON ({str(e).splitlines()[0]})") from None
+    return model_shape_from_config(cfg, source=path)
