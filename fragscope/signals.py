@@ -127,3 +127,44 @@ def normalise_name(name: str) -> str:
         if name.startswith(old):
             return new + name[len(old):]
     return name
+
+
+def markdown() -> str:
+    """docs/signals.md, generated from this table (tests check the committed file matches)."""
+    lines = ["# Signals (contract)", "",
+             "fragscope reads each *canonical signal* from the first raw metric below that has data and converts",
+             "it to base units (bytes, seconds, hertz, ratios 0–1). The raw names and the `fragscope_*` names are",
+             "contracts: the agent's exporter (docs/agent.md) publishes the `fragscope_*` ones, the dashboards and",
+             "rules (docs/dashboards.md) query them. Generated from `fragscope/signals.py` by",
+             "`python -m fragscope.signals > docs/signals.md`.", "",
+             "Labels: GPU signals carry `gpu` (index) and `gpu_uuid` (fragscope) or `UUID` (dcgm-exporter);",
+             "allocator signals carry `pid` and `gpu`; engine signals carry `model_name` (and `engine` on vLLM V1).",
+             "Ray Serve's `ray_vllm:` prefix is read as `vllm:`. DCGM blank sentinels (> 9e18) are dropped: not",
+             "available, not a value. Counters are read as reset-aware rates (a drop means a restart); histograms",
+             "through their `_bucket`, `_sum` and `_count` series.", "",
+             "| signal | kind | scope | unit | raw sources (first with data wins; × scale to base units) |",
+             "|---|---|---|---|---|"]
+    for s in SIGNALS.values():
+        src = "<br>".join(f"`{x.metric}`" + (f" ×{x.scale:g}" if x.scale != 1 else "") +
+                          (f" ({x.note})" if x.note else "") for x in s.sources)
+        lines.append(f"| `{s.id}` | {s.kind} | {s.scope} | {s.unit} | {src}{'<br>' + s.doc if s.doc else ''} |")
+    lines += ["", "## Derived signals (the detectors' frame; the agent exports the first)", "",
+              "| name | definition |", "|---|---|",
+              "| `torch_fragmentation_ratio` | (reserved − allocated) / reserved per GPU, summed over pids; "
+              "exported as `fragscope_torch_fragmentation_ratio` |",
+              "| `torch_inactive_split_ratio` | inactive_split_bytes / reserved_bytes per GPU |",
+              "| `generation_tokens_per_second` | reset-aware rate of `generation_tokens_total` over 2 min, summed "
+              "over engines |",
+              "| `preemptions_per_minute` | reset-aware rate of `preemptions_total` |",
+              "| `ttft_p50_seconds`, `ttft_p99_seconds` | histogram_quantile over 5-minute bucket increases "
+              "(Prometheus' interpolation) |",
+              "| `request_prompt_tokens_mean`, `request_generation_tokens_mean` | rate(_sum) / rate(_count) |",
+              "| `kernel_gap_p50_seconds`, `kernel_gap_p99_seconds` | `fragscope_kernel_gap_seconds` quantiles 0.5 "
+              "and 0.99 (sparse: 20-minute lookback) |",
+              "| `gpu_memory_total_bytes` from DCGM | `DCGM_FI_DEV_FB_USED + FB_FREE (+ FB_RESERVED)` when FB_TOTAL "
+              "is absent |"]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown(), end="")

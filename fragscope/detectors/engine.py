@@ -6,7 +6,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..model import Finding, Inconclusive, Report, Window, rank_findings
+from ..model import Finding, Inconclusive, Report, Severity, Window, rank_findings
 from . import block_size, fragmentation, kv_pressure, launch_bound, memory_leak, saturation, throttling
 from . import stats
 from .frame import Frame, build_frame
@@ -24,6 +24,7 @@ DETECTORS: dict[str, Callable[[Frame], list[Finding] | Inconclusive]] = {
 # Too short a window cannot separate a baseline from the present.
 MIN_SPAN_S = 5 * 60.0
 MIN_POINTS = 8
+MIN_SEGMENT_S = 30 * 60.0  # a segment between restarts shorter than this has no baseline of its own
 
 
 def run_detectors(window: Window) -> Report:
@@ -42,17 +43,43 @@ def run_detectors(window: Window) -> Report:
         res = block_size.detect(frame)
         _collect(report, block_size.ID, res, frame)
         return report
+    restarts = [t for t in frame.restarts if window.start + MIN_SEGMENT_S <= t]
+    if not restarts:
+        _run_all(report, frame)
+    else:
+        # A restart clears allocator state and the KV pool: judge the segments apart. The last
+        # one is the present; an earlier one explains what the restart ended.
+        last = restarts[-1]
+        report.signals.setdefault("notes", []).append(
+            f"engine restarted (counters reset) at {', '.join(_iso(t) for t in restarts[:5])}")
+        if window.end - last >= MIN_SEGMENT_S:
+            _run_all(report, build_frame(window.between(last, window.end)))
+            prev_start = restarts[-2] if len(restarts) > 1 else window.start
+            before = Report(window=(prev_start, last))
+            _run_all(before, build_frame(window.between(prev_start, last - 1e-3)))
+            current = {f.id for f in report.findings}
+            for f in before.findings:
+                if f.id in current:
+                    continue
+                if f.severity.rank > 0:
+                    f.severity = Severity.WARNING if f.severity is Severity.CRITICAL else Severity.INFO
+                f.summary = f.summary.rstrip(".") + f" (before the restart at {_iso(last)}, which ended it)."
+                f.subject = dict(f.subject, segment="before-restart")
+                report.findings.append(f)
+        else:
+            # restarted at the very end (e.g. after an OOM): the story is before it
+            _run_all(report, build_frame(window.between(window.start, last - 1e-3)))
+    report.findings = rank_findings(_merge_gpus(report.findings))
+    return report
+
+
+def _run_all(report: Report, frame: Frame) -> None:
     for did, fn in DETECTORS.items():
         try:
             res = fn(frame)
         except Exception as e:  # a detector bug must not hide the other findings
             res = Inconclusive(did, [], f"detector failed: {type(e).__name__}: {e}")
         _collect(report, did, res, frame)
-    report.findings = rank_findings(_merge_gpus(report.findings))
-    if frame.restarts:
-        report.signals.setdefault("notes", []).append(
-            f"engine counters reset (restart) at {', '.join(_iso(t) for t in frame.restarts[:5])}")
-    return report
 
 
 def _collect(report: Report, did: str, res, frame: Frame) -> None:
