@@ -156,9 +156,11 @@ def _render_human(doc: dict, rows: list[dict], in_scope: int, show_map: bool) ->
         for line in pb.get("immediate", []):
             out(f"   now: {line}")
         for a in pb.get("actions", []):
-            out(f"   fix: {a}")
+            if not a.startswith("set PYTORCH_CUDA_ALLOC_CONF="):  # those are listed with their options
+                out(f"   fix: {a}")
         for o in pb.get("options", []):
-            out(f"   option {o['setting']} [{o['status']}]: {o['why']}")
+            verb = {True: "fix", False: "skip", None: "maybe"}[o["applies"]]
+            out(f"   {verb}: PYTORCH_CUDA_ALLOC_CONF={o['setting']} [{o['status']}]: {o['why']}")
             for c in o["preconditions"]:
                 out(f"       needs: {c}")
             for c in o["contraindications"]:

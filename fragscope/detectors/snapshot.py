@@ -20,7 +20,7 @@ import numpy as np
 
 from ..collectors.snapshot import (ALLOCATED, DEFAULT_POOL, INACTIVE, PENDING_FREE, OomEvent, Snapshot,
                                    allocator_settings_summary, parse_snapshot, read_snapshot)
-from ..model import Evidence, Finding, Inconclusive, Severity
+from ..model import Evidence, Finding, Inconclusive, Severity, rank_findings
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
@@ -210,9 +210,9 @@ def analyse_snapshot(snap: Snapshot, cfg: SnapshotConfig = SnapshotConfig(), dev
         "block_count": snap.n_blocks,
         "devices": dev_docs,
         "verdict": verdict,
-        "findings": [f.to_dict() for f in findings],
+        "findings": [f.to_dict() for f in rank_findings(findings)],
         "inconclusive": [i.to_dict() for i in inconclusive],
-        "playbook": findings[0].playbook if findings else None,
+        "playbook": rank_findings(findings)[0].playbook if findings else None,
         "thresholds": {
             "non_releasable_ratio": cfg.non_releasable_ratio,
             "external_fragmentation": cfg.external_fragmentation,
@@ -488,7 +488,12 @@ def snapshot_playbook(diagnosis: str, settings: dict, dm: dict, oom: dict | None
                                                   else "recommended first"),
             "why": "one growable segment per stream (virtual-memory mapping): sizes that change a little "
                    "(batch N -> N+1) no longer leave slivers at segment ends, and free pages can be unmapped",
-            "preconditions": ["PyTorch >= 2.1 with the native allocator", "restart the process to apply"],
+            "preconditions": [
+                "PyTorch >= 2.1 with the native allocator; restart the process to apply",
+                "set it in PYTORCH_CUDA_ALLOC_CONF (PyTorch 2.9.1 silently ignored it under the newer "
+                "PYTORCH_ALLOC_CONF name, pytorch/pytorch#183387) and check that the next snapshot shows "
+                "allocator_settings.expandable_segments = true (some builds refuse it, pytorch/pytorch#122057)",
+            ],
             "contraindications": [
                 "vLLM custom all-reduce at tensor parallel >= 2: the IPC export rejects VMM memory and the "
                 "worker dies with custom_all_reduce.cuh 'invalid argument' (vllm-project/vllm#9046, #42609); "
@@ -529,8 +534,11 @@ def snapshot_playbook(diagnosis: str, settings: dict, dm: dict, oom: dict | None
         options.append({
             "setting": "garbage_collection_threshold:0.8",
             "env": "PYTORCH_CUDA_ALLOC_CONF=garbage_collection_threshold:0.8",
-            "applies": not async_backend and settings.get("garbage_collection_threshold") in (None, 0.0),
-            "status": "only with a per-process memory fraction",
+            # None: depends on a per-process memory fraction, which a snapshot does not record
+            "applies": (False if async_backend or (settings.get("garbage_collection_threshold") or 0) > 0
+                        else None),
+            "status": ("already set" if (settings.get("garbage_collection_threshold") or 0) > 0
+                       else "only with a per-process memory fraction"),
             "why": "frees old unused cached blocks before the allocator reaches the flush-everything retry "
                    "(device sync, latency spike); PyTorch's docs name servers as the target",
             "preconditions": [
@@ -569,7 +577,7 @@ def snapshot_playbook(diagnosis: str, settings: dict, dm: dict, oom: dict | None
                        "quantize weights or KV cache, or shard over more GPUs")
         actions.append("allocator settings will not help: allocated is close to reserved")
     for o in options:
-        if o["applies"]:
+        if o["applies"] is True:
             actions.append(f"set {o['env']} (not if: {o['contraindications'][0]})")
     return {"diagnosis": diagnosis, "immediate": immediate, "actions": actions, "options": options}
 
