@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import urllib.parse
+import warnings
 
 import numpy as np
 
@@ -205,7 +206,10 @@ class _Fetcher:
 
         sel = ", ".join(f"{e} AS c{i}" for i, e in enumerate(exprs))
         sql = f'SELECT {sel} FROM "{table}"' + (f" WHERE {where}" if where else "")
-        df = cx.read_sql("sqlite://" + urllib.parse.quote(os.path.abspath(self.path)), sql, return_type="pandas")
+        with warnings.catch_warnings():  # connectorx 0.4.6 uses a pandas API deprecated in pandas 3
+            warnings.simplefilter("ignore")
+            df = cx.read_sql("sqlite://" + urllib.parse.quote(os.path.abspath(self.path)), sql,
+                             return_type="pandas")
         return [df[f"c{i}"].to_numpy(dtype=np.int64, na_value=-1) for i in range(len(exprs))]
 
     def _stdlib(self, table: str, exprs: list[str], where: str) -> list[np.ndarray]:

@@ -268,7 +268,11 @@ def _op_counts(kinds: np.ndarray) -> dict:
 def _host_fields(tl: Timeline, cfg: Config, w0: int, w1: int, syncing: np.ndarray, small_h2d: np.ndarray,
                  pageable_async: np.ndarray, sel: np.ndarray) -> dict:
     cs, ce, ck = tl.call_start, tl.call_end, tl.call_kind
-    inwin = (cs >= w0) & (cs <= w1)
+    # host window: from the first launch of an analysed op (launches precede their ops) to the last op end
+    lk = tl.op_launch[sel]
+    lk = lk[lk >= 0]
+    h0 = min(w0, int(cs[lk].min())) if lk.size else w0
+    inwin = (cs >= h0) & (cs <= w1)
     dur = ce - cs
     span = max(w1 - w0, 1)
     sy = syncing & inwin

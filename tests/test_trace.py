@@ -1,0 +1,433 @@
+"""diagnose trace: Kineto and nsys SQLite readers, timeline metrics (checked against HTA), verdicts, bad input."""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from fragscope.cli import diagnose_group
+from fragscope.collectors.kineto import (GRAPH_LAUNCH, LAUNCH, SYNC, TraceError, base_api_name, classify_api,
+                                         read_kineto, read_trace)
+from fragscope.collectors.nsys import read_nsys
+from fragscope.detectors.timeline import _merged, analyse, analyse_trace_file, judge, trace_samples
+
+DATA = Path(__file__).parent / "data" / "trace"
+ALEXNET = DATA / "hta_alexnet_critical_path.json.gz"
+SAMPLED = DATA / "hta_timeline_sampled_rank0.json.gz"
+SHARED_NSYS = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "nsys" / "cuda-perf-sandbox_report1.sqlite"
+
+
+# --------------------------------------------------------------------------------------------
+# HTA parity. Figures produced with HolisticTraceAnalysis 0.5.0 (PyPI holistictraceanalysis, in a separate
+# venv with pandas 3.1.1): each trace copied alone into a folder as rank-0.json.gz, then
+#   ta = TraceAnalysis(trace_dir=d); ta.get_temporal_breakdown(visualize=False)
+#   ta.get_idle_time_breakdown(visualize=False)           # consecutive_kernel_delay default 30
+#   ta.get_cuda_kernel_launch_stats(visualize=False)[0]   # runtime_cutoff 50, launch_delay_cutoff 100
+# All times in µs.
+HTA_SAMPLED = {
+    "idle_time": 321378, "compute_time": 106252, "non_compute_time": 172428, "kernel_time": 600058,
+    "idle_pctg": 53.56, "compute_pctg": 17.71, "non_compute_pctg": 28.74,
+    # per stream: host_wait, kernel_wait, other
+    "streams": {23: (596037, 70, 34), 84: (148934, 6, 0), 25: (0, 9, 47865), 7: (213825, 1985, 261740),
+                203: (0, 0, 0)},
+    "launch_stats_rows": 602, "launch_delay_median": 10246.0,
+}
+HTA_ALEXNET = {
+    "idle_time": 12929684, "compute_time": 10637, "non_compute_time": 55690, "kernel_time": 12996011,
+    "idle_pctg": 99.49, "compute_pctg": 0.08, "non_compute_pctg": 0.43,
+    "streams": {7: (12855007, 104, 0), 20: (12011718, 3, 0)},
+    "launch_stats_rows": 98, "launch_delay_median": 32.5,
+}
+
+
+def _us(s: float) -> float:
+    return s * 1e6
+
+
+def test_hta_parity_sampled_rank():
+    a = analyse(read_kineto(str(SAMPLED)))
+    h = HTA_SAMPLED
+    assert a["selection"]["ops_analysed"] == h["launch_stats_rows"]  # HTA drops the last ProfilerStep too
+    (d,) = a["devices"]
+    assert _us(d["idle_seconds"]) == pytest.approx(h["idle_time"], abs=0.5)
+    assert _us(d["span_seconds"]) == pytest.approx(h["kernel_time"], abs=0.5)
+    assert _us(d["compute_seconds"]) == pytest.approx(h["compute_time"], abs=0.5)
+    assert _us(d["non_compute_seconds"]) == pytest.approx(h["non_compute_time"], abs=0.5)
+    assert round(100 * d["idle_ratio"], 2) == h["idle_pctg"]
+    assert round(100 * d["compute_seconds"] / d["span_seconds"], 2) == h["compute_pctg"]
+    streams = {s["stream"]: s for s in d["streams"]}
+    assert set(streams) == set(h["streams"])
+    for sid, (hw, kw, other) in h["streams"].items():
+        b = streams[sid]["idle_breakdown_seconds"]
+        assert (_us(b["host_wait"]), _us(b["kernel_wait"]), _us(b["other"])) == pytest.approx((hw, kw, other), abs=0.5)
+    assert d["launches_linked"] == h["launch_stats_rows"]
+    assert _us(d["launch_delay_seconds"]["p50"]) == pytest.approx(h["launch_delay_median"], abs=0.5)
+
+
+def test_hta_parity_alexnet():
+    a = analyse(read_kineto(str(ALEXNET)))
+    h = HTA_ALEXNET
+    (d,) = a["devices"]
+    # Percentages match HTA's rounding. The µs totals differ by design: HTA's temporal breakdown also counts
+    # cuda_sync rows (Stream Sync / Stream Wait Event) as GPU time; fragscope counts kernels, copies and sets
+    # only (as nsys gpu_gaps). The next test shows our merge reproduces HTA exactly on HTA's op set.
+    assert round(100 * d["idle_ratio"], 2) == h["idle_pctg"]
+    assert round(100 * d["compute_seconds"] / d["span_seconds"], 2) == h["compute_pctg"]
+    assert round(100 * d["non_compute_seconds"] / d["span_seconds"], 2) == h["non_compute_pctg"]
+    streams = {s["stream"]: s for s in d["streams"]}
+    for sid, (hw, kw, other) in h["streams"].items():
+        b = streams[sid]["idle_breakdown_seconds"]
+        assert (_us(b["host_wait"]), _us(b["kernel_wait"]), _us(b["other"])) == pytest.approx((hw, kw, other), abs=0.5)
+    assert d["launches_linked"] == h["launch_stats_rows"]
+    assert _us(d["launch_delay_seconds"]["p50"]) == pytest.approx(h["launch_delay_median"], abs=0.5)
+
+
+def test_merge_reproduces_hta_on_htas_op_set():
+    ev = json.loads(gzip.decompress(ALEXNET.read_bytes()))["traceEvents"]
+    rows = [e for e in ev if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset", "cuda_sync")
+            and e.get("args", {}).get("stream", -1) != -1]
+    s = np.array([e["ts"] for e in rows], dtype=np.int64)
+    e = s + np.array([e["dur"] for e in rows], dtype=np.int64)
+    o = np.argsort(s, kind="stable")
+    m = _merged(s[o], e[o])
+    assert m["idle_ns"] == HTA_ALEXNET["idle_time"] and m["span_ns"] == HTA_ALEXNET["kernel_time"]
+
+
+# --------------------------------------------------------------------------------------------
+# Synthetic Kineto traces
+def _kineto(path: Path, events: list, gz: bool = False) -> Path:
+    doc = {"schemaVersion": 1, "traceEvents": events}
+    raw = json.dumps(doc).encode()
+    path.write_bytes(gzip.compress(raw) if gz else raw)
+    return path
+
+
+T0 = 1_700_000_000_000_000.0  # µs since the epoch
+
+
+def _launch(ts, dur, corr, name="cudaLaunchKernel", cat="cuda_runtime", tid=100):
+    return {"ph": "X", "cat": cat, "name": name, "pid": 42, "tid": tid, "ts": T0 + ts, "dur": dur,
+            "args": {"correlation": corr, "External id": corr}}
+
+
+def _kernel(ts, dur, corr, stream=7, device=0, name="gemm", cat="kernel"):
+    return {"ph": "X", "cat": cat, "name": name, "pid": device, "tid": stream, "ts": T0 + ts, "dur": dur,
+            "args": {"device": device, "stream": stream, "correlation": corr}}
+
+
+def launch_bound_events(n=200):
+    # Host launches a 3 µs kernel every 40 µs: the GPU starts each kernel right away, then waits.
+    ev = []
+    for i in range(n):
+        t = i * 40.0
+        ev.append(_launch(t, 8.0, i + 1))
+        ev.append(_kernel(t + 9.5, 3.0, i + 1))
+    return ev
+
+
+def healthy_events(n=200):
+    # Host runs ahead: launches 10 µs apart, kernels 50 µs long, queued back to back.
+    ev = []
+    for i in range(n):
+        ev.append(_launch(i * 10.0, 6.0, i + 1))
+        ev.append(_kernel(20.0 + i * 50.0, 50.0, i + 1))
+    return ev
+
+
+def sync_bound_events(iters=30):
+    # Each iteration: 5 queued kernels (100 µs each), cudaStreamSynchronize until the GPU drains, then 600 µs
+    # of CPU work before the next launches.
+    ev, corr, t = [], 1, 0.0
+    for _ in range(iters):
+        gpu_t = t + 10.0
+        for k in range(5):
+            ev.append(_launch(t + k * 2.0, 1.5, corr))
+            ev.append(_kernel(gpu_t + k * 100.0, 100.0, corr))
+            corr += 1
+        sync_start = t + 12.0
+        gpu_end = gpu_t + 500.0
+        ev.append(_launch(sync_start, gpu_end - sync_start + 3.0, corr, name="cudaStreamSynchronize"))
+        corr += 1
+        t = gpu_end + 600.0
+    return ev
+
+
+def test_launch_bound_verdict(tmp_path):
+    a, findings = analyse_trace_file(str(_kineto(tmp_path / "lb.json", launch_bound_events())))
+    (d,) = a["devices"]
+    assert d["idle_ratio"] == pytest.approx(37.0 / 40.0, abs=0.01)
+    assert d["gap_seconds"]["p50"] == pytest.approx(37e-6, abs=1e-9)
+    assert d["host_wait_ratio"] == pytest.approx(1.0)
+    assert d["launch_delay_seconds"]["p50"] == pytest.approx(1.5e-6, abs=1e-9)
+    assert d["short_kernel_ratio"] == pytest.approx(1.0)
+    ids = [f.id for f in findings]
+    assert ids == ["launch-bound"]
+    assert findings[0].severity.value == "critical" and findings[0].subject == {"gpu": "0"}
+
+
+def test_healthy_trace_has_no_finding(tmp_path):
+    a, findings = analyse_trace_file(str(_kineto(tmp_path / "ok.json.gz", healthy_events(), gz=True)))
+    (d,) = a["devices"]
+    assert d["idle_ratio"] == pytest.approx(0.0) and d["busy_ratio"] == pytest.approx(1.0)
+    assert d["launch_delay_seconds"]["p99"] > 100e-6  # queued work
+    assert findings == [] and a["inconclusive"] == []
+
+
+def test_sync_bound_verdict(tmp_path):
+    a, findings = analyse_trace_file(str(_kineto(tmp_path / "sb.json", sync_bound_events())))
+    (d,) = a["devices"]
+    assert d["idle_ratio"] == pytest.approx(600 * 29 / (1100 * 29 + 500), abs=0.01)
+    assert d["sync_gap_ratio"] == pytest.approx(1.0)
+    assert a["host"]["sync_api_calls"] == 30
+    assert [f.id for f in findings] == ["sync-bound"]
+    assert "cudaStreamSynchronize" in findings[0].summary
+
+
+def test_driver_and_graph_launches(tmp_path):
+    ev = [_launch(0.0, 5.0, 1, name="cuLaunchKernel", cat="cuda_driver"), _kernel(10.0, 4.0, 1, name="triton_")]
+    ev.append(_launch(20.0, 8.0, 2, name="cudaGraphLaunch"))
+    for k in range(6):  # one correlation -> six kernels
+        ev.append(_kernel(40.0 + k * 5.0, 4.0, 2))
+    a = analyse(read_kineto(str(_kineto(tmp_path / "g.json", ev))))
+    h = a["host"]
+    assert (h["launch_calls"], h["driver_launch_calls"], h["graph_launch_calls"]) == (2, 1, 1)
+    assert h["kernels_per_graph_launch"] == 6
+    d = a["devices"][0]
+    assert d["launches_linked"] == 2  # graph counted once, by its first kernel
+    # delays: cuLaunchKernel ends at 5, kernel at 10 -> 5 µs; graph launch ends at 28, first kernel at 40 -> 12 µs
+    assert d["launch_delay_seconds"]["p50"] == pytest.approx(8.5e-6)
+
+
+def test_flow_fallback_and_fractional_timestamps(tmp_path):
+    ev = []
+    for i in range(3):
+        t = i * 10.25  # float64 keeps 0.25 µs steps at epoch-sized µs values
+        ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 2,
+                   "ts": T0 + t, "dur": 2.25, "args": {}})
+        ev.append({"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": T0 + t + 3.5, "dur": 1.0,
+                   "args": {"device": 0, "stream": 7}})
+        ev.append({"ph": "s", "cat": "ac2g", "name": "ac2g", "id": 100 + i, "pid": 1, "tid": 2, "ts": T0 + t})
+        ev.append({"ph": "f", "cat": "ac2g", "name": "ac2g", "id": 100 + i, "pid": 0, "tid": 7, "ts": T0 + t + 3.5,
+                   "bp": "e"})
+    tl = read_kineto(str(_kineto(tmp_path / "f.json", ev)))
+    assert tl.op_launch.tolist() == [0, 1, 2]
+    assert int(tl.op_start[1] - tl.op_start[0]) == 10250  # no 256 ns rounding from µs * 1000 at 1.7e18
+    a = analyse(tl)
+    assert a["devices"][0]["launch_delay_seconds"]["p50"] == pytest.approx(1.25e-6, abs=1e-12)
+
+
+def test_samples_for_agent(tmp_path):
+    a, _ = analyse_trace_file(str(_kineto(tmp_path / "lb.json", launch_bound_events())))
+    ss = {(s.name, s.labels): s.value for s in trace_samples(a, 123.0)}
+    assert ss[("fragscope_gpu_idle_ratio", (("gpu", "0"),))] == pytest.approx(0.925, abs=0.01)
+    assert ss[("fragscope_kernel_gap_seconds", (("gpu", "0"), ("quantile", "0.5")))] == pytest.approx(37e-6)
+    assert ("fragscope_kernel_gap_seconds", (("gpu", "0"), ("quantile", "0.99"))) in ss
+
+
+def test_api_names():
+    assert base_api_name("cudaLaunchKernel_v7000") == "cudaLaunchKernel"
+    assert base_api_name("cudaLaunchKernel_ptsz_v7000") == "cudaLaunchKernel"
+    assert classify_api("cuLaunchKernel") == LAUNCH and classify_api("cudaGraphLaunch_v10000") == GRAPH_LAUNCH
+    assert classify_api("cudaStreamSynchronize_v3020") == SYNC
+    assert classify_api("cudaStreamWaitEvent") != SYNC
+
+
+# --------------------------------------------------------------------------------------------
+# Synthetic nsys exports (real column names and types: tests/data/trace/nsys_schema.sql)
+def _gpid(pid: int) -> int:
+    return (1 << 48) | (pid << 24)
+
+
+def make_nsys(path: Path, procs=(1111, 2222), alloc_churn=True, n=60) -> Path:
+    c = sqlite3.connect(path)
+    c.executescript((DATA / "nsys_schema.sql").read_text())
+    strings = {1: "cudaLaunchKernel_v7000", 2: "cudaStreamSynchronize_v3020", 3: "cudaMalloc_v3020",
+               4: "cudaFree_v3020", 5: "cudaMemcpyAsync_v3020", 6: "cudaGraphLaunch_v10000", 7: "gemm_kernel",
+               8: "cudaEventRecord_v3020", 9: "ncclDevKernel_AllReduce"}
+    c.executemany("INSERT INTO StringIds VALUES (?, ?)", strings.items())
+    c.executemany("INSERT INTO META_DATA_EXPORT VALUES (?, ?)", [("EXPORT_SCHEMA_VERSION", "3.24.0"),
+                                                                 ("EXPORT_PRODUCT_VERSION", "2025.5.2.266")])
+    c.execute("INSERT INTO TARGET_INFO_SESSION_START_TIME VALUES (1700000000000000000, '', '')")
+    krow = "INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL (start, end, deviceId, contextId, streamId, correlationId, " \
+           "globalPid, demangledName, shortName, registersPerThread, gridX, gridY, gridZ, blockX, blockY, blockZ, " \
+           "staticSharedMemory, dynamicSharedMemory, localMemoryPerThread, localMemoryTotal, gridId, graphId) " \
+           "VALUES (?,?,?,1,?,?,?,7,?,32,1,1,1,128,1,1,0,0,0,0,0,?)"
+    rrow = "INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME (start, end, eventClass, globalTid, correlationId, nameId, " \
+           "returnValue) VALUES (?,?,1,?,?,?,0)"
+    for p_i, pid in enumerate(procs):
+        gp = _gpid(pid)
+        tid = gp | (pid + 1)
+        base = 1_000_000 + p_i * 7
+        # launch-bound on device p_i: 3 µs kernels launched every 40 µs; correlation ids repeat across processes
+        for i in range(n):
+            t = base + i * 40_000
+            c.execute(rrow, (t, t + 8_000, tid, i + 1, 1))
+            c.execute(krow, (t + 9_500, t + 12_500, p_i, 7, i + 1, gp, 7, None))
+        # a CUDA graph: one correlation, five kernels
+        t = base + n * 40_000
+        c.execute(rrow, (t, t + 10_000, tid, 1000, 6))
+        for k in range(5):
+            c.execute(krow, (t + 12_000 + k * 4_000, t + 15_000 + k * 4_000, p_i, 7, 1000, gp, 7, 3))
+        # an NCCL kernel (communication, not compute)
+        c.execute(rrow, (t + 40_000, t + 45_000, tid, 1001, 1))
+        c.execute(krow, (t + 46_000, t + 56_000, p_i, 9, 1001, gp, 9, None))
+        # pageable async copy + unrelated API call (not read)
+        c.execute(rrow, (t + 60_000, t + 80_000, tid, 1002, 5))
+        c.execute("INSERT INTO CUPTI_ACTIVITY_KIND_MEMCPY (start, end, deviceId, contextId, streamId, "
+                  "correlationId, globalPid, bytes, copyKind, srcKind, dstKind) VALUES (?,?,?,1,7,1002,?,4194304,1,0,2)",
+                  (t + 62_000, t + 78_000, p_i, gp))
+        c.execute(rrow, (t + 81_000, t + 82_000, tid, 1003, 8))
+        if alloc_churn:
+            for j in range(3):  # steady state: free + malloc (caching-allocator retry)
+                c.execute(rrow, (t - 500_000 + j * 100_000, t - 480_000 + j * 100_000, tid, 2000 + 2 * j, 4))
+                c.execute(rrow, (t - 470_000 + j * 100_000, t - 440_000 + j * 100_000, tid, 2001 + 2 * j, 3))
+    c.commit()
+    c.close()
+    return path
+
+
+READERS = ["stdlib"] + (["connectorx"] if __import__("importlib").util.find_spec("connectorx") else [])
+
+
+@pytest.mark.parametrize("reader", READERS)
+def test_nsys_reader_join_graph_memcpy(tmp_path, reader):
+    p = make_nsys(tmp_path / "r.sqlite")
+    tl = read_nsys(str(p), reader=reader)
+    assert tl.meta["schema_version"] == "3.24.0" and tl.meta["reader"] == reader
+    assert tl.n_ops == 2 * (60 + 5 + 1 + 1)
+    # the join is per process: same correlation ids in both processes must not cross
+    linked = tl.op_launch >= 0
+    assert linked.all()
+    assert (tl.op_pid == np.array([1111, 2222])[tl.op_device]).all()
+    assert set(tl.call_names) >= {"cudaLaunchKernel", "cudaGraphLaunch", "cudaMalloc", "cudaFree", "cudaMemcpyAsync"}
+    assert "cudaEventRecord" not in tl.call_names  # only the kinds the analysis uses are read
+    assert tl.op_pageable.sum() == 2 and tl.op_comm.sum() == 2
+    a = analyse(tl)
+    assert [d["device"] for d in a["devices"]] == [0, 1]
+    for d in a["devices"]:
+        assert d["ops"] == {"kernel": 66, "memcpy": 1, "memset": 0}
+        assert d["launches_linked"] == 60 + 1 + 1 + 1
+        assert d["launch_delay_seconds"]["p50"] == pytest.approx(1.5e-6)
+        assert d["streams"][0]["pid"] in (1111, 2222)
+    assert a["host"]["graph_launch_calls"] == 2 and a["host"]["kernels_per_graph_launch"] == 5
+    assert a["host"]["pageable_async_copy_calls"] == 2
+    assert a["window"]["start"] == pytest.approx(1_700_000_000.0010095, abs=1e-7)
+    findings, _ = judge(a)
+    ids = sorted(f.id for f in findings)
+    assert ids == ["allocator-stalls", "launch-bound", "launch-bound"]
+
+
+def test_nsys_readers_agree(tmp_path):
+    if len(READERS) < 2:
+        pytest.skip("connectorx not installed")
+    p = make_nsys(tmp_path / "r.sqlite")
+    a, b = read_nsys(str(p), reader="stdlib"), read_nsys(str(p), reader="connectorx")
+    for f in ("op_start", "op_end", "op_device", "op_stream", "op_pid", "op_launch", "call_start", "call_kind"):
+        assert np.array_equal(getattr(a, f), getattr(b, f)), f
+
+
+def test_nsys_without_alloc_churn_has_no_allocator_finding(tmp_path):
+    a, findings = analyse_trace_file(str(make_nsys(tmp_path / "r.sqlite", procs=(5,), alloc_churn=False)))
+    assert [f.id for f in findings] == ["launch-bound"]
+    assert a["host"]["steady_malloc_calls"] == 0
+
+
+@pytest.mark.skipif(not SHARED_NSYS.exists(), reason="../shared/data/nsys sample absent")
+def test_real_nsys_export():
+    tl = read_trace(str(SHARED_NSYS))
+    assert tl.format == "nsys-sqlite" and tl.meta["schema_version"] == "3.24.0"
+    assert tl.op_kind.tolist().count(0) == 1 and tl.op_pageable.sum() == 3
+    k = int(np.flatnonzero(tl.op_kind == 0)[0])
+    assert tl.call_names[int(tl.call_name[tl.op_launch[k]])] == "cudaLaunchKernel"
+    a, findings = analyse_trace_file(str(SHARED_NSYS))
+    assert findings == [] and {i["id"] for i in a["inconclusive"]} == {"launch-bound", "sync-bound"}
+    assert a["host"]["sync_api_calls"] == 4  # cudaDeviceSynchronize + 3 synchronous cudaMemcpy (4 MiB each)
+
+
+# --------------------------------------------------------------------------------------------
+# Bad input and the CLI
+def _run(args):
+    return CliRunner().invoke(diagnose_group, args, standalone_mode=False, catch_exceptions=True)
+
+
+def _bad(path: Path, needle: str):
+    with pytest.raises(TraceError) as ei:
+        read_trace(str(path))
+    msg = str(ei.value)
+    assert "\n" not in msg and str(path) in msg and needle in msg, msg
+
+
+def test_bad_inputs(tmp_path):
+    full = gzip.compress(json.dumps({"traceEvents": launch_bound_events()}).encode())
+    (tmp_path / "trunc.json.gz").write_bytes(full[: len(full) // 2])
+    _bad(tmp_path / "trunc.json.gz", "truncated or corrupt gzip")
+    (tmp_path / "notjson.json").write_text("{not json")
+    _bad(tmp_path / "notjson.json", "not valid JSON")
+    (tmp_path / "other.json").write_text('{"hello": 1}')
+    _bad(tmp_path / "other.json", "no traceEvents list")
+    (tmp_path / "empty.json").write_text('{"traceEvents": []}')
+    _bad(tmp_path / "empty.json", "empty trace")
+    (tmp_path / "cpu.json").write_text(json.dumps({"traceEvents": [
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 1.0, "dur": 2.0}]}))
+    _bad(tmp_path / "cpu.json", "no GPU activity")
+    (tmp_path / "zero").write_bytes(b"")
+    _bad(tmp_path / "zero", "empty file")
+    (tmp_path / "text.txt").write_text("hello")
+    _bad(tmp_path / "text.txt", "not a trace")
+    db = tmp_path / "other.sqlite"
+    c = sqlite3.connect(db)
+    c.execute("CREATE TABLE t (x)")
+    c.commit()
+    c.close()
+    _bad(db, "not an Nsight Systems export (no CUPTI_ACTIVITY_KIND_KERNEL table); export with: nsys export "
+             "--type sqlite report.nsys-rep")
+    corrupt = tmp_path / "corrupt.sqlite"
+    corrupt.write_bytes(b"SQLite format 3\x00" + b"\xff" * 200)
+    _bad(corrupt, "cannot read")
+    emptyk = tmp_path / "emptyk.sqlite"
+    c = sqlite3.connect(emptyk)
+    c.executescript((DATA / "nsys_schema.sql").read_text())
+    c.close()
+    _bad(emptyk, "no GPU activity")
+
+
+def test_nsys_opened_read_only(tmp_path):
+    p = make_nsys(tmp_path / "ro.sqlite", procs=(5,))
+    os.chmod(p, 0o444)
+    before = p.read_bytes()
+    read_nsys(str(p), reader="stdlib")
+    assert p.read_bytes() == before and sorted(x.name for x in tmp_path.iterdir()) == ["ro.sqlite"]
+
+
+def test_cli_json_and_exit_codes(tmp_path):
+    lb = _kineto(tmp_path / "lb.json", launch_bound_events())
+    r = _run(["trace", str(lb), "--format", "json"])
+    assert r.exception is None and r.return_value == 1  # critical launch-bound, --fail-on critical
+    out = json.loads(r.output)
+    d = out["devices"][0]
+    for k in ("busy_ratio", "idle_ratio", "gap_seconds", "host_wait_ratio", "kernel_wait_ratio",
+              "launch_delay_seconds", "short_kernel_ratio", "streams"):
+        assert k in d
+    assert set(d["gap_seconds"]) == {"p50", "p90", "p99", "max"} and set(d["launch_delay_seconds"]) == {"p50", "p99"}
+    assert out["findings"][0]["id"] == "launch-bound"
+    ok = _kineto(tmp_path / "ok.json", healthy_events())
+    r = _run(["trace", str(ok), "--fail-on", "info"])
+    assert r.return_value == 0 and "No finding" in r.output
+    r = _run(["trace", str(lb), "--fail-on", "never"])
+    assert r.return_value == 0 and "launch-bound" in r.output
+
+
+def test_cli_bad_input_one_line_exit_2(tmp_path):
+    (tmp_path / "x.json").write_text("[1, 2")
+    proc = subprocess.run([sys.executable, "-c", "from fragscope.cli import diagnose_main; diagnose_main()",
+                           "trace", str(tmp_path / "x.json")], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr and "not valid JSON" in proc.stderr
