@@ -14,6 +14,7 @@ import time
 from typing import Callable
 
 import requests
+import urllib3
 
 from ..model import Reason
 
@@ -71,14 +72,14 @@ def http_get(url: str, timeout_s: float = 2.0, max_bytes: int = DEFAULT_MAX_BYTE
                              Reason.PARSE_ERROR)
         buf = bytearray()
         try:
-            for chunk in resp.iter_content(chunk_size=_CHUNK):
+            for chunk in _chunks(resp):
                 buf += chunk
                 if len(buf) > max_bytes:
                     raise FetchError(f"{url}: body is over the {max_bytes} byte limit", Reason.PARSE_ERROR)
                 if time.monotonic() > deadline:
                     raise FetchError(f"{url}: timed out after {timeout_s:g} s (body still arriving)",
                                      Reason.TIMEOUT)
-        except requests.exceptions.RequestException as e:
+        except (requests.exceptions.RequestException, urllib3.exceptions.HTTPError, OSError) as e:
             kind = Reason.TIMEOUT if "timed out" in str(e).lower() else Reason.SOURCE_DOWN
             raise FetchError(f"{url}: body read failed ({_one_line(str(e))})", kind) from None
     finally:
@@ -94,6 +95,21 @@ def http_get(url: str, timeout_s: float = 2.0, max_bytes: int = DEFAULT_MAX_BYTE
         raise FetchError(f"{url}: returned an HTML/XML page, not metrics text; check the path "
                          "(usually /metrics)", Reason.PARSE_ERROR)
     return text
+
+
+def _chunks(resp: requests.Response):
+    """Body chunks as they arrive. urllib3 >= 2's ``read1`` returns what one socket read gives, so
+    the total deadline is checked even when a server trickles bytes (``iter_content`` blocks
+    until a whole chunk is in: measured 2.3 s for a 0.4 s deadline)."""
+    read1 = getattr(resp.raw, "read1", None)
+    if read1 is None:  # urllib3 1.x: deadline checked between 64 kB chunks only
+        yield from resp.iter_content(chunk_size=_CHUNK)
+        return
+    while True:
+        chunk = read1(_CHUNK, decode_content=True)
+        if not chunk:
+            return
+        yield chunk
 
 
 def _one_line(s: str, limit: int = 160) -> str:
