@@ -44,6 +44,7 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 _SCHEMA_VERSION = "1"
 _HIST_SUFFIXES = ("_bucket", "_count", "_sum")
 _FAMILY_SUFFIXES = ("_bucket", "_count", "_sum", "_total", "_info")
+CHUNK = 5000  # rows per write transaction
 MAX_BUFFER = 1_000_000  # samples kept in memory while the store cannot write (then the oldest go)
 
 
@@ -209,41 +210,51 @@ class Store:
         return sid
 
     def flush(self) -> int:
-        """Write buffered samples in one transaction. Never raises; returns points written."""
+        """Write buffered samples, in transactions of at most ``CHUNK`` rows (oldest first, so on a
+        full disk the newest survive). Never raises; returns points written."""
         with self._buf_lock:
             rows, self._buf = self._buf, []
         if not rows:
             return 0
+        written = 0
         with self._wlock:
-            for attempt in (0, 1):
-                try:
-                    n = self._write(rows)
-                except sqlite3.OperationalError as e:
-                    self._rollback()
-                    if _is_full(e) and attempt == 0:
-                        self._mark_degraded(f"disk full: {e}")
-                        self._drop_oldest(0.2)
-                        continue
-                    self._mark_degraded(str(e))
-                    if _is_full(e):
-                        self.points_dropped += len(rows)
-                    else:  # e.g. locked by another process: keep the batch for the next flush
-                        with self._buf_lock:
-                            self._buf[:0] = rows[-MAX_BUFFER:]
-                    return 0
-                except sqlite3.DatabaseError as e:
-                    self._rollback()
-                    self._mark_degraded(str(e))
+            for i in range(0, len(rows), CHUNK):
+                n, keep = self._flush_chunk(rows[i:i + CHUNK])
+                written += n
+                if keep:  # transient error (e.g. locked): keep the rest for the next flush
+                    with self._buf_lock:
+                        self._buf[:0] = rows[i:][-MAX_BUFFER:]
+                    break
+        return written
+
+    def _flush_chunk(self, rows: list) -> tuple[int, bool]:
+        for attempt in (0, 1):
+            try:
+                n = self._write(rows)
+            except sqlite3.OperationalError as e:
+                self._rollback()
+                if _is_full(e) and attempt == 0:
+                    self._mark_degraded(f"disk full: {e}")
+                    self._drop_oldest(0.2)
+                    continue
+                self._mark_degraded(str(e))
+                if _is_full(e):
                     self.points_dropped += len(rows)
-                    return 0
-                if self.degraded and attempt == 0:
-                    if time.monotonic() - self._degraded_logged_at > 600.0:
-                        log.warning("store %s: writing again (was degraded: %s)", self.path, self.degraded)
-                    self.degraded = None
-                self.points_written += n
-                self.flushes += 1
-                return n
-        return 0
+                    return 0, False
+                return 0, True
+            except sqlite3.DatabaseError as e:
+                self._rollback()
+                self._mark_degraded(str(e))
+                self.points_dropped += len(rows)
+                return 0, False
+            if self.degraded and attempt == 0:
+                if time.monotonic() - self._degraded_logged_at > 600.0:
+                    log.warning("store %s: writing again (was degraded: %s)", self.path, self.degraded)
+                self.degraded = None
+            self.points_written += n
+            self.flushes += 1
+            return n, False
+        return 0, False
 
     def _write(self, rows: list[tuple[str, Labels, float, float]]) -> int:
         c = self._w
