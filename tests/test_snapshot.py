@@ -475,6 +475,9 @@ def test_truncated_pickle_json_and_gzip(tmp_path):
      "a field has the wrong type"),
     (pickle.dumps({"segments": [{"total_size": "big", "blocks": []}]}), "total_size is str"),
     (pickle.dumps("just a string"), "top level is str"),
+    (pickle.dumps({"segments": [{"total_size": 1, "blocks": "abc"}]}), "'blocks' is str, expected a list"),
+    (pickle.dumps({"segments": [{"address": 2**70, "total_size": 1, "blocks": []}]}), "does not fit in 64 bits"),
+    (b"[" * 100000 + b"]" * 100000, "nested too deeply"),
 ])
 def test_not_a_snapshot(tmp_path, content, needle):
     p = tmp_path / "bad.bin"

@@ -303,9 +303,12 @@ def parse_snapshot(obj: object, source: str = "snapshot", container: str = "obje
     # bound the work a file can ask for: shared references let a small pickle describe huge lists
     n_claimed = 0
     for s in segments:
-        if not isinstance(s, dict) or not isinstance(s.get("blocks", []), list):
+        if not isinstance(s, dict):
             raise SnapshotError(f"cannot read {name}: not a PyTorch memory snapshot (a segment is "
                                 f"{type(s).__name__}, expected a dict with a 'blocks' list)")
+        if not isinstance(s.get("blocks", []), list):
+            raise SnapshotError(f"cannot read {name}: not a PyTorch memory snapshot (a segment's 'blocks' "
+                                f"is {type(s['blocks']).__name__}, expected a list)")
         n_claimed += len(s.get("blocks", ()))
     limit = (file_bytes // 8 + 10_000) if file_bytes is not None else 50_000_000
     if n_claimed > limit:
