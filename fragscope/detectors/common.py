@@ -191,7 +191,9 @@ def throttle_fact(f: Frame, gpu: str, sp: Spans) -> Fact:
         valid = np.isfinite(x)
         share = stats.share_true(f, np.nan_to_num(x) > 0.5, sp.recent, valid)
         base = stats.share_true(f, np.nan_to_num(x) > 0.5, sp.base, valid)
-        if math.isfinite(share) and (best is None or share > best[1]):
+        # hw_slowdown is NVML's umbrella for hw_thermal / hw_power_brake: prefer the specific reason
+        if math.isfinite(share) and (best is None or share > best[1] + 1e-9 or
+                                     (best[0] == "hw_slowdown" and share >= best[1] - 1e-9)):
             best = (r, share, base)
     if best is None:
         return Fact(False)

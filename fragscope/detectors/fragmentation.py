@@ -159,7 +159,10 @@ def _detect_gpu(f: Frame, g: str, sp: stats.Spans, cfg: Config, tput, demand, ba
     allocator_agree = 1 + agree  # the ratio itself plus inactive/retries/ooms
     total_agree = allocator_agree + degraded
     early_confirmed = early and ((agree >= 1 and total_agree >= 3) or (ch.z >= 3 and total_agree >= 4))
-    if not strong and not early_confirmed:
+    rising = ch.delta >= cfg.frag_rise
+    # A large but constant gap with nothing else wrong is cache the allocator kept from a peak,
+    # not a pathology: a high level alone needs one more agreeing signal.
+    if not (rising or (strong and total_agree >= 2) or early_confirmed):
         return None
 
     tput_drop = tput.value if tput.present else 0.0

@@ -33,6 +33,7 @@ class Config:
     demand_share: float = 0.8  # requests running >= 1 for 80 % of the recent window
     sparse_recent_s: float = 45 * 60.0  # kernel stats come every ~10 min: look back further
     warning_gap_p50_s: float = 200e-6
+    host_wait_gap_s: float = 30e-6  # HTA consecutive_kernel_delay: shorter gaps are kernel waits
 
 
 def _recent_sparse(f: Frame, x: np.ndarray, span_s: float) -> float:
@@ -96,7 +97,15 @@ def detect(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive:
         if not (math.isfinite(g50) or math.isfinite(i)):
             suspects.append(g)  # low utilization with work to do, but no timeline to prove why
             continue
-        if not (wide50 or wide99 or idle_hi):
+        if math.isfinite(g50) or math.isfinite(g99):
+            # with a timeline, the gaps decide: idle time made of short gaps is a GPU without work
+            # between steps, not a host that launches late
+            # HTA counts a gap >= 30 µs (consecutive_kernel_delay) as the GPU waiting on the host,
+            # not on the previous kernel: a large idle share made of such gaps is host-bound too
+            host_gaps = math.isfinite(g50) and g50 >= cfg.host_wait_gap_s and idle_hi
+            if not (wide50 or wide99 or host_gaps):
+                continue
+        elif not (idle_hi and (low_util or not math.isfinite(u))):
             continue
         # contrary: memory or KV trouble explains idle gaps differently
         against = 0
@@ -115,8 +124,7 @@ def detect(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive:
         evidence.append(Evidence("requests_running", stats.nanmedian(run[stats.mask(f, sp.recent)]), None, 1.0,
                                  "requests", sp.recent, f"work present {demand * 100:.0f} % of the time", True))
         agree += 1
-        sev = Severity.WARNING if (agree >= 3 and (not math.isfinite(g50) or g50 >= cfg.warning_gap_p50_s
-                                                   or low_util)) else Severity.INFO
+        sev = Severity.WARNING if (agree >= 3 and (wide50 or wide99)) else Severity.INFO
         conf = stats.confidence(agree, base=0.35, against=against)
         onset_x = util if util is not None else None
         onset = None

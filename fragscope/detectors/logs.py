@@ -136,14 +136,19 @@ def kv_capacity_summary(events: Sequence[LogEvent]) -> dict | None:
 def preemption_summary(events: Sequence[LogEvent], cfg: Config = Config()) -> dict:
     """Cumulative preemption timeline from V0 warnings, V1 'Preemptions: N' or SGLang retractions."""
     st = LogState()
-    points: list[tuple[float | None, float, int]] = []  # (time, cumulative, line)
+    points: list[tuple[float | None, float, int]] = []  # (time, cumulative, line) at each change
+    base: tuple[float | None, float] | None = None  # the last observation before the first increase
     lines = 0
     for ev in events:
         st.apply(ev)
         if ev.kind in ("preemption", "retraction") or (ev.kind == "stats" and st.preemptions_total is not None):
             if ev.kind in ("preemption", "retraction") or ev.fields.get("preemptions"):
                 lines += 1
-            if st.preemptions_total is not None and (not points or points[-1][1] != st.preemptions_total):
+            if st.preemptions_total is None:
+                continue
+            if st.preemptions_total == 0:
+                base = (ev.ts, 0.0)
+            if not points or points[-1][1] != st.preemptions_total:
                 points.append((ev.ts, st.preemptions_total, ev.line_no))
     out = {"count": st.preemptions_total, "source": st.preemption_source or None, "lines": lines,
            "first": None, "last": None, "duration_seconds": None, "rate_per_second": None, "timeline": []}
@@ -152,8 +157,9 @@ def preemption_summary(events: Sequence[LogEvent], cfg: Config = Config()) -> di
     inc = [i for i in range(len(points)) if i == 0 and points[0][1] > 0 or i > 0 and points[i][1] > points[i - 1][1]]
     if inc:
         first_i, last_i = inc[0], inc[-1]
-        base_i = first_i - 1 if first_i > 0 else first_i  # V0: the first warning is the base (count 1)
-        t0, c0 = points[base_i][0], points[base_i][1]
+        # from the last line that still showed no preemption; without one (a V0 log whose stats lines
+        # were cut), from the first warning, which is preemption number 1
+        t0, c0 = base if base is not None and first_i <= 1 else (points[first_i][0], points[first_i][1])
         t1, c1 = points[last_i][0], points[last_i][1]
         out["first"], out["last"] = points[first_i][0], t1
         if t0 is not None and t1 is not None and t1 > t0:

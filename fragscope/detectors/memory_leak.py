@@ -72,7 +72,14 @@ def _detect_gpu(f: Frame, g: str, sp: stats.Spans, cfg: Config) -> Finding | Non
     if ch.delta < need or ch.delta < 3 * ch.scale:
         return None
     onset = ch.onset
-    span = (onset if onset is not None else sp.base[1], f.end)
+    # growth ends where the series reaches its recent level (memory full, or an OOM plateau):
+    # fit the steadiness on the growing part only
+    t0 = onset if onset is not None else sp.base[1]
+    reached = np.nonzero((f.t >= t0) & (np.nan_to_num(primary, nan=-np.inf) >= ch.recent - 0.05 * ch.delta))[0]
+    t1 = float(f.t[reached[0]]) if reached.size else f.end
+    if t1 - t0 < 10 * f.step:
+        t1 = f.end
+    span = (t0, t1)
     slope, r2 = stats.slope_per_hour(f, primary, span)
     if not math.isfinite(slope) or slope <= 0 or r2 < cfg.r2_min:
         return None
@@ -82,14 +89,15 @@ def _detect_gpu(f: Frame, g: str, sp: stats.Spans, cfg: Config) -> Finding | Non
     against = 0
     missing = []
 
-    # load-driven growth is not a leak
+    # Load-driven growth is not a leak: memory that follows the running batch is explained by
+    # the batch better than by the clock. A leak grows with time whatever the traffic does.
     run = f.engine.get("requests_running")
     if run is not None and np.isfinite(run).any():
-        m = stats.mask(f, span) & np.isfinite(run) & np.isfinite(primary)
+        m = stats.mask(f, (f.start, span[1])) & np.isfinite(run) & np.isfinite(primary)
         if m.sum() >= 10 and np.std(run[m]) > 0:
-            corr = float(np.corrcoef(run[m], primary[m])[0, 1])
-            rch = stats.change(f, run, sp, floor_abs=0.5)
-            if corr >= cfg.traffic_corr and rch.known and rch.baseline > 0 and rch.recent / rch.baseline > 1.2:
+            r2_load = float(np.corrcoef(run[m], primary[m])[0, 1]) ** 2
+            _, r2_time = stats.slope_per_hour(f, primary, (f.start, span[1]))
+            if math.isfinite(r2_time) and r2_load >= cfg.traffic_corr ** 2 and r2_load > r2_time:
                 return None
 
     if primary is alloc:

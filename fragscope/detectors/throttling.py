@@ -27,13 +27,16 @@ class Config:
     # >= 10 % below its own baseline (or below the max clock): boost clocks wobble by a few %,
     # a thermal or power slowdown takes 20-40 % (H100 1980 -> ~1400 MHz).
     clock_drop: float = 0.10
+    # With NVML naming a slowdown reason, a sustained 5 % drop is already the driver at work.
+    clock_drop_with_reason: float = 0.05
     # Slowdown temperatures: H100/A100 slow down near 85-90 °C (nvidia-smi -q "GPU Slowdown Temp");
     # a GPU at >= 83 °C under load is at the edge. A rise of >= 10 °C corroborates too.
     temp_high_c: float = 83.0
     temp_rise_c: float = 10.0
     util_busy: float = 0.5  # clocks fall at idle by design (gpu_idle reason): require real load
     critical_clock_ratio: float = 0.70
-    hardware_reasons: tuple[str, ...] = ("hw_slowdown", "hw_power_brake_slowdown")
+    # The board's external power-brake signal (PSU / chassis) is a hardware incident, whatever the drop.
+    hardware_reasons: tuple[str, ...] = ("hw_power_brake_slowdown",)
 
 
 def detect(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive:
@@ -69,13 +72,14 @@ def _detect_gpu(f: Frame, g: str, sp: stats.Spans, cfg: Config, tput) -> Finding
     if math.isfinite(mx) and mx > 0 and 1 - ch.recent / mx > drop and 1 - ref / mx >= cfg.clock_drop:
         # throttled from the start of the window: judge against the max clock
         drop, ref, ref_name = 1 - ch.recent / mx, mx, "max clock"
-    if drop < cfg.clock_drop:
+    thr = common.throttle_fact(f, g, sp)
+    need = cfg.clock_drop_with_reason if thr.present else cfg.clock_drop
+    if drop < need:
         return None
     evidence = [Evidence("gpu_sm_clock_hertz", ch.recent, ref, ref * (1 - cfg.clock_drop), "hertz", sp.recent,
                          f"-{drop * 100:.0f} % vs {ref_name} while busy", True)]
     agree = 1
     missing = []
-    thr = common.throttle_fact(f, g, sp)
     reason = None
     if thr.evidence is not None:
         evidence.append(thr.evidence)
