@@ -594,6 +594,7 @@ class _Tail:
     ino: int
     offset: int = 0
     partial: bytes = b""
+    head: bytes = b""  # the file's first bytes: a file rewritten in place shows a different head
 
 
 class LogCollector:
@@ -651,6 +652,8 @@ class LogCollector:
         data = t.fh.read(budget)
         if not data:
             return [], 0
+        if t.offset < self.HEAD_BYTES and len(t.head) == t.offset:  # remember the head as it is read
+            t.head = (t.head + data)[:self.HEAD_BYTES]
         t.offset += len(data)
         buf = t.partial + data
         parts = buf.split(b"\n")
@@ -659,6 +662,24 @@ class LogCollector:
             parts.append(t.partial)
             t.partial = b""
         return [p.decode("utf-8", "replace") for p in parts], len(data)
+
+    HEAD_BYTES = 64
+
+    def _same_head(self, t: _Tail) -> bool:
+        """Compare the file's first bytes with those seen before (size alone misses a truncation
+        followed by more writes than were there). Remembers up to HEAD_BYTES as the file grows."""
+        if t.offset == 0:
+            return True
+        n = min(self.HEAD_BYTES, t.offset)
+        try:
+            cur = os.pread(t.fh.fileno(), n, 0)
+        except (OSError, AttributeError):
+            return True
+        if t.head and cur[:len(t.head)] != t.head:
+            return False
+        if len(t.head) < n:
+            t.head = cur
+        return True
 
     def _flush_partial(self) -> list[str]:
         t = self._tail
@@ -674,11 +695,11 @@ class LogCollector:
         try:
             st = os.stat(self.path)
         except FileNotFoundError:
+            self._first_open = False  # a file that appears later is read from its beginning
             if self._tail is not None:  # rotated away and not yet replaced: drain the old file
                 more, n = self._read_lines(budget)
                 lines += more + self._flush_partial()
                 self._close()
-                self._first_open = False
                 return lines
             raise
         if self._tail is None:
@@ -695,8 +716,8 @@ class LogCollector:
                 self._open(st, at_end=False)
             else:
                 return more  # old file still has more than a tick's worth
-        elif st.st_size < t.offset:  # truncated in place (copytruncate)
-            t.offset, t.partial = 0, b""
+        elif st.st_size < t.offset or not self._same_head(t):  # truncated or rewritten in place (copytruncate)
+            t.offset, t.partial, t.head = 0, b"", b""
         if budget > 0:
             more, _ = self._read_lines(budget)
             lines += more
