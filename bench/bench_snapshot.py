@@ -26,6 +26,8 @@ import tempfile
 import time
 
 MiB = 1024 * 1024
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 
 
 def build_snapshot(n_blocks: int, n_trace: int, seed: int = 1) -> dict:
@@ -136,7 +138,7 @@ def main() -> None:
             walls = []
             for _ in range(args.repeat):
                 t0 = time.perf_counter()
-                r = subprocess.run(cmd + extra + ["--fail-on", "never"], capture_output=True)
+                r = subprocess.run(cmd + extra + ["--fail-on", "never"], capture_output=True, cwd=ROOT)
                 walls.append(time.perf_counter() - t0)
                 if r.returncode != 0:
                     sys.exit(f"diagnose failed: {r.stderr.decode()[:300]}")
@@ -145,7 +147,7 @@ def main() -> None:
                   f"(median {statistics.median(walls) * 1e3:.1f} ms; target < 1000 ms: "
                   f"{'met' if w < 1.0 else 'MISSED'})")
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-c", "import fragscope.cli"], check=True)
+        subprocess.run([sys.executable, "-c", "import fragscope.cli"], check=True, cwd=ROOT)
         print(f"            of which interpreter start + CLI imports:       "
               f"{(time.perf_counter() - t0) * 1e3:8.1f} ms")
 
