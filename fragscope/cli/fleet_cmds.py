@@ -26,7 +26,8 @@ def fleet_options(f):
                      help="Diagnose the fleet a Prometheus-compatible server holds (Thanos, Mimir, "
                           "VictoriaMetrics: their Prometheus API prefix)."),
         click.option("--since", metavar="DURATION", default=None,
-                     help="With --prometheus: window ending at --end (default now), e.g. 6h, 90m. [default: 6h]"),
+                     help="How far back: with --prometheus the window ending at --end [default: 6h]; with --agent "
+                          "[default: 1h]. E.g. 6h, 90m."),
         click.option("--start", metavar="TIME", default=None, help="With --prometheus: window start, RFC 3339 or unix seconds."),
         click.option("--end", metavar="TIME", default=None, help="With --prometheus: window end, RFC 3339 or unix seconds. [default: now]"),
         click.option("--step", metavar="DURATION", default=None,
@@ -127,7 +128,7 @@ def window_from_opts(opts: dict, now: float | None = None) -> tuple[float, float
 def run_fleet(ctx: click.Context, fmt: str, fail_on: str, **opts) -> "int | None":
     """Run a fleet diagnosis and return the exit code, or None when --prometheus was not given."""
     if not opts.get("prometheus"):
-        used = [n for n in ("since", "start", "end", "step", "selector", "bearer_token", "bearer_token_file",
+        used = [n for n in ("start", "end", "step", "selector", "bearer_token", "bearer_token_file",
                             "basic_auth", "ca_bundle", "prom_timeout") if opts.get(n)]
         if used or opts.get("headers") or opts.get("insecure"):
             name = (used[0] if used else "header").replace("prom_", "").replace("_", "-")
