@@ -71,11 +71,18 @@ def _solve_batch(gen_tok_s: np.ndarray, eff: np.ndarray) -> np.ndarray:
     return r
 
 
-def _cum_int(x: np.ndarray, segments: list[slice]) -> np.ndarray:
-    """Cumulative integer counter from non-negative increments, restarting at 0 in each segment."""
+def _cum_int(x: np.ndarray, segments: list[slice], prehistory: float = 0.0) -> np.ndarray:
+    """Cumulative integer counter from non-negative increments, restarting at 0 in each segment.
+
+    ``prehistory`` (steps): the first segment starts where the counter stood after that many steps
+    like the first one (the engine ran before the recording began).
+    """
     out = np.empty_like(x, dtype=np.float64)
-    for sl in segments:
-        out[sl] = np.round(np.cumsum(np.maximum(x[sl], 0.0)))
+    for j, sl in enumerate(segments):
+        c = np.cumsum(np.maximum(x[sl], 0.0))
+        if j == 0 and c.size:
+            c = c + max(float(x[sl][0]), 0.0) * prehistory
+        out[sl] = np.round(c)
     return out
 
 
@@ -163,13 +170,13 @@ def generate(s: Scenario) -> tuple[dict[SeriesKey, tuple[np.ndarray, np.ndarray]
         lam *= 1.0 + 0.35 * np.exp(-0.5 * ((rel - onset - 1800.0) / 3600.0) ** 2)
     elif kind == "kv-cache-pressure":
         # longer requests: generation x1.5 and prompts long enough that the KV demand of the batch the
-        # traffic needs reaches (0.85 + 0.2 × severity) × the KV pool at full progress.
+        # traffic needs reaches (0.9 + 0.15 × severity) × the KV pool at full progress (whatever the wave).
         lg_end = lg0 * 1.5
-        r_dem = float(_solve_batch(np.array([lam0 * lg_end]), np.array([1.0]))[0])
-        r_dem = min(r_dem, s.max_num_seqs)
-        target = 0.85 + 0.2 * sev
-        ctx_end = target * num_blocks / r_dem * block - (block - 1) / 2.0
-        lp_end = max(lp0, ctx_end - lg_end / 2.0)
+        r_need = _solve_batch(lam0 * wave * lg_end, np.ones(n))
+        r_need = np.minimum(np.where(np.isfinite(r_need), r_need, s.max_num_seqs), s.max_num_seqs)
+        target = 0.9 + 0.15 * sev
+        ctx_end = target * num_blocks / r_need * block - (block - 1) / 2.0
+        lp_end = np.maximum(lp0, ctx_end - lg_end / 2.0)
         lp = lp0 + (lp_end - lp0) * p
         lg = lg0 + (lg_end - lg0) * p
 
@@ -203,6 +210,7 @@ def generate(s: Scenario) -> tuple[dict[SeriesKey, tuple[np.ndarray, np.ndarray]
     arrivals = np.maximum(0.0, arrivals + (rng.poisson(arrivals) - arrivals) * nz)
 
     # --- the queue ------------------------------------------------------------------------------
+    RP = np.zeros(n)  # batch right after admission: what holds KV blocks when the cache is the limit
     R = np.zeros(n); W = np.zeros(n); FIN = np.zeros(n); ADM = np.zeros(n); ABT = np.zeros(n)
     PRE = np.zeros(n); GEN = np.zeros(n)
     r = min(r_dem[0], s.max_num_seqs, kv_cap[0], frag_cap[0]) if np.isfinite(r_dem[0]) else s.max_num_seqs
@@ -233,10 +241,14 @@ def generate(s: Scenario) -> tuple[dict[SeriesKey, tuple[np.ndarray, np.ndarray]
             w -= abt
             r = r1
             fin_s += fin; adm_s += adm; abt_s += abt; pre_s += pre
-        R[i], W[i], FIN[i], ADM[i], ABT[i], PRE[i] = r, w, fin_s, adm_s, abt_s, pre_s
+        # a scrape sees the batch at a random moment of the sub-step: its time average, not the peak
+        x = V0_TOK_S * eff[i] / (1.0 + r / K_BATCH) * h / lg[i]
+        r_seen = r * (1.0 - math.exp(-x)) / x if x > 1e-9 else r
+        R[i], W[i], FIN[i], ADM[i], ABT[i], PRE[i] = r_seen, w, fin_s, adm_s, abt_s, pre_s
+        RP[i] = r
         GEN[i] = fin_s * lg[i]
     up = ~down
-    kv_usage = np.clip(R * bps / num_blocks, 0.0, 1.0)
+    kv_usage = np.clip(RP * bps / num_blocks, 0.0, 1.0)
 
     # preemptions: batch-cap shrink + KV exhaustion while sequences grow + allocator failures
     full = np.clip((kv_usage - 0.95) / 0.05, 0.0, 1.0)
@@ -375,7 +387,7 @@ def generate(s: Scenario) -> tuple[dict[SeriesKey, tuple[np.ndarray, np.ndarray]
     eng_labels = {"model_name": s.model_name}
     if s.engine == "v1":
         eng_labels["engine"] = "0"
-    ts_up = ts[up]
+    pre_h = max(0.0, s.uptime_s) / dt  # counters' history before the recording, in steps
 
     def put(name: str, labels: dict, values: np.ndarray, typ: str, mask: np.ndarray | None = None,
             t: np.ndarray | None = None) -> None:
@@ -394,9 +406,9 @@ def generate(s: Scenario) -> tuple[dict[SeriesKey, tuple[np.ndarray, np.ndarray]
     kv_name = "vllm:kv_cache_usage_perc" if s.engine == "v1" else "vllm:gpu_cache_usage_perc"
     kv_obs = np.clip(kv_usage * (1.0 + rng.normal(0, 0.005, n) * nz), 0.0, 1.0)
     put(kv_name, eng_labels, np.round(kv_obs, 4), "gauge", up)
-    put("vllm:num_preemptions_total", eng_labels, _cum_int(pre_inc, segments), "counter", up)
-    put("vllm:prompt_tokens_total", eng_labels, _cum_int(ADM * lp, segments), "counter", up)
-    put("vllm:generation_tokens_total", eng_labels, _cum_int(GEN, segments), "counter", up)
+    put("vllm:num_preemptions_total", eng_labels, _cum_int(pre_inc, segments, pre_h), "counter", up)
+    put("vllm:prompt_tokens_total", eng_labels, _cum_int(ADM * lp, segments, pre_h), "counter", up)
+    put("vllm:generation_tokens_total", eng_labels, _cum_int(GEN, segments, pre_h), "counter", up)
     reasons = FINISHED_REASONS_V1 if s.engine == "v1" else FINISHED_REASONS_V0
     fin_inc = {"stop": FIN * 0.9, "length": FIN * 0.1, "abort": ABT.copy(), "error": np.zeros(n),
                "repetition": np.zeros(n)}
@@ -406,18 +418,20 @@ def generate(s: Scenario) -> tuple[dict[SeriesKey, tuple[np.ndarray, np.ndarray]
         fin_inc["abort"] = fin_inc["abort"] + ooms_engine * 3.0
     for rs in reasons:
         put("vllm:request_success_total", {**eng_labels, "finished_reason": rs},
-            _cum_int(fin_inc[rs] * up, segments), "counter", up)
+            _cum_int(fin_inc[rs] * up, segments, pre_h), "counter", up)
 
     def histogram(name: str, edges, cdfs, count_inc, sum_inc, sum_round: int | None) -> None:
-        cum_count = _cum_int(count_inc * up, segments)
+        cum_count = _cum_int(count_inc * up, segments, pre_h)
         for le, cdf in zip(edges, cdfs):
             put(f"{name}_bucket", {**eng_labels, "le": repr(float(le))},
-                np.minimum(_cum_int(count_inc * cdf * up, segments), cum_count), "histogram", up)
+                np.minimum(_cum_int(count_inc * cdf * up, segments, pre_h), cum_count), "histogram", up)
         put(f"{name}_bucket", {**eng_labels, "le": "+Inf"}, cum_count, "histogram", up)
         put(f"{name}_count", eng_labels, cum_count, "histogram", up)
         acc_sum = np.empty(n)
         for sl in segments:
             acc_sum[sl] = np.cumsum(np.maximum(sum_inc[sl] * up[sl], 0.0))
+            if sl.start == 0 and n:
+                acc_sum[sl] += max(float(sum_inc[0]), 0.0) * pre_h
         acc_sum = np.round(acc_sum, sum_round) if sum_round is not None else np.round(acc_sum)
         put(f"{name}_sum", eng_labels, acc_sum, "histogram", up)
 
@@ -472,8 +486,8 @@ def generate(s: Scenario) -> tuple[dict[SeriesKey, tuple[np.ndarray, np.ndarray]
                 put("fragscope_torch_allocated_bytes", tl, allocated[g], "gauge", m)
                 put("fragscope_torch_reserved_bytes", tl, reserved[g], "gauge", m)
                 put("fragscope_torch_inactive_split_bytes", tl, inactive[g], "gauge", m)
-                put("fragscope_torch_alloc_retries_total", tl, _cum_int(retries_inc[g], segments), "counter", m)
-                put("fragscope_torch_ooms_total", tl, _cum_int(ooms_inc[g], segments), "counter", m)
+                put("fragscope_torch_alloc_retries_total", tl, _cum_int(retries_inc[g], segments, pre_h), "counter", m)
+                put("fragscope_torch_ooms_total", tl, _cum_int(ooms_inc[g], segments, pre_h), "counter", m)
         if s.kernel_stats and k_idx.size:
             kt = ts[k_idx]
             put("fragscope_kernel_gap_seconds", {"gpu": str(g), "quantile": "0.5"}, gap50[g], "summary", t=kt)

@@ -55,6 +55,7 @@ class Scenario:
     model_name: str = "meta-llama/Llama-3.1-8B-Instruct"
     gpu_memory_total_bytes: int = 81559 * 1024 * 1024  # H100 80GB as NVML reports it
     max_num_seqs: int = 256
+    uptime_s: float = 6 * 3600  # how long the engine ran before the recording: counters start non-zero
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
