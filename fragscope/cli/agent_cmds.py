@@ -175,6 +175,10 @@ def _live_window(agent, vllm, dcgm, since, duration, interval, default_since: st
             fail(f"--interval: at least {MIN_INTERVAL_S:g}s")
         if ivl > dur:
             fail("--interval is longer than --duration")
+        import logging
+
+        # the collectors' own warnings would repeat what tick() prints once per change
+        logging.getLogger("fragscope.collectors").setLevel(logging.ERROR)
         targets = ", ".join([*vllm, *([dcgm] if dcgm else [])])
         click.echo(f"sampling {targets} every {ivl:g}s for {dur:g}s (Ctrl-C stops early and keeps what "
                    "was sampled)", err=True)
