@@ -76,6 +76,15 @@ def build_snapshot(n_blocks: int, n_trace: int, seed: int = 1) -> dict:
             "external_annotations": []}
 
 
+def _fmt1(n: float) -> str:
+    """Bytes with one decimal in binary units, the way segsum prints its totals (e.g. 12.3GiB)."""
+    for unit in ("", "Ki", "Mi", "Gi", "Ti"):
+        if abs(n) < 1024.0:
+            return f"{n:.1f}{unit}B"
+        n /= 1024.0
+    return f"{n:.1f}PiB"
+
+
 def best(fn, repeat: int) -> float:
     times = []
     for _ in range(repeat):
@@ -113,8 +122,22 @@ def main() -> None:
             raw = pickle.load(io.BytesIO(data))
             t_segsum = best(lambda: _memory_viz.segsum(raw), args.repeat)
             print(f"baseline B  torch _memory_viz.segsum (after the load):     {t_segsum * 1e3:8.1f} ms")
+            text = _memory_viz.segsum(raw)
+            del raw
         except ImportError:
+            text = None
             print("baseline B  torch _memory_viz.segsum: torch not importable, skipped")
+        if text is not None:
+            # parity: segsum's totals against ours, both printed with one decimal in binary units
+            d = analyse_snapshot(read_snapshot(path))[0]["devices"][0]
+            ours = {"total_reserved": d["reserved_bytes"], "total_allocated": d["requested_bytes"],
+                    "total_free": d["inactive_bytes"] + d["active_pending_free_bytes"]
+                    + d["internal_waste_bytes"]}
+            theirs = {ln.split(":")[0]: ln.split(":", 1)[1].split()[0] for ln in text.splitlines()
+                      if ln.startswith("total_")}
+            same = all(_fmt1(v) == theirs.get(k) for k, v in ours.items())
+            print(f"parity      segsum totals {theirs} vs ours "
+                  f"{ {k: _fmt1(v) for k, v in ours.items()} }: {'same' if same else 'DIFFERENT'}")
 
         t_load = best(lambda: read_snapshot(path), args.repeat)
         snap = read_snapshot(path)
