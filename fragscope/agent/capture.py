@@ -58,6 +58,27 @@ def _dir_bytes(path: str) -> int:
     return total
 
 
+def _trace_complete(path: str) -> bool:
+    """A JSON trace ends with '}' (or ']'); a gzip one decompresses to its end without error."""
+    try:
+        if path.endswith(".gz"):
+            import zlib
+
+            d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            with open(path, "rb") as fh:
+                while chunk := fh.read(1 << 20):
+                    d.decompress(chunk, 0)
+                    if d.eof:
+                        break
+            return d.eof
+        with open(path, "rb") as fh:
+            fh.seek(max(0, os.path.getsize(path) - 64))
+            tail = fh.read().rstrip()
+        return tail.endswith((b"}", b"]"))
+    except (OSError, ValueError, Exception):
+        return False
+
+
 def _one_line(e: BaseException | str) -> str:
     s = str(e).strip().splitlines()
     return (s[0] if s else type(e).__name__)[:300]
@@ -76,6 +97,9 @@ def _verdict_of(result) -> tuple[str, object]:
         if isinstance(v, Mapping):
             v = v.get("id") or v.get("summary")
         verdict = str(v) if v is not None else None
+        vs = doc.get("verdicts")
+        if verdict is None and isinstance(vs, (list, tuple)) and vs:
+            verdict = ", ".join(str(x.get("id", x) if isinstance(x, Mapping) else x) for x in vs[:4])
     if findings:
         top = findings[0]
         fid = getattr(top, "id", None) or (top.get("id") if isinstance(top, Mapping) else None)
@@ -97,9 +121,11 @@ class CaptureManager:
     def __init__(self, out_dir: str, probe_dir: str | None = None, vllm_urls: Iterable[str] = (), *,
                  max_per_hour: int | None = 4, max_bytes: int = 2 << 30, profile_seconds: float = 5.0,
                  http_timeout: float = 5.0, stop_timeout: float = 60.0, snapshot_timeout: float = 30.0,
-                 snapshot_grace: float = 1.0, trace_timeout: float = 30.0, profiler_dir: str | None = None,
+                 snapshot_grace: float = 1.0, trace_timeout: float = 30.0, trace_settle_seconds: float = 1.0,
+                 profiler_dir: str | None = None,
                  triggers: Mapping[str, Iterable[str]] | None = None, min_severity: str = "warning",
-                 rearm_seconds: float = 900.0, poll_interval: float = 0.1, session=None,
+                 rearm_seconds: float = 900.0, poll_interval: float = 0.1, segments_only_ok: bool = True,
+                 session=None,
                  sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.time) -> None:
         self.out_dir = os.fspath(out_dir)
         try:
@@ -116,11 +142,13 @@ class CaptureManager:
         self.snapshot_timeout = float(snapshot_timeout)
         self.snapshot_grace = float(snapshot_grace)
         self.trace_timeout = float(trace_timeout)
+        self.trace_settle = float(trace_settle_seconds)
         self.profiler_dir = os.fspath(profiler_dir) if profiler_dir else None
         self.triggers = {k: tuple(v) for k, v in (triggers or DEFAULT_TRIGGERS).items()}
         self.min_rank = _SEV_RANK.get(min_severity, 1)
         self.rearm_seconds = float(rearm_seconds)
         self.poll = float(poll_interval)
+        self.segments_only_ok = bool(segments_only_ok)
         self._session = session
         self._sleep = sleep
         self._clock = clock
@@ -253,23 +281,34 @@ class CaptureManager:
             raise FileNotFoundError(f"probe directory {pdir} does not exist (is it shared with the engine?)")
         req = os.path.join(pdir, f"request-snapshot-{cid}.json")
         tmp = os.path.join(pdir, f".request-snapshot-{cid}.json.tmp")
+        # fields the probe reads (fragscope/probe/core.py): pid (absent: every process answers),
+        # segments_only_ok (dump segments even when memory history recording is off)
         body = {"id": cid, "kind": "snapshot", "requested_at": time.time(), "requester_pid": os.getpid(),
-                "deadline": time.time() + self.snapshot_timeout}
+                "segments_only_ok": self.segments_only_ok}
         with open(tmp, "w", encoding="utf-8") as fh:
             json.dump(body, fh)
         os.replace(tmp, req)  # atomic: the probe never sees a half-written request
-        rx = re.compile(r"^snapshot-(\d+)-" + re.escape(cid) + r"\.(pickle|error\.json)$")
-        found: dict[str, str] = {}
+        # each answering process writes snapshot-<pid>-<id>.pickle, then its status snapshot-<pid>-<id>.json
+        rx = re.compile(r"^snapshot-(\d+)-" + re.escape(cid) + r"\.(pickle|json)$")
+        status: dict[str, str] = {}  # pid -> status path
+        pickles_seen: dict[str, str] = {}
         deadline = self._clock() + self.snapshot_timeout
         last_new: float | None = None
         try:
             while True:
                 for name in os.listdir(pdir):
-                    if name not in found and rx.match(name):
-                        found[name] = os.path.join(pdir, name)
+                    m = rx.match(name)
+                    if not m:
+                        continue
+                    pid, ext = m.group(1), m.group(2)
+                    bucket = status if ext == "json" else pickles_seen
+                    if pid not in bucket:
+                        bucket[pid] = os.path.join(pdir, name)
                         last_new = self._clock()
                 t = self._clock()
-                if last_new is not None and t - last_new >= self.snapshot_grace:
+                answered = set(status) | set(pickles_seen)
+                complete = answered and all(p in status for p in answered)
+                if complete and t - last_new >= self.snapshot_grace:
                     break  # every process that was going to answer has answered
                 if t >= deadline:
                     break
@@ -279,23 +318,32 @@ class CaptureManager:
                 os.remove(req)
             except OSError:
                 pass
-        if not found:
+        if not status and not pickles_seen:
             raise TimeoutError(f"no snapshot from the probe within {self.snapshot_timeout:.0f} s "
                                f"(is the fragscope probe running in the engine, watching {pdir}?)")
         errors, pickles = [], []
-        for name, path in sorted(found.items()):
-            dest = os.path.join(cdir, name)
-            shutil.move(path, dest)
-            pid = rx.match(name).group(1)
-            if name.endswith(".error.json"):
+        for pid in sorted(set(status) | set(pickles_seen), key=int):
+            st = {}
+            if pid in status:
+                dest = os.path.join(cdir, os.path.basename(status[pid]))
+                shutil.move(status[pid], dest)
                 try:
                     with open(dest, encoding="utf-8") as fh:
-                        msg = json.load(fh).get("error", "unknown error")
-                except (OSError, ValueError, AttributeError):
-                    msg = "unreadable error file"
-                errors.append(f"pid {pid}: {_one_line(str(msg))}")
-            else:
+                        st = json.load(fh)
+                    if not isinstance(st, dict):
+                        st = {}
+                except (OSError, ValueError):
+                    st = {"ok": False, "error": "unreadable status file"}
+            pk = pickles_seen.get(pid)
+            if pk is None:
+                cand = os.path.join(pdir, f"snapshot-{pid}-{cid}.pickle")
+                pk = cand if os.path.exists(cand) else None
+            if pk is not None and st.get("ok", True):
+                dest = os.path.join(cdir, os.path.basename(pk))
+                shutil.move(pk, dest)
                 pickles.append((pid, dest))
+            else:
+                errors.append(f"pid {pid}: {_one_line(str(st.get('error') or 'no snapshot written'))}")
         att["paths"] = [p for _, p in pickles]
         att["path"] = pickles[0][1] if pickles else None
         if not pickles:
@@ -374,9 +422,10 @@ class CaptureManager:
         if not self.profiler_dir:
             raise RuntimeError("profile taken, but the trace is not reachable here: give the engine's "
                                "VLLM_TORCH_PROFILER_DIR as mounted in this container (--profiler-dir)")
-        # the trace may still be being written after stop returns: wait for a file whose size holds
+        # the trace may still be being written after stop returns: take the newest file once its
+        # size has held for trace_settle_seconds and its content is complete (JSON closed, gzip whole)
         deadline = self._clock() + self.trace_timeout
-        last: tuple[str, int] | None = None
+        since: tuple[str, int, float] | None = None
         chosen = None
         while True:
             traces = self._traces(wall_start)
@@ -386,15 +435,17 @@ class CaptureManager:
                     size = os.path.getsize(p)
                 except OSError:
                     size = -1
-                if last == (p, size) and size > 0:
+                t = self._clock()
+                if since is None or since[:2] != (p, size):
+                    since = (p, size, t)
+                elif size > 0 and t - since[2] >= self.trace_settle and _trace_complete(p):
                     chosen = p
                     break
-                last = (p, size)
             if self._clock() >= deadline:
                 break
-            self._sleep(max(self.poll, 0.2))
+            self._sleep(max(self.poll, 0.05))
         if chosen is None:
-            raise TimeoutError(f"no new trace in {self.profiler_dir} within {self.trace_timeout:.0f} s of "
+            raise TimeoutError(f"no new complete trace in {self.profiler_dir} within {self.trace_timeout:.0f} s of "
                                "/stop_profile")
         dest = os.path.join(cdir, os.path.basename(chosen))
         shutil.copy2(chosen, dest)  # the engine's directory is the engine's: copy, never move

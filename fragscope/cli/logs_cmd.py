@@ -8,7 +8,7 @@ import time
 
 import click
 
-from .common import EXIT_OK, EXIT_USAGE, fail
+from .common import EXIT_OK, fail
 
 FORMATS = click.Choice(["human", "json"])
 FAIL_ON = click.Choice(["info", "warning", "critical", "never"])
@@ -240,13 +240,15 @@ def capture_cmd(kind: str, out_dir: str, probe_dir: str | None, vllm_urls: tuple
         fail(str(e))
     if fmt == "json":
         click.echo(json.dumps(att, indent=2, default=str))
-    else:
+    if not att.get("ok"):
+        fail(f"{kind} capture failed: {att.get('error') or att.get('verdict')}")
+    if fmt != "json":
         click.echo(f"{att['kind']}: {att['verdict']}")
         for p in att.get("paths") or ([att["path"]] if att.get("path") else []):
             click.echo(f"  {p}")
         if att.get("error"):
-            click.echo(f"  error: {att['error']}")
-    return EXIT_OK if att.get("ok") else EXIT_USAGE
+            click.echo(f"  note: {att['error']}")
+    return EXIT_OK
 
 
 def register(fragscope_group: click.Group, diagnose_group: click.Group) -> None:
