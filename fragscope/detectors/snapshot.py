@@ -178,7 +178,7 @@ def analyse_snapshot(snap: Snapshot, cfg: SnapshotConfig = SnapshotConfig(), dev
 
     ``device``: only that device. ``device_total_bytes``: GPU memory size (one int for all devices,
     or per device); without it an OOM cannot be blamed on memory held outside PyTorch.
-    Returns (the JSON document of docs/snapshot.md, findings).
+    Returns (the JSON document of docs/snapshot.md, findings ranked most severe first).
     """
     ar = _Arrays(snap, cfg)
     settings = allocator_settings_summary(snap)
@@ -222,7 +222,7 @@ def analyse_snapshot(snap: Snapshot, cfg: SnapshotConfig = SnapshotConfig(), dev
         },
         "notes": list(snap.notes),
     }
-    return doc, findings
+    return doc, rank_findings(findings)
 
 
 _VERDICT_RANK = {"inconclusive": 0, "ok": 1, FRAGMENTATION: 2, OOM_CAPACITY: 3, OOM_OUTSIDE_PYTORCH: 3,
