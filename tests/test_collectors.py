@@ -17,7 +17,7 @@ import pytest
 
 from fragscope.collectors.dcgm import DcgmCollector, is_blank, parse_dcgm_metrics
 from fragscope.collectors.http import FetchError, LogOnce, http_get
-from fragscope.collectors.nvml import (NotAvailable, NvmlCollector, PynvmlBackend, RecordedBackend,
+from fragscope.collectors.nvml import (NvmlCollector, PynvmlBackend, RecordedBackend,
                                        translate_error)
 from fragscope.collectors.process import ProcessCollector, read_cgroup_cpu
 from fragscope.collectors.torch import TorchProbeCollector, record_samples
@@ -394,6 +394,7 @@ class TestNvml:
         snap = _nvml_snapshot(memory_v2={"error": "NVML_ERROR_FUNCTION_NOT_FOUND"})
         c = NvmlCollector(B({"driver_version": "470", "devices": [snap]}))
         r1, r2 = c.collect(1.0), c.collect(2.0)
+        assert r1.up and not any(m.name == "fragscope_gpu_memory_used_bytes" for m in r1.missing)
         assert one(r2.samples, "fragscope_gpu_memory_used_bytes", gpu="0") == (19818 + 479) * MIB
         assert not by_name(r2.samples, "fragscope_gpu_memory_reserved_bytes")
         assert calls["v2"] == 1

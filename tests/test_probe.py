@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 import types
 
 import pytest
