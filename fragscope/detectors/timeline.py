@@ -58,8 +58,8 @@ class Config:
 def _q(values_ns: np.ndarray, qs=(50, 90, 99)) -> dict | None:
     if values_ns.size == 0:
         return None
-    out = {f"p{q}": float(np.percentile(values_ns, q)) / 1e9 for q in qs}
-    return out
+    vals = np.percentile(values_ns, list(qs))  # one partition pass for all quantiles
+    return {f"p{q}": float(v) / 1e9 for q, v in zip(qs, vals)}
 
 
 def _sec(ns) -> float:
@@ -87,22 +87,34 @@ def analyse(tl: Timeline, cfg: Config = Config()) -> dict:
 
     start, end = tl.op_start, tl.op_end
     launch = tl.op_launch
-    has_calls = tl.call_start.size > 0
+    linked = launch >= 0
     c_start, c_end, c_kind = tl.call_start, tl.call_end, tl.call_kind
-    ldur = np.where(launch >= 0, (c_end - c_start)[np.maximum(launch, 0)] if has_calls else 0, -1)
-    lstart = np.where(launch >= 0, c_start[np.maximum(launch, 0)] if has_calls else 0, np.iinfo(np.int64).min)
-    lend = np.where(launch >= 0, c_end[np.maximum(launch, 0)] if has_calls else 0, 0)
-    lkind = np.where(launch >= 0, c_kind[np.maximum(launch, 0)] if has_calls else 0, -1)
+    li = np.maximum(launch, 0)
+    if c_start.size:
+        lstart = np.where(linked, c_start[li], np.iinfo(np.int64).min)
+        lend = np.where(linked, c_end[li], 0)
+        ldur = np.where(linked, lend - lstart, -1)
+        lkind = np.where(linked, c_kind[li], -1)
+    else:
+        lstart = np.full(n_total, np.iinfo(np.int64).min, dtype=np.int64)
+        lend = np.zeros(n_total, dtype=np.int64)
+        ldur = np.full(n_total, -1, dtype=np.int64)
+        lkind = np.full(n_total, -1, dtype=np.int64)
 
     # Launch delay (HTA) = queue time (nsys): first op start - launch call end, clipped at 0. For a
     # CUDA-graph launch only its first op counts (the others queue behind it by construction).
     first_of_launch = np.zeros(n_total, dtype=bool)
-    lk = idx_sel[(launch[idx_sel] >= 0) & np.isin(lkind[idx_sel], (LAUNCH, GRAPH_LAUNCH, MEMCPY_ASYNC))]
+    lk = idx_sel[linked[idx_sel] & np.isin(lkind[idx_sel], (LAUNCH, GRAPH_LAUNCH, MEMCPY_ASYNC))]
     if lk.size:
-        o = lk[np.lexsort((start[lk], launch[lk]))]
-        firsts = np.ones(o.size, dtype=bool)
-        firsts[1:] = launch[o][1:] != launch[o][:-1]
-        first_of_launch[o[firsts]] = True
+        per_call = np.bincount(launch[lk], minlength=c_start.size)
+        multi = per_call[launch[lk]] > 1
+        first_of_launch[lk[~multi]] = True
+        lm = lk[multi]
+        if lm.size:
+            o = lm[np.lexsort((start[lm], launch[lm]))]
+            firsts = np.ones(o.size, dtype=bool)
+            firsts[1:] = launch[o][1:] != launch[o][:-1]
+            first_of_launch[o[firsts]] = True
     delay = np.maximum(start - lend, 0)
     # HTA short kernels: launch call <= runtime cutoff and GPU time < launch time (plain launches)
     short_ok = (tl.op_kind == KERNEL) & (lkind == LAUNCH)
@@ -132,7 +144,9 @@ def analyse(tl: Timeline, cfg: Config = Config()) -> dict:
     dev_sel = tl.op_device[idx_sel]
     for d in np.unique(dev_sel).tolist():
         di = idx_sel[dev_sel == d]
-        di = di[np.argsort(start[di], kind="stable")]
+        sd = start[di]
+        if sd.size > 1 and not (sd[1:] >= sd[:-1]).all():
+            di = di[np.argsort(sd, kind="stable")]
         m = _merged(start[di], end[di])
         comp = di[(tl.op_kind[di] == KERNEL) & ~tl.op_comm[di]]
         comp_busy = _merged(start[comp], end[comp])["busy_ns"] if comp.size else 0
@@ -152,8 +166,10 @@ def analyse(tl: Timeline, cfg: Config = Config()) -> dict:
         streams = []
         waits = np.zeros(3, dtype=np.float64)
         key = tl.op_stream[di] if (tl.op_pid[di] < 0).all() else tl.op_stream[di] + (tl.op_pid[di] << 40)
-        for sk in np.unique(key).tolist():
-            si = di[key == sk]  # already sorted by start
+        by_stream = di[np.argsort(key, kind="stable")]  # stable: still sorted by start within a stream
+        skeys = key[np.argsort(key, kind="stable")]
+        cuts = np.flatnonzero(skeys[1:] != skeys[:-1]) + 1
+        for si in np.split(by_stream, cuts):
             sm = _merged(start[si], end[si])
             w = _idle_breakdown(start[si], end[si], lstart[si], kw_ns)
             waits += w
