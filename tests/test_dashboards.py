@@ -1,0 +1,155 @@
+"""The committed Grafana dashboard is a fresh build of dashboards/build.py and is importable and
+provisioning-ready; the alert rules pass ``promtool check rules`` and their ``promtool test rules``
+unit tests, with one alert per diagnosis each tested firing and silent."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+
+import pytest
+
+from test_fleet_harness import PROMTOOL, ROOT, needs_prometheus
+
+DASH_DIR = os.path.join(ROOT, "dashboards")
+DASHBOARD = os.path.join(DASH_DIR, "fragscope.json")
+RULES = os.path.join(DASH_DIR, "rules", "fragscope-alerts.yml")
+RULE_TESTS = os.path.join(DASH_DIR, "rules", "tests")
+DIAGNOSES = ("allocator-fragmentation", "kv-cache-pressure", "memory-leak", "clock-throttling", "launch-bound",
+             "capacity-saturation", "kv-block-size-mismatch")
+
+
+def _dashboard() -> dict:
+    with open(DASHBOARD, encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def test_committed_json_is_a_fresh_build():
+    pytest.importorskip("grafana_foundation_sdk", reason="grafana-foundation-sdk not installed (test extra)")
+    spec = importlib.util.spec_from_file_location("fragscope_dashboards_build", os.path.join(DASH_DIR, "build.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    with open(DASHBOARD, encoding="utf-8") as fh:
+        committed = fh.read()
+    assert committed == mod.render(), "dashboards/fragscope.json is stale: run python dashboards/build.py"
+
+
+def test_dashboard_is_provisioning_ready():
+    d = _dashboard()
+    assert d["uid"] and "id" not in d and "__inputs" not in d  # no import-only placeholders
+    variables = {v["name"]: v for v in d["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
+    for name in ("namespace", "pod", "model", "gpu"):
+        v = variables[name]
+        assert v["type"] == "query" and v["datasource"]["uid"] == "${datasource}"
+        assert v["includeAll"] and v["allValue"] == ".*"  # "All" also matches series without the label
+    ids = [p["id"] for p in d["panels"]]
+    assert len(ids) == len(set(ids))
+    cells = set()
+    for p in d["panels"]:
+        assert p["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, p["title"]
+        assert p["targets"] and all(t["expr"].strip() and t["refId"] for t in p["targets"]), p["title"]
+        g = p["gridPos"]
+        assert 0 <= g["x"] and g["x"] + g["w"] <= 24
+        mine = {(x, y) for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])}
+        assert not (mine & cells), f"{p['title']} overlaps another panel"
+        cells |= mine
+
+
+def test_dashboard_has_the_panels_on_call_needs():
+    d = _dashboard()
+    by_title = {p["title"]: p for p in d["panels"]}
+    exprs = {t: " ".join(x["expr"] for x in p["targets"]) for t, p in by_title.items()}
+    seeds = exprs["Throughput vs allocator fragmentation"]
+    assert "vllm:generation_tokens_total" in seeds and "fragscope_torch_reserved_bytes" in seeds
+    mem = exprs["GPU memory: allocated / reserved / NVML used"]
+    assert all(n in mem for n in ("fragscope_torch_allocated_bytes", "fragscope_torch_reserved_bytes",
+                                  "fragscope_gpu_memory_used_bytes", "DCGM_FI_DEV_FB_USED"))
+    assert "vllm:num_preemptions_total" in exprs["Preemptions per minute"]
+    kv = exprs["KV-cache usage"]
+    assert "vllm:kv_cache_usage_perc" in kv and "vllm:gpu_cache_usage_perc" in kv  # V1 and V0
+    assert "num_requests_running" in exprs["Requests running and waiting"]
+    assert "num_requests_waiting" in exprs["Requests running and waiting"]
+    ttft = exprs["Time to first token p50 / p99"]
+    assert "histogram_quantile(0.5," in ttft and "histogram_quantile(0.99," in ttft
+    gaps = exprs["Kernel gaps p50 / p99 and GPU idle share"]
+    assert 'quantile="0.5"' in gaps and 'quantile="0.99"' in gaps and "fragscope_gpu_idle_ratio" in gaps
+    clk = exprs["SM clock and temperature"]
+    assert all(n in clk for n in ("fragscope_gpu_sm_clock_hertz", "DCGM_FI_DEV_SM_CLOCK",
+                                  "fragscope_gpu_temperature_celsius", "DCGM_FI_DEV_GPU_TEMP"))
+    assert by_title["Active diagnoses"]["type"] == "state-timeline"
+    assert "fragscope_diagnosis_active" in exprs["Active diagnoses"]
+
+
+def _yaml():
+    return pytest.importorskip("yaml", reason="PyYAML not installed (test extra)")
+
+
+def _rules() -> dict:
+    yaml = _yaml()
+    with open(RULES, encoding="utf-8") as fh:
+        return yaml.safe_load(fh)
+
+
+def test_one_alert_per_diagnosis_and_agent_alerts():
+    alerts = [r for g in _rules()["groups"] for r in g["rules"] if "alert" in r]
+    by_diag = {}
+    for a in alerts:
+        d = a.get("labels", {}).get("diagnosis")
+        if d:
+            by_diag.setdefault(d, []).append(a["alert"])
+        assert a["annotations"]["summary"] and a["annotations"]["runbook"], a["alert"]
+    for d in DIAGNOSES:
+        assert len(by_diag.get(d, [])) == 1, (d, by_diag.get(d))
+    exprs = {a["alert"]: a["expr"] for a in alerts}
+    assert "fragscope_diagnosis_active" in exprs["FragscopeDiagnosisActive"]
+    assert "fragscope_collector_up" in exprs["FragscopeCollectorDown"]
+
+
+def test_every_alert_is_tested_firing_and_silent():
+    """Each alert has a promtool test that expects it to fire, and one evaluation expecting silence."""
+    alerts = {r["alert"] for g in _rules()["groups"] for r in g["rules"] if "alert" in r}
+    fires, silent = set(), set()
+    yaml = _yaml()
+    for name in sorted(os.listdir(RULE_TESTS)):
+        with open(os.path.join(RULE_TESTS, name), encoding="utf-8") as fh:
+            doc = yaml.safe_load(fh)
+        assert doc["rule_files"] == ["../fragscope-alerts.yml"], name
+        for t in doc["tests"]:
+            for a in t.get("alert_rule_test", []):
+                (fires if a.get("exp_alerts") else silent).add(a["alertname"])
+    assert alerts <= fires, f"alerts never tested firing: {alerts - fires}"
+    assert alerts <= silent, f"alerts never tested silent: {alerts - silent}"
+
+
+@needs_prometheus
+def test_promtool_check_rules():
+    r = subprocess.run([PROMTOOL, "check", "rules", RULES], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "SUCCESS" in r.stdout
+
+
+@needs_prometheus
+def test_promtool_test_rules():
+    files = sorted(os.path.join(RULE_TESTS, f) for f in os.listdir(RULE_TESTS) if f.endswith(".yml"))
+    assert len(files) >= 8
+    r = subprocess.run([PROMTOOL, "test", "rules", *files], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert r.stdout.count("SUCCESS") == len(files)
+
+
+@needs_prometheus
+def test_promtool_test_rules_catches_a_broken_rule(tmp_path):
+    """The unit tests can fail: raise the fragmentation threshold and the firing case must break."""
+    with open(RULES, encoding="utf-8") as fh:
+        text = fh.read()
+    broken = text.replace("fragscope:torch_fragmentation:ratio > 0.2\n", "fragscope:torch_fragmentation:ratio > 0.5\n")
+    assert broken != text
+    (tmp_path / "fragscope-alerts.yml").write_text(broken)
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    with open(os.path.join(RULE_TESTS, "allocator-fragmentation.yml"), encoding="utf-8") as fh:
+        (tests / "t.yml").write_text(fh.read())
+    r = subprocess.run([PROMTOOL, "test", "rules", str(tests / "t.yml")], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "FAILED" in (r.stdout + r.stderr)
