@@ -49,6 +49,9 @@ class Config:
 def detect(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive:
     gpus = [g for g in f.gpus() if f.has_gpu(g, "torch_reserved_bytes") and f.has_gpu(g, "torch_allocated_bytes")]
     if not gpus:
+        suspect = _suspect_without_probe(f, stats.spans(f))
+        if suspect is not None:
+            return [suspect]
         return Inconclusive(ID, ["fragscope_torch_reserved_bytes", "fragscope_torch_allocated_bytes"],
                             "allocator state not collected (run the engine under fragscope-probe); "
                             "NVML memory cannot show fragmentation in engines that pre-allocate the KV cache")
@@ -210,3 +213,58 @@ def _detect_gpu(f: Frame, g: str, sp: stats.Spans, cfg: Config, tput, demand, ba
            "throughput_drop_ratio": tput_drop, "gpu_memory_total_bytes": stats.nanmedian(
                sig.get("gpu_memory_total_bytes", np.full(f.t.size, np.nan)))}
     return Finding(ID, sev, conf, summary, onset, evidence, missing, {"gpu": g}, playbook={"context": ctx})
+
+
+def _suspect_without_probe(f: Frame, sp: stats.Spans) -> Finding | None:
+    """Without the allocator probe, the engine's own signature can still point here: throughput
+    and the running batch fall while requests wait and the KV pool is *not* full, with
+    preemptions or widening kernel gaps, the GPU busy and its clocks steady. Nothing else on the
+    list explains that; the finding stays low-confidence and names the probe as what is missing."""
+    tput = common.throughput_fact(f, sp)
+    demand = common.demand_unchanged_fact(f, sp)
+    if not (tput.present and demand.present):
+        return None
+    batch = common.batch_shrink_fact(f, sp)
+    pre = common.preemption_fact(f, sp)
+    kv = common.kv_fact(f, sp)
+    if kv.present:
+        return None  # a full KV pool explains preemptions and a queue: kv-cache-pressure
+    gap = common.gap_fact(f, None, sp)
+    busy = common.util_busy_fact(f, None, sp)
+    signs = [x for x in (batch, pre, gap, busy) if x.present]
+    if len(signs) < 2:
+        return None
+    clocks_known = any(f.has_gpu(g, "gpu_sm_clock_hertz") for g in f.gpus())
+    for g in f.gpus():
+        if common.throttle_fact(f, g, sp).present:
+            return None
+        clk = f.gpu[g].get("gpu_sm_clock_hertz")
+        if clk is not None:
+            c = stats.change(f, clk, sp, direction=-1, floor_rel=0.01)
+            if c.known and c.baseline > 0 and 1 - c.recent / c.baseline >= 0.05:
+                return None  # clocks fell: clock-throttling's business
+    evidence = [e for e in (tput.evidence, demand.evidence, batch.evidence, pre.evidence, kv.evidence,
+                            gap.evidence, busy.evidence) if e is not None]
+    kv.evidence and setattr(kv.evidence, "agrees", True)
+    if kv.evidence is not None:
+        kv.evidence.note = "KV pool not full: preemptions and the queue are not KV pressure"
+    conf = min(0.45, 0.2 + 0.08 * (len(signs) + 1)) - (0.0 if clocks_known else 0.1)
+    onset = common.earliest(tput.onset, batch.onset, pre.onset, gap.onset)
+    summary = (f"Suspected allocator fragmentation (allocator state not collected): throughput "
+               f"{tput.evidence.baseline:.0f} → {tput.evidence.observed:.0f} tok/s since {common.fmt_time(onset)} "
+               f"while requests wait and the KV cache is not full")
+    if batch.present:
+        summary += f"; running batch {batch.evidence.baseline:.0f} → {batch.evidence.observed:.0f}"
+    if pre.present:
+        summary += f"; preemptions {pre.extra.get('base', 0.0):.1f} → {pre.value:.0f}/min"
+    if gap.present:
+        summary += f"; kernel gaps ×{gap.value:.1f}"
+    if busy.present:
+        summary += f"; GPU utilization still {busy.value * 100:.0f} %"
+    summary += ". Run the engine under fragscope-probe to confirm."
+    missing = ["fragscope_torch_reserved_bytes", "fragscope_torch_allocated_bytes",
+               "fragscope_torch_alloc_retries_total"]
+    if not clocks_known:
+        missing.append("SM clock (clock throttling not ruled out)")
+    ctx = {"throughput_drop_ratio": tput.value}
+    return Finding(ID, Severity.WARNING, conf, summary, onset, evidence, missing, {}, playbook={"context": ctx})

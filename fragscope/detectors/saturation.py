@@ -75,6 +75,10 @@ def detect(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive:
         return []  # kv-cache-pressure
     if common.any_frag_rising(f, sp):
         return []
+    for g in f.gpus():  # a server running out of memory is not "busy, not sick"
+        ooms = stats.increase(f, f.gpu_cum.get(g, {}).get("torch_ooms_total"), (f.start, f.end))
+        if math.isfinite(ooms) and ooms > 0:
+            return []
     for g in f.gpus():
         if common.throttle_fact(f, g, sp).present:
             return []

@@ -177,13 +177,12 @@ def computed_actions(diag_id: str, ctx: dict, config: dict) -> list[str]:
     if diag_id == "allocator-fragmentation":
         slack = _f(ctx.get("slack_bytes"))
         total = _f(ctx.get("gpu_memory_total_bytes"))
-        step = 0.05
-        if slack and total:
-            # leave about the unusable slack as headroom, between 0.05 and 0.15 of the GPU
-            step = min(0.15, max(0.05, math.ceil(slack / total * 100) / 100))
+        step = 0.05  # seed: 0.9 -> 0.85 leaves the allocator headroom outside the KV pool
+        head = f" (~{step * total / 1024**3:.1f} GiB of this GPU)" if total else ""
+        waste = f"; the allocator now holds {slack / 1024**3:.1f} GiB it cannot use" if slack else ""
         if gmu is not None:
             acts.append(f"Restart now, then set --gpu-memory-utilization {max(0.5, gmu - step):.2f} "
-                        f"(currently {gmu:.2f}) to leave {step:.2f} of the GPU as allocator headroom.")
+                        f"(currently {gmu:.2f}) to leave {step:.2f} of the GPU{head} as allocator headroom{waste}.")
         else:
             acts.append(f"Restart now, then lower --gpu-memory-utilization by {step:.2f} (e.g. 0.90 → "
                         f"{0.90 - step:.2f}); the current value was not exposed (vllm:cache_config_info).")
