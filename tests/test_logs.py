@@ -221,6 +221,16 @@ def test_v1_fixture_preemption_counts_and_fragmentation():
     assert frag.severity is Severity.CRITICAL and frag.confidence == pytest.approx(0.9)
     assert frag.subject == {"gpu": "0"}
     assert ids["kv-cache-pressure"].severity is Severity.WARNING  # 19 preemptions in 3 minutes: no storm
+    # a lone preemption in a long log is worth a note, not a warning (< 1/min)
+    lines = [V0_STATS.format(s=0, g=1.0, r=1, w=0, kv=99.0).replace("10:00:00", "09:00:00"),
+             V0_PRE.format(s=1, n=1).replace("10:00:01", "09:00:01"),
+             V0_STATS.format(s=5, g=1.0, r=1, w=0, kv=99.0).replace("10:00:05", "11:00:05")]
+    _, f = analyse_log(parse_log(lines, reference=utc(2026, 3, 2)))
+    assert f[0].id == "kv-cache-pressure" and f[0].severity is Severity.WARNING  # 1 in its first minute
+    lines.insert(2, V0_STATS.format(s=5, g=1.0, r=1, w=0, kv=99.0).replace("10:00:05", "10:30:05"))
+    lines.insert(3, V0_PRE.format(s=6, n=2).replace("10:00:06", "10:30:06").replace("preemption=2", "preemption=3"))
+    _, f = analyse_log(parse_log(lines, reference=utc(2026, 3, 2)))
+    assert f[0].severity is Severity.INFO  # 3 over 30 minutes
 
 
 def test_oom_verdicts_thresholds():

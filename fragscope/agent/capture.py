@@ -26,7 +26,6 @@ DEFAULT_TRIGGERS: dict[str, tuple[str, ...]] = {
     "allocator-fragmentation": ("snapshot",),
     "memory-leak": ("snapshot",),
     "launch-bound": ("profile",),
-    "kernel-launch-gaps": ("profile",),
 }
 _SEV_RANK = {"info": 0, "warning": 1, "critical": 2}
 _DIR_RE = re.compile(r"^(\d{8}T\d{6}Z)-(snapshot|profile)-([0-9a-f]{6})$")
