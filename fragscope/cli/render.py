@@ -64,45 +64,58 @@ def _json_default(o):
     return str(o)
 
 
+def _fmt_window(w) -> str:
+    return f"{fmt_ts(w[0])} → {fmt_ts(w[1])}"
+
+
 def render_human(report: Report, out) -> None:
     from rich.console import Console
+    from rich.markup import escape
 
-    console = Console(file=out, highlight=False, soft_wrap=False,
-                      force_terminal=None if out is sys.stdout else False, width=110)
+    tty = out is sys.stdout and out.isatty()
+    console = Console(file=out, highlight=False, force_terminal=tty if tty else False,
+                      width=None if tty else 120, soft_wrap=not tty)
     start, end = report.window
-    console.print(f"[bold]fragscope diagnosis[/] of {report.source or 'input'}  "
-                  f"window {fmt_ts(start)} → {fmt_ts(end)}")
+    console.print(f"[bold]fragscope[/] {escape(report.source or 'input')}  window {fmt_ts(start)} → {fmt_ts(end)}")
     findings = rank_findings(report.findings)
     if not findings:
-        console.print("No finding at or above info." + (" Some detectors could not judge (below)."
-                                                         if report.inconclusive else ""))
+        console.print("No finding." + (" Some detectors could not judge (below): this is not a clean bill of health."
+                                       if report.inconclusive else ""))
     for i, f in enumerate(findings, 1):
         style = _SEV_STYLE.get(f.severity.value, "")
         subject = " ".join(f"{k}={v}" for k, v in f.subject.items())
-        console.print(f"\n[{style}]{i}. {f.severity.value.upper()}[/] [bold]{f.id}[/]"
-                      f"  confidence {f.confidence:.2f}  {subject}  onset {fmt_ts(f.onset)}")
-        console.print(f"   {f.summary}", markup=False)
+        console.print(f"\n[{style}]{i}. {f.severity.value.upper()}[/] [bold]{f.id}[/]  confidence {f.confidence:.2f}"
+                      f"{'  ' + escape(subject) if subject else ''}  onset {fmt_ts(f.onset)}")
+        console.print("   " + escape(f.summary))
+        common_win = None
+        wins = [e.window for e in f.evidence if e.window]
+        if wins:
+            common_win = max(set(wins), key=wins.count)
+            console.print(f"   evidence (recent {_fmt_window(common_win)}):", style="dim")
         for e in f.evidence:
-            mark = "+" if e.agrees else "-"
-            win = f" [{fmt_ts(e.window[0])} → {fmt_ts(e.window[1])}]" if e.window else ""
-            base = f" (baseline {fmt_value(e.baseline, e.unit)})" if e.baseline is not None else ""
+            mark = "[green]+[/]" if e.agrees else "[red]-[/]"
+            base = f" baseline {fmt_value(e.baseline, e.unit)}" if e.baseline is not None else ""
             thr = f" threshold {fmt_value(e.threshold, e.unit)}" if e.threshold is not None else ""
+            win = f" [{_fmt_window(e.window)}]" if e.window and e.window != common_win else ""
             note = f" — {e.note}" if e.note else ""
-            console.print(f"   {mark} {e.signal}: {fmt_value(e.observed, e.unit)}{base}{thr}{win}{note}",
-                          markup=False)
+            console.print(f"   {mark} " + escape(f"{e.signal}: {fmt_value(e.observed, e.unit)}{base}{thr}{win}{note}"))
         if f.missing:
-            console.print(f"   missing to be sure: {', '.join(f.missing)}", markup=False)
+            console.print("   missing to be sure: " + escape(", ".join(f.missing)), style="dim")
         if f.playbook:
             pb = f.playbook
-            if pb.get("immediate"):
-                console.print(f"   now: {pb['immediate'][0]}", markup=False)
-            for a in pb.get("actions", [])[:4]:
-                console.print(f"   fix: {a}", markup=False)
-            console.print(f"   playbook: diagnose explain {f.id}", markup=False)
+            for a in (pb.get("actions") or [])[:4]:
+                console.print("   [bold]fix:[/] " + escape(a))
+            if not pb.get("actions") and pb.get("immediate"):
+                console.print("   [bold]now:[/] " + escape(pb["immediate"][0]))
+            console.print(f"   playbook, preconditions and verification: diagnose explain {f.id}", style="dim")
         for att in f.attachments:
-            console.print(f"   attached: {att.get('kind', 'evidence')}: {att.get('verdict', '')}", markup=False)
+            console.print("   attached: " + escape(f"{att.get('kind', 'evidence')}: {att.get('verdict') or ''} "
+                                                   f"{att.get('summary') or ''}".strip()))
     if report.inconclusive:
         console.print("\n[bold]Could not judge[/] (not healthy, just not enough data):")
         for inc in report.inconclusive:
             miss = ", ".join(inc.missing) if inc.missing else ""
-            console.print(f"   {inc.id}: {inc.reason}{' — missing ' + miss if miss else ''}", markup=False)
+            console.print("   " + escape(f"{inc.id}: {inc.reason}{' — missing ' + miss if miss else ''}"))
+    notes = (report.signals or {}).get("notes") or []
+    for n in notes:
+        console.print("note: " + escape(str(n)), style="dim")
