@@ -280,7 +280,7 @@ def generate(s: Scenario) -> tuple[dict[SeriesKey, tuple[np.ndarray, np.ndarray]
         oom_rate = np.zeros(n)
         if kind == "allocator-fragmentation" and hit:
             gap = np.minimum(0.7, gap + 0.30 * sev * pg)
-            inact_share = 0.6 + 0.3 * pg
+            inact_share = 0.3 + 0.6 * pg
             retry_rate = (40.0 / 60.0) * sev * pg
         elif kind == "stable-slack":
             gap = np.clip(0.25 + rng.normal(0, 0.003, n) * nz, 0.2, 0.3)
