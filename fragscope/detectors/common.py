@@ -149,18 +149,19 @@ def gap_fact(f: Frame, gpu: str | None, sp: Spans, ratio: float = D.gap_ratio) -
     gpus = [gpu] if gpu is not None else f.gpus()
     best = Fact(False)
     for g in gpus:
-        x = f.gpu.get(g, {}).get("kernel_gap_p50_seconds")
-        if x is None or not np.isfinite(x).any():
-            continue
-        ch = stats.change(f, x, sp, floor_rel=0.05, floor_abs=1e-6)
-        if not ch.known or ch.baseline <= 0:
-            continue
-        r = ch.recent / ch.baseline
-        present = r >= ratio
-        ev = Evidence("kernel_gap_p50_seconds", ch.recent, ch.baseline, ch.baseline * ratio, "seconds",
-                      _w(sp.recent), f"×{r:.1f} vs baseline" + (f" (GPU {g})" if gpu is None else ""), present)
-        if best.evidence is None or (present and not best.present) or r > best.value:
-            best = Fact(present, ev, r, ch.onset)
+        for q in ("kernel_gap_p50_seconds", "kernel_gap_p99_seconds"):
+            x = f.gpu.get(g, {}).get(q)
+            if x is None or not np.isfinite(x).any():
+                continue
+            ch = stats.change(f, x, sp, floor_rel=0.05, floor_abs=1e-6)
+            if not ch.known or ch.baseline <= 0:
+                continue
+            r = ch.recent / ch.baseline
+            present = r >= ratio
+            ev = Evidence(q, ch.recent, ch.baseline, ch.baseline * ratio, "seconds",
+                          _w(sp.recent), f"×{r:.1f} vs baseline" + (f" (GPU {g})" if gpu is None else ""), present)
+            if best.evidence is None or (present and not best.present) or (present == best.present and r > best.value):
+                best = Fact(present, ev, r, ch.onset)
     return best
 
 

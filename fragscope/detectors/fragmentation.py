@@ -202,8 +202,9 @@ def _detect_gpu(f: Frame, g: str, sp: stats.Spans, cfg: Config, tput, demand, ba
             parts.append(f"running batch {e.baseline:.0f} → {e.observed:.0f}")
         elif e.signal == "preemptions_per_minute":
             parts.append(f"preemptions {e.baseline or 0:.1f} → {e.observed:.0f}/min")
-        elif e.signal == "kernel_gap_p50_seconds":
-            parts.append(f"kernel gaps {common.fmt_seconds(e.baseline)} → {common.fmt_seconds(e.observed)}")
+        elif e.signal.startswith("kernel_gap_p"):
+            q = "p99" if "p99" in e.signal else "p50"
+            parts.append(f"kernel gaps ({q}) {common.fmt_seconds(e.baseline)} → {common.fmt_seconds(e.observed)}")
         elif e.signal == "torch_ooms":
             parts.append(f"{e.observed:.0f} OOM(s)")
     if busy.present and (tput.present or batch.present):

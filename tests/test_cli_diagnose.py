@@ -1,0 +1,100 @@
+"""`diagnose FILE` end to end through the real console script: output, JSON contract, exit codes."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from fragscope.scenarios import Scenario, write_openmetrics, write_prometheus_text
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def cli(*args, prog="diagnose"):
+    code = f"import sys; sys.argv=[{prog!r}]+sys.argv[1:]; from fragscope.cli import {'diagnose_main' if prog == 'diagnose' else 'main'} as m; m()"
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120,
+                          cwd=ROOT)
+
+
+@pytest.fixture(scope="module")
+def frag_file(tmp_path_factory):
+    p = tmp_path_factory.mktemp("rec") / "frag.om.gz"
+    write_openmetrics(Scenario(kind="allocator-fragmentation", step_s=30), str(p))
+    return str(p)
+
+
+@pytest.fixture(scope="module")
+def healthy_file(tmp_path_factory):
+    p = tmp_path_factory.mktemp("rec") / "healthy.prom"
+    write_prometheus_text(Scenario(kind="healthy", engine="v0", gpu_source="dcgm", step_s=30,
+                                   duration_s=4 * 3600), str(p))
+    return str(p)
+
+
+def test_json_contract_and_exit_code(frag_file):
+    r = cli(frag_file, "--format", "json")
+    assert r.returncode == 1, r.stderr  # critical finding, default --fail-on critical
+    d = json.loads(r.stdout)
+    assert set(d) >= {"window", "findings", "inconclusive", "signals"}
+    assert d["window"]["start"] < d["window"]["end"]
+    f = d["findings"][0]
+    assert f["id"] == "allocator-fragmentation" and f["severity"] == "critical"
+    assert set(f) >= {"id", "severity", "confidence", "onset", "summary", "evidence", "missing", "playbook"}
+    ev = f["evidence"][0]
+    assert set(ev) >= {"signal", "observed", "baseline", "threshold", "window"}
+    assert f["playbook"]["durable"][1]["contraindications"]  # expandable_segments has them
+    sev_rank = {"critical": 2, "warning": 1, "info": 0}
+    ranks = [(sev_rank[x["severity"]], x["confidence"]) for x in d["findings"]]
+    assert ranks == sorted(ranks, reverse=True)
+
+
+def test_fail_on_controls_exit(frag_file, healthy_file):
+    assert cli(frag_file, "--fail-on", "never").returncode == 0
+    r = cli(healthy_file)
+    assert r.returncode == 0 and "No finding" in r.stdout, r.stdout + r.stderr
+    assert cli(healthy_file, "--fail-on", "info").returncode == 0
+
+
+def test_human_output_has_numbers_and_fix(frag_file):
+    r = cli(frag_file)
+    assert "CRITICAL allocator-fragmentation" in r.stdout
+    assert "tok/s" in r.stdout and "fix:" in r.stdout and "--gpu-memory-utilization" in r.stdout
+
+
+@pytest.mark.parametrize("content", ["", "<html>" + "<p>x</p>\n" * 50, "m 1\n"])
+def test_bad_files_exit_2_one_line(tmp_path, content):
+    f = tmp_path / "bad.om"
+    f.write_text(content)
+    r = cli(str(f))
+    assert r.returncode == 2
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr and str(f) in r.stderr
+
+
+def test_missing_file_and_no_source():
+    r = cli("/nonexistent/x.om")
+    assert r.returncode == 2 and "no such file" in r.stderr
+    r = cli()
+    assert r.returncode == 2 and "nothing to diagnose" in r.stderr
+
+
+def test_recording_without_engine_signals_is_inconclusive(tmp_path):
+    f = tmp_path / "gpu_only.om"
+    lines = [f'DCGM_FI_DEV_GPU_UTIL{{gpu="0"}} 50 {1700000000 + 15 * i}' for i in range(400)]
+    f.write_text("\n".join(lines) + "\n# EOF\n")
+    r = cli(str(f), "--format", "json")
+    d = json.loads(r.stdout)
+    assert r.returncode == 0 and not d["findings"]
+    inc = {i["id"] for i in d["inconclusive"]}
+    assert {"kv-cache-pressure", "allocator-fragmentation"} <= inc
+
+
+def test_explain():
+    r = cli("explain", "allocator-fragmentation")
+    assert r.returncode == 0 and "not when:" in r.stdout and "expandable_segments" in r.stdout
+    r = cli("explain", "nope")
+    assert r.returncode == 2 and "unknown diagnosis" in r.stderr
+    r = cli("explain", "kv-cache-pressure", "--format", "json")
+    assert json.loads(r.stdout)["id"] == "kv-cache-pressure"
