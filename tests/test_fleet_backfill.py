@@ -1,0 +1,179 @@
+"""Recorded incidents backfilled into a real Prometheus with ``promtool tsdb create-blocks-from
+openmetrics``: ``diagnose --prometheus`` fetches exactly the recorded samples and reaches the same
+diagnosis as ``diagnose FILE`` for every pod; fleet outliers; range splitting; the server's own 422.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from test_fleet_harness import PROMTOOL, Prometheus, needs_prometheus
+
+pytestmark = needs_prometheus
+
+NS = "llm"
+# Four replicas of one model, 3 h at 15 s: one develops the seeds' fragmentation incident.
+PODS = {
+    "vllm-0": dict(kind="healthy", seed=11),
+    "vllm-1": dict(kind="healthy", seed=12),
+    "vllm-2": dict(kind="allocator-fragmentation", seed=13),
+    "vllm-3": dict(kind="healthy", seed=14),
+}
+DURATION = 3 * 3600
+
+
+def write_pod_recording(path: str, pod: str, **scenario) -> object:
+    """A scenario recording (OpenMetrics, seconds, # EOF) whose series carry namespace/pod labels."""
+    from fragscope.model import SeriesKey, make_labels
+    from fragscope.scenarios import Scenario, generate
+    from fragscope.scenarios.writers import write_columns
+
+    cols, types, truth = generate(Scenario(duration_s=DURATION, **scenario))
+    labelled = {SeriesKey(k.name, make_labels(dict(k.labels, namespace=NS, pod=pod))): v for k, v in cols.items()}
+    write_columns(labelled, types, path, openmetrics=True)
+    return truth
+
+
+@pytest.fixture(scope="module")
+def backfilled(tmp_path_factory):
+    d = tmp_path_factory.mktemp("backfill")
+    data = d / "tsdb"
+    files, truths = {}, {}
+    for pod, spec in PODS.items():
+        files[pod] = str(d / f"{pod}.om")
+        truths[pod] = write_pod_recording(files[pod], pod, **spec)
+        r = subprocess.run([PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", files[pod], str(data)],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    blocks = str(d / "blocks-copy")
+    shutil.copytree(data, blocks)  # for the second server below (a TSDB dir has one owner)
+    prom = Prometheus("", data_dir=str(data))
+    try:
+        yield {"prom": prom, "files": files, "truths": truths, "dir": d, "blocks": blocks}
+    finally:
+        prom.close()
+
+
+def _window(files):
+    from fragscope.collectors.exposition import read_recording
+
+    w = read_recording(files["vllm-0"])
+    return w.start, w.end
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    code = "import sys; sys.argv[0] = 'diagnose'; from fragscope.cli import diagnose_main; diagnose_main()"
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)
+
+
+def _key(report: dict) -> tuple:
+    return ([(f["id"], f["severity"], f["confidence"], f["onset"], json.dumps(f["subject"], sort_keys=True))
+             for f in report["findings"]],
+            sorted(i["id"] for i in report["inconclusive"]))
+
+
+def test_fetch_returns_exactly_the_recorded_samples(backfilled):
+    from fragscope.collectors.exposition import read_recording
+    from fragscope.collectors.prometheus import PromConfig, PrometheusClient, fetch, signal_batches
+    from fragscope.fleet import group_targets
+
+    start, end = _window(backfilled["files"])
+    client = PrometheusClient(PromConfig(backfilled["prom"].url))
+    fr = fetch(client, start, end)
+    assert fr.mode == "raw" and fr.queries == len(signal_batches())
+    per_pod = group_targets(fr.cols)
+    wanted = {n for b in signal_batches() for n in b.names}
+    for pod, path in backfilled["files"].items():
+        rec = read_recording(path)
+        got = per_pod[next(t for t in per_pod if t.name == pod)]
+        exp = {k: s for k, s in rec.series.items() if k.name in wanted}
+        assert set(got) == set(exp), (pod, set(exp) ^ set(got))
+        for k, s in exp.items():
+            ts, vs = got[k]
+            assert np.array_equal(ts, s.ts) and np.array_equal(vs, s.values), (pod, str(k))
+
+
+def test_same_diagnosis_as_diagnose_file_for_every_pod(backfilled):
+    start, end = _window(backfilled["files"])
+    r = _run("--prometheus", backfilled["prom"].url, "--start", repr(start), "--end", repr(end),
+             "--format", "json", "--fail-on", "never")
+    assert r.returncode == 0, r.stderr
+    fleet = {t["target"]: t for t in json.loads(r.stdout)["targets"]}
+    assert set(fleet) == {f"{NS}/{p}" for p in PODS}
+    found = set()
+    for pod, path in backfilled["files"].items():
+        f = _run(path, "--format", "json", "--fail-on", "never")
+        assert f.returncode == 0, f.stderr
+        from_file = json.loads(f.stdout)
+        from_prom = fleet[f"{NS}/{pod}"]["report"]
+        assert _key(from_prom) == _key(from_file), pod
+        found |= {x["id"] for x in from_file["findings"]}
+    assert "allocator-fragmentation" in {x["id"] for x in fleet[f"{NS}/vllm-2"]["report"]["findings"]}
+    assert found, "no finding at all: the comparison would be vacuous"
+
+
+def test_fleet_outliers_point_at_the_sick_replica(backfilled):
+    start, end = _window(backfilled["files"])
+    r = _run("--prometheus", backfilled["prom"].url, "--start", repr(start), "--end", repr(end),
+             "--format", "json", "--fail-on", "never", "--selector", f'{{namespace="{NS}"}}')
+    d = json.loads(r.stdout)
+    outliers = {(o["target"], o["metric"], o["direction"]) for o in d["outliers"]}
+    assert (f"{NS}/vllm-2", "fragmentation_ratio", "high") in outliers, d["outliers"]
+    assert {o[0] for o in outliers} == {f"{NS}/vllm-2"}, d["outliers"]
+    assert d["targets"][0]["target"] == f"{NS}/vllm-2"  # worst first
+    human = _run("--prometheus", backfilled["prom"].url, "--start", repr(start), "--end", repr(end),
+                 "--fail-on", "never")
+    assert "Outliers against peers" in human.stdout and f"{NS}/vllm-2: fragmentation_ratio" in human.stdout
+
+
+def test_exit_code_follows_fail_on(backfilled):
+    start, end = _window(backfilled["files"])
+    base = ["--prometheus", backfilled["prom"].url, "--start", repr(start), "--end", repr(end), "--format", "json"]
+    worst = json.loads(_run(*base, "--fail-on", "never").stdout)["targets"][0]["top_finding"]
+    assert worst is not None
+    assert _run(*base, "--fail-on", worst["severity"]).returncode == 1
+    assert _run(*base, "--fail-on", "never").returncode == 0
+
+
+def test_resampled_step_mode(backfilled):
+    """--step uses query_range: same series and points at the recording's 15 s grid."""
+    from fragscope.collectors.prometheus import PromConfig, PrometheusClient, fetch
+
+    start, end = _window(backfilled["files"])
+    client = PrometheusClient(PromConfig(backfilled["prom"].url))
+    raw = fetch(client, start, end, selector='{pod="vllm-2"}')
+    res = fetch(client, start, end, selector='{pod="vllm-2"}', step=15)
+    assert res.mode == "resampled" and set(res.cols) == set(raw.cols)
+    k = next(k for k in raw.cols if k.name == "vllm:num_requests_running")
+    assert np.array_equal(res.cols[k][1], raw.cols[k][1])
+
+
+def test_query_range_is_split_below_11000_points(backfilled):
+    from fragscope.collectors.prometheus import PromConfig, PrometheusClient, finish_columns, parse_matrix
+
+    start, _ = _window(backfilled["files"])
+    client = PrometheusClient(PromConfig(backfilled["prom"].url))
+    # 12,001 steps: Prometheus alone refuses this in one request
+    items = client.query_range('vllm:num_requests_running{pod="vllm-0"}', start, start + 6000, 0.5)
+    assert client.queries == 2
+    (ts, vs), = finish_columns(parse_matrix(items)).values()
+    assert ts.size == 12001 and np.all(np.diff(ts) == 0.5)
+
+
+def test_server_refusal_is_one_line(backfilled):
+    """A real 422 from Prometheus (query.max-samples) ends as one line and exit code 2."""
+    prom = Prometheus("", data_dir=backfilled["blocks"], extra_args=["--query.max-samples=500"])
+    try:
+        start, end = _window(backfilled["files"])
+        r = _run("--prometheus", prom.url, "--start", repr(start), "--end", repr(end))
+        assert r.returncode == 2, (r.returncode, r.stderr)
+        err = r.stderr.strip()
+        assert len(err.splitlines()) == 1 and "422" in err and "too many samples" in err, err
+    finally:
+        prom.close()
