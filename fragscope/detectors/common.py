@@ -121,7 +121,9 @@ def preemption_fact(f: Frame, sp: Spans, per_min: float = D.preempt_per_min) -> 
     inc_b = stats.increase(f, cum, sp.base)
     rate_r = inc_r / r_dur * 60 if r_dur > 0 and math.isfinite(inc_r) else stats.nanmedian(x[stats.mask(f, sp.recent)]) * 60
     rate_b = inc_b / b_dur * 60 if b_dur > 0 and math.isfinite(inc_b) else stats.nanmedian(x[stats.mask(f, sp.base)]) * 60
-    present = math.isfinite(rate_r) and rate_r >= per_min and (not math.isfinite(rate_b) or rate_r > 3 * rate_b + 0.1)
+    # Absolute, not relative: a healthy engine preempts ~never, so a sustained rate is a symptom even
+    # when the window opens in the middle of it (no clean baseline).
+    present = math.isfinite(rate_r) and rate_r >= per_min
     onset = None
     if present:
         onset = stats.onset_time(f, x * 60, max(per_min / 2, rate_b * 2 if math.isfinite(rate_b) else 0), 1)

@@ -117,7 +117,7 @@ def _detect_gpu(f: Frame, g: str, sp: stats.Spans, cfg: Config, tput, demand, ba
         inc_b = stats.increase(f, cum, sp.base)
         rr = inc_r / dur_r * 60 if math.isfinite(inc_r) else math.nan
         rb = inc_b / dur_b * 60 if math.isfinite(inc_b) else math.nan
-        ok = math.isfinite(rr) and rr >= cfg.retries_per_min and (not math.isfinite(rb) or rr > 3 * rb)
+        ok = math.isfinite(rr) and rr >= cfg.retries_per_min  # absolute: steady serving never retries
         if ok:
             retry_onset = stats.onset_time(f, retries * 60, cfg.retries_per_min / 2, 1)
         evidence.append(Evidence("torch_alloc_retries_per_minute", rr, rb, cfg.retries_per_min, "/min",
