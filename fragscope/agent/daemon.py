@@ -46,6 +46,7 @@ class CollectorHealth:
     last_success: float | None = None  # unix seconds
     in_flight_since: float | None = None  # monotonic, while a collect() call runs
     backoff: float = 0.0
+    cpu_seconds: float = 0.0  # thread CPU spent collecting and storing this collector's samples
     latest: list[Sample] = field(default_factory=list)
     missing: list[Missing] = field(default_factory=list)
 
@@ -53,7 +54,8 @@ class CollectorHealth:
         return {"name": self.name, "kind": self.kind, "interval_seconds": self.interval, "up": self.up,
                 "error": self.last_error, "errors_total": self.errors_total, "runs_total": self.runs_total,
                 "duration_seconds": self.last_duration, "last_success": self.last_success,
-                "backoff_seconds": self.backoff, "samples": len(self.latest),
+                "backoff_seconds": self.backoff, "cpu_seconds": round(self.cpu_seconds, 4),
+                "samples": len(self.latest),
                 "missing": [{"name": m.name, "labels": dict(m.labels), "reason": str(getattr(m.reason, "value",
                                                                                                m.reason)),
                              "detail": m.detail} for m in self.missing[:50]]}
@@ -66,6 +68,7 @@ class DetectorHealth:
     last_run: float | None = None
     last_duration: float | None = None
     last_error: str | None = None
+    cpu_seconds: float = 0.0
 
 
 class Ring:
@@ -293,6 +296,7 @@ class Agent:
             if delay > 0 and self._stop.wait(delay):
                 break
             t0 = time.monotonic()
+            c0 = time.thread_time()
             now = time.time()
             h.in_flight_since = t0
             try:
@@ -331,6 +335,7 @@ class Agent:
                 if state.store is not None:
                     state.store.append(res.samples)
             state.bump()
+            h.cpu_seconds += time.thread_time() - c0
             wait = interval if err is None else h.backoff
             next_due = max(next_due + wait, time.monotonic() + 0.2 * wait)
             if next_due < time.monotonic():  # overran: skip missed ticks rather than bursting
@@ -341,6 +346,7 @@ class Agent:
         st = self.state
         now = time.time()
         t0 = time.monotonic()
+        c0 = time.thread_time()
         try:
             w = st.ring.window_at(now, source="fragscope agent (live)")
             if self._detect is not None:
@@ -376,6 +382,7 @@ class Agent:
         st.detector.runs += 1
         st.detector.last_run = now
         st.detector.last_duration = time.monotonic() - t0
+        st.detector.cpu_seconds += time.thread_time() - c0
         st.bump()
 
     def _detector_loop(self) -> None:

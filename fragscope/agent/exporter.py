@@ -150,6 +150,7 @@ class SnapshotCollector:
         last = Metric("fragscope_collector_last_success_timestamp_seconds",
                       "Unix time of the collector's last successful run", "gauge")
         n = Metric("fragscope_collector_samples", "Samples returned by the collector's last run", "gauge")
+        cpu = Metric("fragscope_collector_cpu_seconds", "Agent CPU time spent on the collector", "counter")
         for name, h in sorted(self.state.collectors.items()):
             lab = {"collector": name}
             if h.up is not None:
@@ -161,7 +162,8 @@ class SnapshotCollector:
             if h.last_success is not None:
                 last.add_sample("fragscope_collector_last_success_timestamp_seconds", lab, h.last_success)
             n.add_sample("fragscope_collector_samples", lab, float(len(h.latest)))
-        return [up, dur, err, runs, last, n]
+            cpu.add_sample("fragscope_collector_cpu_seconds_total", lab, float(h.cpu_seconds))
+        return [up, dur, err, runs, last, n, cpu]
 
     def _store(self) -> list[Metric]:
         st = self.state.store
