@@ -193,6 +193,9 @@ def logs_cmd(file: str, fmt: str, fail_on: str, tz_offset: float, **opts) -> int
     start = tr["start"] if tr["start"] is not None else float("nan")
     end = tr["end"] if tr["end"] is not None else float("nan")
     report = Report(window=(start, end), findings=findings, source=file)
+    from ..playbooks import attach_playbooks
+
+    attach_playbooks(report)  # findings leave the log detector without a playbook
     if not events:
         report.inconclusive.append(Inconclusive("logs", [], f"no vLLM, SGLang or PyTorch OOM lines recognised in {file}"))
     elif summary["preemptions"]["count"] is None and summary["stats"]["count"]:

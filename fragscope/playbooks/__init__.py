@@ -297,9 +297,10 @@ def build_playbook(diag_id: str, ctx: dict, config: dict) -> dict | None:
 def attach_playbooks(report: Report) -> Report:
     """Replace each finding's detector context with its full playbook (computed actions included)."""
     for f in report.findings:
-        ctx = dict((f.playbook or {}).get("context", {})) if isinstance(f.playbook, dict) else {}
-        if "immediate" in (f.playbook or {}):
-            continue  # already built
+        pb = f.playbook if isinstance(f.playbook, dict) else {}
+        if "immediate" in pb or "options" in pb:
+            continue  # already built (e.g. a snapshot's own playbook)
+        ctx = dict(pb.get("context", {}))
         config = ctx.pop("_config", {})
         f.playbook = build_playbook(f.id, ctx, config)
     return report
