@@ -282,6 +282,11 @@ def test_diagnose_from_agent_and_record(agent, replay, tmp_path):
     r = subprocess.run([*DIAGNOSE, str(out), "--format", "json", "--fail-on", "never"], capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 0 and json.loads(r.stdout)["window"]["start"] is not None
+    # diagnose a live server directly (no agent)
+    r = subprocess.run([*DIAGNOSE, "--vllm", base + "/vllm/metrics", "--duration", "1s", "--interval", "0.5s",
+                        "--format", "json", "--fail-on", "never"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["source"].startswith("live: ")
     # record from the agent's history
     out2 = tmp_path / "from-agent.om.gz"
     r = subprocess.run([*CLI, "record", "--agent", agent.url, "--since", "10m", "-o", str(out2)],
