@@ -136,6 +136,8 @@ def run_fleet(ctx: click.Context, fmt: str, fail_on: str, **opts) -> "int | None
         return None
     if ctx.params.get("file"):
         fail("give a recording FILE or --prometheus URL, not both")
+    if opts.get("agent") or opts.get("vllm") or opts.get("dcgm"):
+        fail("give --prometheus URL or a live source (--agent, --vllm, --dcgm), not both")
     from ..collectors.prometheus import PrometheusClient, PrometheusError, parse_selector
     from ..fleet import diagnose_fleet
 
