@@ -317,3 +317,61 @@ def test_exporter_openmetrics_negotiation():
 
     body, ctype = Exporter(_state_with([])).render("application/openmetrics-text; version=1.0.0")
     assert ctype.startswith("application/openmetrics-text") and body.decode().endswith("# EOF\n")
+
+
+# --- scheduler in-process: isolation and captures ------------------------------------------------
+class _Fake:
+    def __init__(self, name, delay=0.0, fail=False):
+        self.name, self.delay, self.fail, self.calls = name, delay, fail, 0
+
+    def collect(self, now):
+        from fragscope.model import CollectResult
+
+        self.calls += 1
+        time.sleep(self.delay)
+        if self.fail:
+            return CollectResult(up=False, error=f"{self.name}: down")
+        return CollectResult(samples=[Sample("fragscope_torch_reserved_bytes", (("gpu", "0"),), now, 2.0),
+                                      Sample("fragscope_torch_allocated_bytes", (("gpu", "0"),), now, 1.0)])
+
+
+def test_scheduler_isolates_hung_and_failing_collectors_and_captures_off_thread(monkeypatch, tmp_path):
+    import fragscope.agent.capture as capture_mod
+    from fragscope.agent.daemon import Agent
+
+    calls = []
+
+    class SlowCapture:
+        def __init__(self, out_dir, probe_dir=None, vllm_urls=(), max_per_hour=4):
+            calls.append(("init", tuple(vllm_urls)))
+
+        def on_findings(self, findings, now):
+            time.sleep(1.5)  # a profile takes seconds: must not hold the detectors
+            return [{"kind": "snapshot", "verdict": "fragmented", "finding": f.id, "subject": dict(f.subject)}
+                    for f in findings]
+
+    monkeypatch.setattr(capture_mod, "CaptureManager", SlowCapture)
+    cfg = load_config(None, {}, {"data_dir": str(tmp_path), "detect.interval": "0.3s", "capture.enabled": True,
+                                 "vllm.urls": ["http://127.0.0.1:1/metrics"], "collector.max_backoff": "2s"})
+    fast, hung, bad = _Fake("fast"), _Fake("hung", delay=30), _Fake("bad", fail=True)
+    runs = []
+
+    def detect(w):
+        runs.append(time.monotonic())
+        return Report(window=(w.start, w.end), findings=[
+            Finding("allocator-fragmentation", Severity.WARNING, 0.6, "s", subject={"gpu": "0"})])
+    ag = Agent(cfg, collectors=[("fast", "t", fast, 0.1, 1.0), ("hung", "t", hung, 0.1, 0.5),
+                                ("bad", "t", bad, 0.1, 1.0)], detect=detect, serve=False)
+    ag.start()
+    try:
+        time.sleep(3.5)
+        st = ag.state
+        assert fast.calls >= 15  # not held by the hung one
+        assert st.collectors["hung"].up is False and "hung" in st.collectors["hung"].last_error
+        assert st.collectors["bad"].up is False and 2 <= bad.calls <= 8  # backoff 0.1 -> 2 s
+        assert len(runs) >= 5  # the detectors kept their pace during the 1.5 s capture
+        assert calls == [("init", ("http://127.0.0.1:1",))]
+        atts = st.report.findings[0].attachments
+        assert atts and atts[0]["verdict"] == "fragmented"
+    finally:
+        ag.close()

@@ -227,6 +227,10 @@ class Agent:
         self._capture = None
         self._collectors: list[tuple[CollectorHealth, Any]] = []
         self._explicit = collectors
+        self._att_lock = threading.Lock()
+        self._atts: dict[tuple, list[dict]] = {}
+        self._capture_q: list = []
+        self._capture_wake = threading.Event()
         self._wall_offset = time.time() - time.monotonic()
 
     # --- setup --------------------------------------------------------------------------------
@@ -280,7 +284,9 @@ class Agent:
             from .capture import CaptureManager
 
             out = os.path.join(self.cfg.data_dir or ".", "captures")
-            urls = tuple(self.cfg.vllm_urls)
+            # the profiler endpoints hang off the server's base URL, not /metrics
+            urls = tuple(u[: -len("/metrics")] if u.rstrip("/").endswith("/metrics") else u
+                         for u in (x.rstrip("/") for x in self.cfg.vllm_urls))
             self._capture = CaptureManager(out, probe_dir=self.cfg.probe_dir, vllm_urls=urls,
                                            max_per_hour=self.cfg.capture_max_per_hour)
         except Exception as e:  # noqa: BLE001
@@ -355,14 +361,13 @@ class Agent:
                 from ..detectors import diagnose
 
                 report = diagnose(w)
-            if self._capture is not None and report.findings:
-                try:
-                    atts = self._capture.on_findings(report.findings, now)
-                    if atts:
-                        for f in report.findings:
-                            f.attachments.extend(a for a in atts if a.get("finding") in (None, f.id))
-                except Exception as e:  # noqa: BLE001
-                    log.error("capture: failed (%s)", _one_line(e))
+            if self._capture is not None:
+                with self._att_lock:
+                    for f in report.findings:
+                        f.attachments.extend(self._atts.get(_finding_key(f), ()))
+                if report.findings:
+                    self._capture_q[:] = [(list(report.findings), now)]  # latest only
+                    self._capture_wake.set()
             prev = {(f.id, f.severity.value) for f in st.report.findings} if st.report else set()
             cur = {(f.id, f.severity.value) for f in report.findings}
             for fid, sev in sorted(cur - prev):
@@ -385,12 +390,36 @@ class Agent:
         st.detector.cpu_seconds += time.thread_time() - c0
         st.bump()
 
+    def _capture_loop(self) -> None:
+        """Captures block for seconds (a profile, a snapshot): they run here, never in the detector
+        thread. Attachments are kept per (finding id, subject) and re-attached on every run."""
+        while not self._stop.is_set():
+            self._capture_wake.wait(1.0)
+            self._capture_wake.clear()
+            if not self._capture_q:
+                continue
+            findings, now = self._capture_q.pop()
+            try:
+                new = self._capture.on_findings(findings, now)
+            except Exception as e:  # noqa: BLE001
+                log.error("capture: failed (%s)", _one_line(e))
+                continue
+            if new:
+                with self._att_lock:
+                    for a in new:
+                        key = (str(a.get("finding")), tuple(sorted((str(k), str(v)) for k, v in
+                                                                   (a.get("subject") or {}).items())))
+                        lst = self._atts.setdefault(key, [])
+                        lst.append(a)
+                        del lst[:-20]
+                self.state.bump()
+
     def _detector_loop(self) -> None:
         # first run once the first round of samples is in, then every detect.interval
         next_due = time.monotonic() + min(self.cfg.detect_interval, max(2.0, 2 * self.cfg.interval))
         while not self._stop.wait(max(0.0, next_due - time.monotonic())):
             self._detect_once()
-            next_due = max(next_due + self.cfg.detect_interval, time.monotonic() + 1.0)
+            next_due = max(next_due + self.cfg.detect_interval, time.monotonic() + min(1.0, self.cfg.detect_interval))
 
     def _housekeeping(self) -> None:
         """Flush the history, apply retention, watch for hung collectors and clock jumps."""
@@ -439,7 +468,10 @@ class Agent:
                                  daemon=True)
             t.start()
             self._threads.append(t)
-        for target, name in ((self._detector_loop, "detectors"), (self._housekeeping, "housekeeping")):
+        loops = [(self._detector_loop, "detectors"), (self._housekeeping, "housekeeping")]
+        if self._capture is not None:
+            loops.append((self._capture_loop, "capture"))
+        for target, name in loops:
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
             self._threads.append(t)
@@ -494,6 +526,10 @@ class Agent:
             self.close()
             log.info("fragscope agent stopped")
         return 0
+
+
+def _finding_key(f: Any) -> tuple:
+    return (f.id, tuple(sorted((str(k), str(v)) for k, v in (f.subject or {}).items())))
 
 
 def _json_default(o: Any) -> Any:
