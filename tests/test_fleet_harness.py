@@ -220,7 +220,7 @@ def test_with_labels():
 def _client(url: str, **kw):
     from fragscope.collectors.prometheus import PromConfig, PrometheusClient
 
-    return PrometheusClient(PromConfig(url, timeout=kw.pop("timeout", 3), **kw))
+    return PrometheusClient(PromConfig(url, timeout=kw.pop("timeout", 15), **kw))  # generous unless under test
 
 
 def test_client_errors_are_one_line():
