@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 
+import psutil
 import pytest
 
 from fragscope.collectors.dcgm import DcgmCollector, is_blank, parse_dcgm_metrics
@@ -551,6 +552,38 @@ class TestProcess:
         r = ProcessCollector(pids=[os.getpid()], cgroup_root=str(tmp_path / "empty")).collect(1.0)
         assert r.up  # the process was read
         assert {m.reason for m in r.missing if m.name.startswith("fragscope_container")} == {Reason.UNSUPPORTED}
+
+    def test_engine_children_followed_and_fragscope_itself_skipped(self, tmp_path):
+        """vLLM's engine core / workers are children with other names (VLLM::EngineCore); a
+        `fragscope agent --vllm ...` command mentions the engine but is not it."""
+        marker = f"FragScope-Test-Engine-{os.getpid()}"
+        code = ("import subprocess, sys, time; "
+                "k = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(20)']); "
+                "time.sleep(20)")
+        parent = subprocess.Popen([sys.executable, "-c", code, marker])
+        script = tmp_path / "fragscope"  # as a console script runs: python .../bin/fragscope agent ...
+        script.write_text("import time; time.sleep(20)\n")
+        ours = subprocess.Popen([sys.executable, str(script), "agent", "--vllm", marker.lower()])
+        try:
+            c = ProcessCollector(match=(marker.lower(),), cgroup_root=str(tmp_path))
+            deadline = time.monotonic() + 10
+            kids: list = []
+            while time.monotonic() < deadline:
+                kids = psutil.Process(parent.pid).children()
+                if kids:
+                    break
+                time.sleep(0.05)
+            assert kids
+            c.rescan_s = 0.0
+            r = c.collect(1.0)
+            pids = {dict(s.labels)["pid"] for s in by_name(r.samples, "fragscope_process_threads")}
+            assert str(parent.pid) in pids  # matched case-insensitively
+            assert str(kids[0].pid) in pids  # followed to its child
+            assert ours.poll() is None and str(ours.pid) not in pids  # fragscope's own command is not the engine
+        finally:
+            for p in (parent, ours):
+                p.kill()
+                p.wait()
 
     def test_matched_engine_process(self, tmp_path):
         marker = f"fragscope-test-engine-{os.getpid()}"

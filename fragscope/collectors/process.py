@@ -136,12 +136,18 @@ class ProcessCollector:
         self._me = os.getpid()
 
     def _matches(self, p: psutil.Process) -> bool:
+        """An engine process: its name or command mentions a match word, case-insensitively
+        (vLLM 0.32 names its busiest processes ``VLLM::EngineCore`` / ``VLLM::Worker``), and it is
+        not one of fragscope's own commands (``fragscope agent --vllm ...`` mentions vllm too)."""
         try:
-            name = p.name() or ""
-            cmd = " ".join(p.cmdline() or ())
+            name = (p.name() or "").lower()
+            argv = p.cmdline() or ()
         except (psutil.Error, OSError):
             return False
-        return any(m in name or m in cmd for m in self.match)
+        cmd = " ".join(argv).lower()
+        if _is_fragscope(argv):
+            return False
+        return any(m.lower() in name or m.lower() in cmd for m in self.match)
 
     def _scan(self) -> None:
         if self.fixed_pids is not None:
@@ -160,6 +166,15 @@ class ProcessCollector:
                 found[p.pid] = self._procs[p.pid]  # keep the object: psutil checks pid reuse with it
             elif self._matches(p):
                 found[p.pid] = p
+        # an engine's children (engine core, workers, whatever they are named) belong to it
+        for p in list(found.values()):
+            try:
+                kids = p.children(recursive=True)
+            except (psutil.Error, OSError):
+                continue
+            for k in kids:
+                if k.pid != self._me and k.pid not in found:
+                    found[k.pid] = self._procs.get(k.pid, k)
         self._procs = found
 
     def collect(self, now: float) -> CollectResult:
@@ -241,3 +256,13 @@ class ProcessCollector:
         except (AttributeError, OSError):
             pass
         return True
+
+
+def _is_fragscope(argv) -> bool:
+    """fragscope's own processes (agent, record, diagnose), not the engine they watch."""
+    for a in list(argv)[:3]:
+        base = os.path.basename(str(a))
+        if base in ("fragscope", "diagnose") or "fragscope.cli" in str(a):
+            return True
+    return False
+

@@ -113,8 +113,13 @@ def detect(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive:
         ("vllm:time_to_first_token_seconds", p99 is not None),
         ("vllm:request_prompt_tokens", "request_prompt_tokens_mean" in f.engine),
     ) if not have]
-    summary = (f"KV cache {common.fmt_pct(kv.value)} full (p90 {common.fmt_pct(kv.extra.get('p90', math.nan))}) "
-               f"since {common.fmt_time(onset)}; preemptions {pre.extra.get('base', 0.0):.1f} → {pre.value:.0f}/min")
+    p90 = kv.extra.get("p90", math.nan)
+    if math.isfinite(kv.value) and kv.value >= cfg.kv_high:
+        head = f"KV cache {common.fmt_pct(kv.value)} full (p90 {common.fmt_pct(p90)})"
+    else:  # a preemption storm frees blocks and refills them: the pool hits full, the median swings
+        head = f"KV cache repeatedly full (p90 {common.fmt_pct(p90)}, median {common.fmt_pct(kv.value)})"
+    summary = (f"{head} since {common.fmt_time(onset)}; preemptions {pre.extra.get('base', 0.0):.1f} → "
+               f"{pre.value:.0f}/min")
     for e in evidence:
         if e.signal == "requests_waiting" and e.agrees:
             summary += f"; {e.observed:.0f} requests waiting"

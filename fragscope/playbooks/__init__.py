@@ -260,7 +260,13 @@ def computed_actions(diag_id: str, ctx: dict, config: dict) -> list[str]:
         if running:
             acts.append(f"Cap --max-num-seqs at ~{max(1, int(running * 0.8))} (80 % of the {running:.0f} sequences "
                         f"running at the edge) or add replicas.")
-        if gmu is not None and gmu < 0.95:
+        kvb = _f(config.get("kv_cache_memory_bytes"))
+        if kvb:
+            # --kv-cache-memory-bytes overrides gpu_memory_utilization for the KV pool (vLLM >= 0.11)
+            acts.append(f"If NVML shows free memory and the allocator is healthy: raise --kv-cache-memory-bytes "
+                        f"{kvb / 1024**2:.0f} MiB → {kvb * 1.25 / 1024**2:.0f} MiB (it overrides "
+                        f"--gpu-memory-utilization for the KV pool).")
+        elif gmu is not None and gmu < 0.95:
             acts.append(f"If NVML shows free memory and the allocator is healthy: raise --gpu-memory-utilization "
                         f"{gmu:.2f} → {min(0.95, gmu + 0.03):.2f}.")
         for c in ctx.get("cause", []) or []:
