@@ -87,7 +87,7 @@ class Agent:
         self.p = subprocess.Popen([*CLI, "agent", "--listen", f"127.0.0.1:{self.port}", "--data-dir", data_dir,
                                    "--interval", "0.5s", "--detect-interval", "2s", "--no-process", *args],
                                   stdout=self.log, stderr=subprocess.STDOUT, env=e)
-        _wait(lambda: _get(self.url + "/healthz")[0] == 200, 30)
+        _wait(lambda: _get(self.url + "/healthz")[0] == 200, 60)
 
     def logtext(self) -> str:
         self.log.flush()
@@ -211,7 +211,8 @@ def test_slow_huge_and_down_endpoints_never_stall_the_agent(replay, tmp_path):
     base, d = replay
     dead = f"http://127.0.0.1:{_free_port()}/metrics"
     a = Agent(["--vllm", base + "/slow/metrics", "--vllm", base + "/huge/metrics", "--vllm", dead,
-               "--dcgm", base + "/dcgm/metrics", "--probe-dir", str(tmp_path / "no-such-dir")], str(tmp_path))
+               "--dcgm", base + "/dcgm/metrics", "--probe-dir", str(tmp_path / "no-such-dir")], str(tmp_path),
+              env={"FRAGSCOPE_VLLM_MAX_BYTES": "1MiB"})  # the env sets what no flag does
     try:
         def states():
             st = _json(a.url + "/api/v1/status")[1]

@@ -175,7 +175,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _readyz(self, q: dict) -> None:
         st = self.state
         why = []
-        if not st.first_round_done:
+        if not _first_round_done(st):
             why.append("first round of collection not finished")
         if st.store is not None and st.store.degraded:
             why.append(f"history degraded: {st.store.degraded}")
@@ -269,7 +269,7 @@ class _Handler(BaseHTTPRequestHandler):
             pass
         self._json(200, {
             "version": __version__, "started": st.started, "uptime_seconds": time.monotonic() - st.started_mono,
-            "ready": st.first_round_done, "rss_bytes": rss, "pandas_loaded": "pandas" in sys.modules,
+            "ready": _first_round_done(st), "rss_bytes": rss, "pandas_loaded": "pandas" in sys.modules,
             "collectors": [h.to_dict() for h in st.collectors.values()],
             "store": st.store.stats() if st.store is not None else None,
             "ring": {"series": len(st.ring), "points": st.ring.points(), "step_seconds": st.ring.step},
@@ -277,6 +277,13 @@ class _Handler(BaseHTTPRequestHandler):
                          "duration_seconds": st.detector.last_duration, "error": st.detector.last_error,
                          "cpu_seconds": round(st.detector.cpu_seconds, 4)},
             "notes": st.notes})
+
+
+def _first_round_done(st: Any) -> bool:
+    """Every collector has answered once (or was marked down): computed now, not on a timer."""
+    if not st.first_round_done:
+        st.first_round_done = all(h.runs_total > 0 or h.up is False for h in list(st.collectors.values()))
+    return st.first_round_done
 
 
 def _finite(o: Any) -> Any:
@@ -303,6 +310,13 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
     request_queue_size = 64
+
+    def handle_error(self, request, client_address) -> None:  # a client hanging up is not an error
+        exc = sys.exc_info()[1]
+        if isinstance(exc, (ConnectionError, TimeoutError)):
+            log.debug("api: %s: %s", client_address, exc)
+        else:
+            log.error("api: request from %s failed (%s: %s)", client_address, type(exc).__name__, exc)
 
 
 def serve(state: Any, cfg: AgentConfig) -> _Server:

@@ -426,7 +426,7 @@ class Agent:
         st = self.state
         next_flush = time.monotonic() + self.cfg.flush_interval
         next_maint = time.monotonic() + 5.0
-        while not self._stop.wait(0.5):
+        while not self._stop.wait(1.0):
             mono = time.monotonic()
             st.heartbeat = mono
             if not st.first_round_done and all(h.runs_total > 0 or h.up is False
