@@ -106,7 +106,7 @@ def main() -> None:
                                    "--probe-dir", os.path.join(tmp, "probe"), "--log-file",
                                    os.path.join(tmp, "engine.log"),
                                    "--max-seconds", str(3 * args.seconds + 4 * args.warmup + 120)],
-                                  stdout=subprocess.PIPE, text=True)
+                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         procs.append(replay)
         base = f"http://127.0.0.1:{int(replay.stdout.readline().split()[1])}"
         aport, bport = free_port(), free_port()
@@ -117,7 +117,8 @@ def main() -> None:
                                   os.path.join(tmp, "engine.log"), "--log-level", "warning"],
                                  stdout=subprocess.DEVNULL, stderr=open(os.path.join(tmp, "agent.log"), "w"))
         procs.append(agent)
-        bare = subprocess.Popen([sys.executable, "-c", BASELINE, str(bport)])
+        # stderr: wsgiref prints a traceback whenever a client closes a keep-alive connection
+        bare = subprocess.Popen([sys.executable, "-c", BASELINE, str(bport)], stderr=subprocess.DEVNULL)
         procs.append(bare)
         wait_http(aport, "/readyz")
         wait_http(bport, "/metrics")
