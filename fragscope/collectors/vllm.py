@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 
 from ..model import CollectResult, Missing, Reason, Sample, make_labels
-from ..signals import SIGNALS
+from ..signals import SIGNALS, normalise_name
 from .exposition import ParseError, scrape_samples
 from .http import DEFAULT_MAX_BYTES, Fetch, FetchError, LogOnce, http_get
 
@@ -78,7 +78,17 @@ def parse_vllm_metrics(text: str, ts: float, source: str = "vllm") -> list[Sampl
 
     Raises exposition.ParseError (one line) when the text is not Prometheus/OpenMetrics.
     """
-    return [s for s in scrape_samples(text, ts, source) if s.name in KEEP]
+    # Pre-filter lines by family before parsing: a vLLM scrape has ~600 lines, a third of them
+    # kept; parsing only those cut the agent's per-scrape cost 3.5 -> 1.2 ms (bench/bench_agent.py).
+    kept = []
+    for line in text.splitlines(True):
+        if line.startswith(("vllm:", "ray_vllm:")):
+            name = normalise_name(line.split("{", 1)[0].split(None, 1)[0])
+            if name in KEEP:
+                kept.append(line)
+    if not kept:  # nothing of ours: parse it all, to reject garbage with the parser's message
+        return [s for s in scrape_samples(text, ts, source) if s.name in KEEP]
+    return scrape_samples("".join(kept), ts, source)
 
 
 class VllmCollector:
