@@ -128,3 +128,15 @@ def test_mostly_garbage_rejected_but_rare_bad_lines_skipped(tmp_path):
     f2.write_text(good + "garbage here\n" * 100)
     with pytest.raises(ParseError, match="unparsable"):
         read_recording(str(f2))
+
+
+def test_key_cache_gives_the_same_samples_scrape_after_scrape():
+    from fragscope.collectors.exposition import scrape_samples
+
+    text = open(os.path.join(DATA, "vllm_v1_cncf_kops.metrics.txt")).read()
+    cache: dict = {}
+    first = scrape_samples(text, 1.0, key_cache=cache)
+    assert cache  # filled on the first scrape
+    again = scrape_samples(text.replace(" 0.0\n", " 7.0\n"), 2.0, key_cache=cache)
+    plain = scrape_samples(text.replace(" 0.0\n", " 7.0\n"), 2.0)
+    assert again == plain and len(first) == len(plain)

@@ -57,10 +57,10 @@ def is_blank(value: float, name: str = "") -> bool:
     return _INT32_BLANK <= value <= 0x7FFFFFFF and not name.endswith(("_VIOLATION", "_COUNT"))
 
 
-def parse_dcgm_metrics(text: str, ts: float, source: str = "dcgm") -> list[Sample]:
+def parse_dcgm_metrics(text: str, ts: float, source: str = "dcgm", key_cache: dict | None = None) -> list[Sample]:
     """A dcgm-exporter body -> kept samples stamped ``ts`` (pure). Raises ParseError."""
     out = []
-    for s in scrape_samples(text, ts, source):
+    for s in scrape_samples(text, ts, source, key_cache):
         if s.name not in KEEP or is_blank(s.value, s.name):
             continue
         labels = s.labels
@@ -82,6 +82,7 @@ class DcgmCollector:
         self.max_bytes = max_bytes
         self.fetch = fetch
         self._log = LogOnce(log, f"dcgm {url}")
+        self._keys: dict = {}  # parsed series lines, reused scrape after scrape
 
     def _down(self, now: float, reason: Reason | str, msg: str) -> CollectResult:
         self._log.problem(msg)
@@ -94,7 +95,7 @@ class DcgmCollector:
             except FetchError as e:
                 return self._down(now, e.reason, str(e))
             try:
-                samples = parse_dcgm_metrics(text, now, source=self.url)
+                samples = parse_dcgm_metrics(text, now, source=self.url, key_cache=self._keys)
             except ParseError as e:
                 return self._down(now, Reason.PARSE_ERROR, str(e))
             if not samples:

