@@ -334,6 +334,130 @@ def test_nsys_readers_agree(tmp_path):
         assert np.array_equal(getattr(a, f), getattr(b, f)), f
 
 
+def make_nsys_mixed(path: Path, n: int = 3000, seed: int = 7) -> Path:
+    """A larger export mixing what the readers must keep apart: two processes with the same correlation
+    ids, two devices plus a device shared by both processes, several streams, kernels without a
+    correlation, a CUDA graph, NCCL kernels, sync / pageable / small H2D copies, memsets, syncs,
+    malloc/free churn, driver launches, ignored API calls, and rows stored out of time order."""
+    rng = np.random.default_rng(seed)
+    c = sqlite3.connect(path)
+    c.executescript((DATA / "nsys_schema.sql").read_text())
+    strings = {1: "cudaLaunchKernel_v7000", 2: "cuLaunchKernel", 3: "cudaGraphLaunch_v10000",
+               4: "cudaStreamSynchronize_v3020", 5: "cudaMemcpy_v3020", 6: "cudaMemcpyAsync_v3020",
+               7: "cudaMemsetAsync_v3020", 8: "cudaMalloc_v3020", 9: "cudaFree_v3020", 10: "cudaEventRecord_v3020",
+               11: "gemm_kernel", 12: "ncclDevKernel_AllReduce"}
+    c.executemany("INSERT INTO StringIds VALUES (?, ?)", strings.items())
+    c.executemany("INSERT INTO META_DATA_EXPORT VALUES (?, ?)", [("EXPORT_SCHEMA_VERSION", "3.24.0")])
+    c.execute("INSERT INTO TARGET_INFO_SESSION_START_TIME VALUES (1700000000000000000, '', '')")
+    kern, runt, cpy, mset = [], [], [], []
+    for p_i, pid in enumerate((1111, 2222)):
+        gp, tid = _gpid(pid), _gpid(pid) | (pid + 1)
+        t = 1_000_000 + p_i * 13
+        for i in range(n):
+            t += int(rng.integers(2_000, 30_000))
+            corr = i + 1
+            r = rng.random()
+            api = 1 if r < 0.7 else 2 if r < 0.8 else 3 if r < 0.82 else 5 if r < 0.85 else 6 if r < 0.88 \
+                else 7 if r < 0.9 else 4 if r < 0.95 else 8 if r < 0.97 else 9 if r < 0.98 else 10
+            dur = int(rng.integers(1_000, 60_000))
+            runt.append((t, t + dur, tid, corr, api))
+            dev = p_i if rng.random() < 0.8 else 2  # device 2 is shared by both processes
+            stream = int(rng.choice([7, 13, 20]))
+            k0 = t + dur + int(rng.integers(-dur, 20_000))
+            if api in (1, 2):
+                name = 12 if rng.random() < 0.05 else 11
+                c_id = None if rng.random() < 0.03 else corr
+                kern.append((k0, k0 + int(rng.integers(500, 40_000)), dev, stream, c_id, gp, name, name))
+            elif api == 3:
+                for g in range(3):
+                    kern.append((k0 + g * 5_000, k0 + g * 5_000 + 4_000, dev, stream, corr, gp, 11, 11))
+            elif api in (5, 6):
+                nbytes = int(rng.choice([4096, 65536, 4 << 20]))
+                src = int(rng.choice([0, 1]))
+                cpy.append((k0, k0 + 10_000, dev, stream, corr, gp, nbytes, int(rng.choice([1, 2])), src, 2))
+            elif api == 7:
+                mset.append((k0, k0 + 3_000, dev, stream, corr, gp, 1 << 20))
+    for rows in (kern, runt, cpy, mset):
+        rng.shuffle(rows)
+    c.executemany("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL (start, end, deviceId, contextId, streamId, correlationId, "
+                  "globalPid, demangledName, shortName, registersPerThread, gridX, gridY, gridZ, blockX, blockY, blockZ, "
+                  "staticSharedMemory, dynamicSharedMemory, localMemoryPerThread, localMemoryTotal, gridId) "
+                  "VALUES (?,?,?,1,?,?,?,?,?,32,1,1,1,128,1,1,0,0,0,0,0)", kern)
+    c.executemany("INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME (start, end, eventClass, globalTid, correlationId, nameId, "
+                  "returnValue) VALUES (?,?,1,?,?,?,0)", runt)
+    c.executemany("INSERT INTO CUPTI_ACTIVITY_KIND_MEMCPY (start, end, deviceId, contextId, streamId, correlationId, "
+                  "globalPid, bytes, copyKind, srcKind, dstKind) VALUES (?,?,?,1,?,?,?,?,?,?,?)", cpy)
+    c.executemany("INSERT INTO CUPTI_ACTIVITY_KIND_MEMSET (start, end, deviceId, contextId, streamId, correlationId, "
+                  "globalPid, value, bytes) VALUES (?,?,?,1,?,?,?,0,?)", mset)
+    c.commit()
+    c.close()
+    return path
+
+
+def _analysis(tl) -> dict:
+    a = analyse(tl)
+    a.pop("reader", None)
+    findings, inconclusive = judge(a)
+    a["findings"] = [f.to_dict() for f in findings]
+    a["inconclusive"] = [i.to_dict() for i in inconclusive]
+    return a
+
+
+def test_nsys_reader_paths_give_the_same_analysis(tmp_path, monkeypatch):
+    """The stdlib reader is the reference: connectorx (native call, public fallback, rowid partitions) and
+    the stdlib reader split in small chunks must give the same Timeline columns and the same analysis."""
+    import fragscope.collectors.nsys as nsys
+
+    p = make_nsys_mixed(tmp_path / "mixed.sqlite")
+    ref_tl = read_nsys(str(p), reader="stdlib")
+    assert ref_tl.meta["reader"] == "stdlib"
+    assert set(np.unique(ref_tl.op_device).tolist()) == {0, 1, 2} and ref_tl.op_kind.max() == 2
+    assert (ref_tl.op_launch < 0).any() and (ref_tl.op_launch >= 0).mean() > 0.9
+    assert ref_tl.op_comm.any() and ref_tl.op_pageable.any()
+    ref = _analysis(ref_tl)
+    assert len(ref["devices"]) == 3 and ref["host"]["sync_api_calls"] > 0
+    assert {s.get("pid") for s in ref["devices"][2]["streams"]} == {1111, 2222}
+    fields = ("op_start", "op_end", "op_device", "op_stream", "op_pid", "op_kind", "op_bytes", "op_copy_kind",
+              "op_pageable", "op_launch", "op_comm", "call_start", "call_end", "call_kind", "call_name")
+
+    def same(tl, reader):
+        assert tl.meta["reader"] == reader
+        for f in fields:
+            assert np.array_equal(getattr(tl, f), getattr(ref_tl, f)), f
+        assert tl.call_names == ref_tl.call_names
+        assert _analysis(tl) == ref
+
+    monkeypatch.setattr(nsys, "_CHUNK_ROWS", 997)  # several group_concat chunks per table
+    same(read_nsys(str(p), reader="stdlib"), "stdlib")
+    if "connectorx" not in READERS:
+        pytest.skip("connectorx not installed")
+    same(read_nsys(str(p), reader="connectorx"), "connectorx")
+    monkeypatch.setattr(nsys, "_PARTITION_MIN_ROWS", 1)
+    monkeypatch.setattr(nsys, "_cx_parts", lambda rows: 3)  # rowid ranges read in parallel by connectorx
+    same(read_nsys(str(p), reader="connectorx"), "connectorx")
+    import connectorx.connectorx as native
+
+    def broken(*a, **k):
+        raise RuntimeError("internal API changed")
+
+    monkeypatch.setattr(native, "read_sql", broken)  # the public read_sql (pandas) takes over
+    same(read_nsys(str(p), reader="connectorx"), "connectorx")
+
+
+def test_nsys_link_matches_kineto_link():
+    from fragscope.collectors.kineto import _link_by_key
+    from fragscope.collectors.nsys import _link
+
+    rng = np.random.default_rng(3)
+    for sort_calls in (True, False):
+        calls = rng.integers(-2, 400, 500)
+        if sort_calls:
+            calls.sort()
+        ops = rng.integers(-2, 450, 800)
+        assert np.array_equal(_link(ops, calls), _link_by_key(ops, calls))
+    assert _link(np.array([1, 2]), np.zeros(0, dtype=np.int64)).tolist() == [-1, -1]
+
+
 def test_nsys_without_alloc_churn_has_no_allocator_finding(tmp_path):
     a, findings = analyse_trace_file(str(make_nsys(tmp_path / "r.sqlite", procs=(5,), alloc_churn=False)))
     assert [f.id for f in findings] == ["launch-bound"]

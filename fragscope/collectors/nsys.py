@@ -8,23 +8,34 @@ PID = ``(globalPid >> 24) & 0xFFFFFF``. API names come from ``StringIds`` and ca
 (``cudaLaunchKernel_v7000``); a CUDA-graph launch maps one correlation to many kernels.
 Format notes: ../shared/notes/formats-and-analyses.md section 3; contract: docs/trace.md.
 
-Speed: Python's sqlite3 builds one tuple per row (about 0.7 µs per value here), too slow for
-multi-million-kernel exports. With ``connectorx`` installed the columns are read by its Rust SQLite
-reader (about 2.4x faster than the stdlib fetch in bench/bench_trace.py); without it a stdlib
-fallback lets SQLite render each column as one ``group_concat`` string that numpy parses (about 2x
-faster than ``fetchall``). ``FRAGSCOPE_SQLITE_READER=stdlib`` forces the fallback.
+Speed (bench/bench_trace.py, 2 M kernels + 2 M launches; figures in docs/trace.md): Python's sqlite3
+builds one tuple per row (about 0.3 µs per value here), too slow for multi-million-kernel exports.
+
+- With ``connectorx`` installed its Rust SQLite reader fills numpy arrays (about 45 ns per value). Its
+  native ``read_sql`` is called directly: its public ``read_sql(return_type="pandas")`` wraps the same
+  arrays in a DataFrame, and importing pandas alone costs about 0.2 s here (on top of numpy), a sixth
+  of the whole run; ``return_type="arrow"`` needs pyarrow. If the native call fails, the public one
+  is tried, then the stdlib path.
+- Without it, SQLite renders each column of a rowid range as one ``group_concat`` string (one scan per
+  table for all its columns) that numpy parses (about 55 ns per value).
+- Both backends read the tables in parallel threads (SQLite and connectorx release the GIL), select
+  raw columns (SQLite evaluates packing expressions slower than it transfers values), filter runtime
+  rows with an ``OR`` chain when few API ids are wanted (see _OR_CHAIN_MAX), and join ops to their
+  launch calls in numpy.
+
+``FRAGSCOPE_SQLITE_READER=stdlib`` forces the fallback.
 """
 from __future__ import annotations
 
 import os
 import sqlite3
+import threading
 import urllib.parse
 import warnings
 
 import numpy as np
 
-from .kineto import (KERNEL, MEMCPY, MEMSET, OTHER, Timeline, TraceError, _link_by_key, base_api_name,
-                     classify_api)
+from .kineto import KERNEL, MEMCPY, MEMSET, OTHER, Timeline, TraceError, base_api_name, classify_api
 
 KERNEL_TABLE = "CUPTI_ACTIVITY_KIND_KERNEL"
 RUNTIME_TABLE = "CUPTI_ACTIVITY_KIND_RUNTIME"
@@ -35,24 +46,27 @@ PAGEABLE = 0  # ENUM_CUDA_MEM_KIND: 0 Pageable, 1 Pinned, 2 Device, 4 Managed ..
 
 EXPORT_HINT = "export with: nsys export --type sqlite report.nsys-rep"
 _CHUNK_ROWS = 2_000_000  # rows per group_concat string (stays far below SQLite's 1 GB string limit)
-
-
-def _pid_sql(col: str) -> str:
-    return f"((ifnull({col}, 0) >> 24) & 16777215)"
-
-
-def _key_sql(gcol: str) -> str:
-    # (PID << 32) | correlationId: one int64 join key; -1 when the row has no correlation
-    return f"CASE WHEN correlationId IS NULL THEN -1 ELSE ({_pid_sql(gcol)} << 32) | (correlationId & 4294967295) END"
+# Up to this many ids `a = x OR a = y ...` instead of `a IN (...)`: IN probes an ephemeral index, about
+# 0.2 s per 2 M rows whatever the list; a chain costs one comparison per id on rows that do not match
+# (0.20 s with 5 ids, 0.44 s with 16, in the worst order; 0.13 s when the first id matches).
+_OR_CHAIN_MAX = 4
+_PARTITION_MIN_ROWS = 500_000  # connectorx: split a table into rowid ranges read in parallel above this
+_PUBLIC_API_LOCK = threading.Lock()
 
 
 def _connect(path: str) -> sqlite3.Connection:
     uri = "file:" + urllib.parse.quote(os.path.abspath(path)) + "?mode=ro"
-    return sqlite3.connect(uri, uri=True)
+    return sqlite3.connect(uri, uri=True, check_same_thread=False)
 
 
 def _columns(conn: sqlite3.Connection, table: str) -> set[str]:
     return {r[1] for r in conn.execute(f'PRAGMA table_info("{table}")')}
+
+
+def _id_filter(col: str, ids: list[int]) -> str:
+    if len(ids) <= _OR_CHAIN_MAX:
+        return "(" + " OR ".join(f"{col} = {i}" for i in ids) + ")"
+    return f"{col} IN ({','.join(map(str, ids))})"
 
 
 def read_nsys(path: str, reader: str | None = None) -> Timeline:
@@ -72,6 +86,17 @@ def read_nsys(path: str, reader: str | None = None) -> Timeline:
         conn.close()
 
 
+class _Query:
+    """Integer columns of one table: (expression, value when NULL) pairs, an optional WHERE."""
+
+    def __init__(self, table: str, cols: list[tuple[str, int]], where: str = "", post=None) -> None:
+        self.table, self.cols, self.where, self.post = table, cols, where, post
+        self.result: list[np.ndarray] | None = None  # the columns, then what ``post`` made of them
+
+    def exprs(self) -> list[str]:
+        return [e for e, _ in self.cols]
+
+
 def _read(conn: sqlite3.Connection, path: str, tables: set[str], reader: str) -> Timeline:
     if KERNEL_TABLE not in tables:
         raise TraceError(f"cannot read {path}: not an Nsight Systems export (no {KERNEL_TABLE} table); "
@@ -86,15 +111,13 @@ def _read(conn: sqlite3.Connection, path: str, tables: set[str], reader: str) ->
         row = conn.execute("SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME LIMIT 1").fetchone()
         if row and row[0] is not None:
             epoch = int(row[0])
-    fetch = _Fetcher(conn, path, reader)
-    meta["reader"] = fetch.backend
+    fetch = _Fetcher(path, reader)
 
     kcols = _columns(conn, KERNEL_TABLE)
     missing = {"start", "end", "deviceId", "streamId"} - kcols
     if missing:
         raise TraceError(f"cannot read {path}: {KERNEL_TABLE} lacks column(s) {', '.join(sorted(missing))}; "
                          f"{EXPORT_HINT}")
-    parts = []  # (kind, start, end, device, stream, pid, key, bytes, copy_kind, pageable)
     # Communication kernels (HTA's COMM type: ^nccl, ncclKernel, ^hccl), by name id.
     comm_ids: list[int] = []
     name_col = "shortName" if "shortName" in kcols else ("demangledName" if "demangledName" in kcols else None)
@@ -102,27 +125,21 @@ def _read(conn: sqlite3.Connection, path: str, tables: set[str], reader: str) ->
         comm_ids = [int(r[0]) for r in conn.execute(
             "SELECT id FROM StringIds WHERE value LIKE 'nccl%' OR value LIKE 'hccl%' "
             "OR value LIKE '%ncclKernel%' OR value LIKE '%ncclDevKernel%'")]
-    kparts = _read_ops(fetch, KERNEL_TABLE, kcols, KERNEL,
-                       comm_expr=f"{name_col} IN ({','.join(map(str, comm_ids))})" if comm_ids else None)
-    parts.append(kparts)
+    op_queries = [(KERNEL, _ops_query(KERNEL_TABLE, kcols, KERNEL,
+                                      _id_filter(name_col, comm_ids) if comm_ids else None))]
     if MEMCPY_TABLE in tables:
-        parts.append(_read_ops(fetch, MEMCPY_TABLE, _columns(conn, MEMCPY_TABLE), MEMCPY))
+        op_queries.append((MEMCPY, _ops_query(MEMCPY_TABLE, _columns(conn, MEMCPY_TABLE), MEMCPY)))
     if MEMSET_TABLE in tables:
-        parts.append(_read_ops(fetch, MEMSET_TABLE, _columns(conn, MEMSET_TABLE), MEMSET))
-    cols = [np.concatenate([p[i] for p in parts]) for i in range(11)]
-    kind, start, end, dev, stream, pid, key, nbytes, ckind, pageable, comm = cols
-    if start.size == 0:
-        raise TraceError(f"cannot read {path}: no GPU activity (the kernel, memcpy and memset tables are empty)")
+        op_queries.append((MEMSET, _ops_query(MEMSET_TABLE, _columns(conn, MEMSET_TABLE), MEMSET)))
 
     # Host API calls: only the kinds the analysis uses (launches, syncs, copies, malloc/free).
+    ids: list[int] = []
     names: list[str] = []
-    c_start = c_end = c_key = np.zeros(0, dtype=np.int64)
-    c_name = np.zeros(0, dtype=np.int32)
-    c_kind = np.zeros(0, dtype=np.int8)
+    kinds: list[int] = []
+    call_query = None
     if RUNTIME_TABLE in tables and "StringIds" in tables:
         rcols = _columns(conn, RUNTIME_TABLE)
         if {"start", "end", "nameId", "correlationId", "globalTid"} <= rcols:
-            ids, names, kinds = [], [], []
             # API names all start with 'cu' (runtime cuda*, driver cu*): a cheap filter on StringIds.
             for sid, val in conn.execute("SELECT id, value FROM StringIds WHERE value LIKE 'cu%'"):
                 k = classify_api(val)
@@ -131,65 +148,137 @@ def _read(conn: sqlite3.Connection, path: str, tables: set[str], reader: str) ->
                     names.append(base_api_name(val))
                     kinds.append(k)
             if ids:
-                id_list = ",".join(str(i) for i in ids)
-                c_start, c_end, c_key, c_nid = fetch.columns(
-                    RUNTIME_TABLE, ["start", "end", _key_sql("globalTid"), "nameId"],
-                    where=f"nameId IN ({id_list})")
-                lut_ids = np.asarray(ids, dtype=np.int64)
-                order = np.argsort(lut_ids)
-                pos = order[np.searchsorted(lut_ids[order], c_nid)]
                 uniq: dict[str, int] = {}
                 name_idx = np.asarray([uniq.setdefault(n, len(uniq)) for n in names], dtype=np.int32)
-                c_name = name_idx[pos]
-                c_kind = np.asarray(kinds, dtype=np.int8)[pos]
+                call_query = _Query(RUNTIME_TABLE, [("start", 0), ("end", 0), ("globalTid", 0),
+                                                    ("correlationId", -1), ("nameId", -1)],
+                                    where=_id_filter("nameId", ids),
+                                    post=lambda got: _call_columns(got, ids, name_idx, kinds))
                 names = list(uniq)
-    op_launch = _link_by_key(key, c_key)
+            else:
+                names = []
+
+    # All tables at once, one thread each (the kernel and runtime tables dominate and are about equal).
+    queries = [q for _, q in op_queries] + ([call_query] if call_query else [])
+    fetch.run(queries)
+    meta["reader"] = fetch.backend
+
+    parts = [q.result for _, q in op_queries]
+    parts = [p for p in parts if p[1].size] or parts[:1]  # (no copy when only the kernel table has rows)
+    cols = [np.concatenate([p[i] for p in parts]) if len(parts) > 1 else parts[0][i] for i in range(11)]
+    kind, start, end, dev, stream, pid, key, nbytes, ckind, pageable, comm = cols
+    if start.size == 0:
+        raise TraceError(f"cannot read {path}: no GPU activity (the kernel, memcpy and memset tables are empty)")
+
+    c_start = c_end = c_key = np.zeros(0, dtype=np.int64)
+    c_name = np.zeros(0, dtype=np.int32)
+    c_kind = np.zeros(0, dtype=np.int8)
+    if call_query is not None:
+        c_start, c_end, c_key, c_name, c_kind = call_query.result
+    op_launch = _link(key, c_key)
     if SYNC_TABLE in tables:
         meta["gpu_sync_events"] = int(conn.execute(f'SELECT count(*) FROM "{SYNC_TABLE}"').fetchone()[0])
     return Timeline(
         source=path, format="nsys-sqlite", op_device=dev, op_stream=stream, op_pid=pid,
-        op_kind=kind.astype(np.int8), op_start=start, op_end=np.maximum(end, start), op_bytes=nbytes,
-        op_copy_kind=ckind.astype(np.int8), op_pageable=pageable.astype(bool), op_launch=op_launch,
-        op_comm=comm.astype(bool),
-        call_start=c_start, call_end=np.maximum(c_end, c_start), call_kind=c_kind, call_name=c_name,
+        op_kind=kind, op_start=start, op_end=end, op_bytes=nbytes,
+        op_copy_kind=ckind, op_pageable=pageable, op_launch=op_launch, op_comm=comm,
+        call_start=c_start, call_end=c_end, call_kind=c_kind, call_name=c_name,
         call_names=names, epoch_offset_ns=epoch, meta=meta)
 
 
-def _read_ops(fetch: "_Fetcher", table: str, cols: set[str], kind: int,
-              comm_expr: str | None = None) -> list[np.ndarray]:
-    # device, stream and PID packed into one integer (fewer columns to transfer: the read dominates):
-    # device (CUDA ordinal < 128) << 56 | stream (uint32) << 24 | PID (24 bits)
-    pid = _pid_sql("globalPid") if "globalPid" in cols else "0"
-    exprs = ["start", "end", f"((deviceId & 127) << 56) | ((streamId & 4294967295) << 24) | {pid}",
-             "ifnull(correlationId, -1)" if "correlationId" in cols else "-1"]
+def _ops_query(table: str, cols: set[str], kind: int, comm_expr: str | None = None) -> _Query:
+    # Raw columns where possible: device and stream packed in one value (two cheap operators, one
+    # value less to transfer); the PID is taken from globalPid in numpy.
+    q = [("start", 0), ("end", 0), ("(deviceId << 32) | (streamId & 4294967295)", 0),
+         ("globalPid" if "globalPid" in cols else "0", 0),
+         ("correlationId" if "correlationId" in cols else "-1", -1)]
     if kind != KERNEL:
-        exprs += ["ifnull(bytes, -1)" if "bytes" in cols else "-1"]
+        q.append(("bytes" if "bytes" in cols else "-1", -1))
     if kind == MEMCPY:
-        exprs += ["ifnull(copyKind, 0)" if "copyKind" in cols else "0",
-                  (f"(ifnull(srcKind, -1) = {PAGEABLE} OR ifnull(dstKind, -1) = {PAGEABLE})"
-                   if {"srcKind", "dstKind"} <= cols else "0")]
+        q.append(("copyKind" if "copyKind" in cols else "0", 0))
+        q.append((f"(ifnull(srcKind, -1) = {PAGEABLE} OR ifnull(dstKind, -1) = {PAGEABLE})"
+                  if {"srcKind", "dstKind"} <= cols else "0", 0))
     if comm_expr:
-        exprs.append(comm_expr)
-    got = fetch.columns(table, exprs)
-    n = got[0].size
-    start, end, grp, corr = got[:4]
-    dev = grp >> 56
-    stream = (grp >> 24) & 0xFFFFFFFF
-    pid = grp & 0xFFFFFF
-    key = np.where(corr >= 0, (pid << 32) | (corr & 0xFFFFFFFF), -1)
-    nbytes = got[4] if kind != KERNEL else np.full(n, -1, dtype=np.int64)
-    ckind = got[5] if kind == MEMCPY else np.zeros(n, dtype=np.int64)
-    pageable = got[6] if kind == MEMCPY else np.zeros(n, dtype=np.int64)
-    comm = got[-1] if comm_expr else np.zeros(n, dtype=np.int64)
+        q.append((comm_expr, 0))
+    return _Query(table, q, post=lambda got: _ops_columns(kind, got))
+
+
+def _ops_columns(kind: int, got: list[np.ndarray]) -> list[np.ndarray]:
+    # In place where possible: the arrays are ours, and every 16 MB temporary costs page faults.
+    start, end, dev_stream, gpid, corr = got[:5]
+    n = start.size
+    np.maximum(end, start, out=end)
+    dev = dev_stream >> 32
+    stream = np.bitwise_and(dev_stream, 0xFFFFFFFF, out=dev_stream)
+    key = _join_key(gpid, corr)
+    pid = np.right_shift(gpid, 24)
+    np.bitwise_and(pid, 0xFFFFFF, out=pid)
+    nbytes = got[5] if kind != KERNEL else np.full(n, -1, dtype=np.int64)
+    ckind = got[6].astype(np.int8) if kind == MEMCPY else np.zeros(n, dtype=np.int8)
+    pageable = got[7].astype(bool) if kind == MEMCPY else np.zeros(n, dtype=bool)
+    comm = got[5].astype(bool) if kind == KERNEL and len(got) > 5 else np.zeros(n, dtype=bool)
     return [np.full(n, kind, dtype=np.int8), start, end, dev, stream, pid, key, nbytes, ckind, pageable, comm]
 
 
-class _Fetcher:
-    """Reads integer columns of one table as numpy arrays (connectorx when available, else stdlib)."""
+def _call_columns(got: list[np.ndarray], ids: list[int], name_idx: np.ndarray,
+                  kinds: list[int]) -> list[np.ndarray]:
+    """Runtime rows -> start, end (>= start), join key, name index, call kind."""
+    c_start, c_end, c_gtid, c_corr, c_nid = got
+    c_key = _join_key(c_gtid, c_corr)
+    lut_ids = np.asarray(ids, dtype=np.int64)
+    if 0 <= lut_ids.min() and lut_ids.max() < 1 << 22:  # StringIds ids are small: a direct table
+        pos = np.zeros(int(lut_ids.max()) + 1, dtype=np.intp)
+        pos[lut_ids] = np.arange(lut_ids.size)
+        pos = pos[c_nid]
+    else:
+        order = np.argsort(lut_ids)
+        pos = order[np.searchsorted(lut_ids[order], c_nid)]
+    np.maximum(c_end, c_start, out=c_end)
+    return [c_start, c_end, c_key, name_idx[pos], np.asarray(kinds, dtype=np.int8)[pos]]
 
-    def __init__(self, conn: sqlite3.Connection, path: str, reader: str) -> None:
-        self.conn, self.path = conn, path
+
+def _join_key(global_id: np.ndarray, corr: np.ndarray) -> np.ndarray:
+    """(PID << 32) | correlationId, one int64 join key; -1 where there is no correlation. Consumes
+    ``corr`` (overwritten)."""
+    none = corr < 0
+    key = np.right_shift(global_id, 24)
+    np.bitwise_and(key, 0xFFFFFF, out=key)
+    np.left_shift(key, 32, out=key)
+    np.bitwise_and(corr, 0xFFFFFFFF, out=corr)
+    np.bitwise_or(key, corr, out=key)
+    if none.any():
+        key[none] = -1
+    return key
+
+
+def _link(op_key: np.ndarray, call_key: np.ndarray) -> np.ndarray:
+    """Index of the call with the same key for each op (-1: none; keys < 0 never match; among calls with
+    equal keys the first). Same result as kineto._link_by_key; runtime rows usually come in correlation
+    order, so the sort is skipped when the keys are already sorted."""
+    if not call_key.size or not op_key.size:
+        return np.full(op_key.size, -1, dtype=np.int64)
+    if call_key.size < 2 or bool((call_key[1:] >= call_key[:-1]).all()):
+        order, sk = None, call_key
+    else:
+        order = np.argsort(call_key, kind="stable")
+        sk = call_key[order]
+    pos = np.searchsorted(sk, op_key)
+    np.minimum(pos, sk.size - 1, out=pos)
+    hit = sk[pos] == op_key
+    hit &= op_key >= 0
+    if order is not None:
+        pos = order[pos]
+    return np.where(hit, pos, -1).astype(np.int64, copy=False)
+
+
+class _Fetcher:
+    """Reads integer columns of tables as int64 numpy arrays (connectorx when available, else stdlib),
+    one thread per table."""
+
+    def __init__(self, path: str, reader: str) -> None:
+        self.path = path
         self.backend = "stdlib"
+        self._cx = None
         if reader in ("auto", "connectorx"):
             try:
                 import connectorx  # noqa: F401
@@ -198,40 +287,141 @@ class _Fetcher:
             except ImportError:
                 if reader == "connectorx":
                     raise TraceError("connectorx is not installed (pip install connectorx)") from None
+        self._lock = threading.Lock()
 
-    def columns(self, table: str, exprs: list[str], where: str = "") -> list[np.ndarray]:
-        if self.backend == "connectorx":
+    def run(self, queries: list[_Query]) -> None:
+        errors: list[BaseException] = []
+
+        def work(q: _Query) -> None:
             try:
-                return self._cx(table, exprs, where)
-            except Exception:  # noqa: BLE001 -- any connectorx failure: fall back to the stdlib reader
-                self.backend = "stdlib"
-        return self._stdlib(table, exprs, where)
+                q.result = self._one(q)
+                if q.post is not None:  # in this thread too: numpy releases the GIL on large arrays
+                    q.result = q.post(q.result)
+            except BaseException as e:  # noqa: BLE001 -- re-raised in the calling thread
+                errors.append(e)
 
-    def _cx(self, table: str, exprs: list[str], where: str) -> list[np.ndarray]:
-        import connectorx as cx
+        threads = [threading.Thread(target=work, args=(q,), daemon=True) for q in queries[1:]]
+        for t in threads:
+            t.start()
+        if queries:
+            work(queries[0])
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
 
-        sel = ", ".join(f"{e} AS c{i}" for i, e in enumerate(exprs))
-        sql = f'SELECT {sel} FROM "{table}"' + (f" WHERE {where}" if where else "")
-        with warnings.catch_warnings():  # connectorx 0.4.6 uses a pandas API deprecated in pandas 3
-            warnings.simplefilter("ignore")
-            df = cx.read_sql("sqlite://" + urllib.parse.quote(os.path.abspath(self.path)), sql,
-                             return_type="pandas")
-        return [df[f"c{i}"].to_numpy(dtype=np.int64, na_value=-1) for i in range(len(exprs))]
+    def _one(self, q: _Query) -> list[np.ndarray]:
+        conn = _connect(self.path)
+        try:
+            # two statements: SQLite answers a lone min() or max() of the rowid from the b-tree's edge,
+            # but scans the whole table for both in one statement (0.1 s on 2 M kernels)
+            (lo,) = conn.execute(f'SELECT min(rowid) FROM "{q.table}"').fetchone()
+            (hi,) = conn.execute(f'SELECT max(rowid) FROM "{q.table}"').fetchone()
+            if lo is None:
+                return [np.zeros(0, dtype=np.int64) for _ in q.cols]
+            if self.backend == "connectorx":
+                try:
+                    return self._connectorx(q, int(lo), int(hi))
+                except Exception:  # noqa: BLE001 -- any connectorx failure: fall back to the stdlib reader
+                    with self._lock:
+                        self.backend = "stdlib"
+            return _stdlib(conn, q, int(lo), int(hi))
+        finally:
+            conn.close()
 
-    def _stdlib(self, table: str, exprs: list[str], where: str) -> list[np.ndarray]:
-        lo, hi = self.conn.execute(f'SELECT min(rowid), max(rowid) FROM "{table}"').fetchone()
-        out: list[list[np.ndarray]] = [[] for _ in exprs]
-        if lo is None:
-            return [np.zeros(0, dtype=np.int64) for _ in exprs]
-        cond = f" AND ({where})" if where else ""
-        for a in range(int(lo), int(hi) + 1, _CHUNK_ROWS):
-            rng = f"rowid >= {a} AND rowid < {a + _CHUNK_ROWS}{cond}"
-            for i, e in enumerate(exprs):
-                # One string per column and chunk: no per-row Python objects.
-                (s,) = self.conn.execute(f'SELECT group_concat(x) FROM (SELECT ifnull({e}, -1) AS x FROM "{table}" '
-                                         f'WHERE {rng} ORDER BY rowid)').fetchone()
-                out[i].append(np.fromstring(s, dtype=np.int64, sep=",") if s else np.zeros(0, dtype=np.int64))
-        return [np.concatenate(c) if len(c) > 1 else c[0] for c in out]
+    def _connectorx(self, q: _Query, lo: int, hi: int) -> list[np.ndarray]:
+        sel = ", ".join(f"{e} AS c{i}" for i, e in enumerate(q.exprs()))
+        sql = f'SELECT {sel} FROM "{q.table}"'
+        parts = _cx_parts(hi - lo + 1)
+        if parts <= 1:
+            return self._cx_read(q, sql + (f" WHERE {q.where}" if q.where else ""))
+        # Rowid ranges, one read_sql call each in its own thread, joined in rowid order (connectorx's
+        # own multi-query read returns the partitions in no fixed order).
+        step = (hi - lo + parts) // parts
+        cond = f" AND ({q.where})" if q.where else ""
+        sqls = [f"{sql} WHERE rowid >= {lo + i * step} AND rowid < {lo + (i + 1) * step}{cond}"
+                for i in range(parts)]
+        out: list = [None] * parts
+        errors: list[BaseException] = []
+
+        def work(i: int) -> None:
+            try:
+                out[i] = self._cx_read(q, sqls[i])
+            except BaseException as e:  # noqa: BLE001 -- re-raised below
+                errors.append(e)
+
+        threads = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(1, parts)]
+        for t in threads:
+            t.start()
+        work(0)
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+        return [np.concatenate([o[j] for o in out]) for j in range(len(q.cols))]
+
+    def _cx_read(self, q: _Query, sql: str) -> list[np.ndarray]:
+        conn = "sqlite://" + urllib.parse.quote(os.path.abspath(self.path))
+        try:
+            from connectorx.connectorx import read_sql as native  # the compiled module, without pandas
+
+            got = native(conn, "pandas", queries=[sql], protocol=None, partition_query=None,
+                         pre_execution_queries=None)
+            return _from_cx_blocks(got, q)
+        except Exception:  # noqa: BLE001 -- an internal API of another version: the public one
+            import connectorx as cx
+
+            # one at a time: catch_warnings swaps process-wide state, unsafe across threads
+            with _PUBLIC_API_LOCK, warnings.catch_warnings():  # connectorx 0.4.6 uses a pandas API
+                warnings.simplefilter("ignore")  # deprecated in pandas 3
+                df = cx.read_sql(conn, sql, return_type="pandas")
+            return [df[f"c{i}"].to_numpy(dtype=np.int64, na_value=nv) for i, (_, nv) in enumerate(q.cols)]
+
+
+def _cx_parts(rows: int) -> int:
+    """Rowid ranges to read one table in (in parallel threads); the kernel and runtime tables already
+    run side by side, so split further only with spare cores."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if rows < _PARTITION_MIN_ROWS:
+        return 1
+    return max(1, min(8, cpus // 2))
+
+
+def _from_cx_blocks(got: dict, q: _Query) -> list[np.ndarray]:
+    """connectorx's pandas blocks -> one int64 array per column (NULL -> the column's default)."""
+    out: list[np.ndarray | None] = [None] * len(q.cols)
+    for info, data in zip(got["block_infos"], got["data"]):
+        if info.dt == 0:  # plain 2-D numpy block: one row per column id
+            arr = np.asarray(data)
+            for j, cid in enumerate(info.cids):
+                out[cid] = arr[j] if arr.ndim == 2 else arr
+        elif info.dt == 1:  # nullable integers: (values, mask)
+            values, mask = data
+            cid = info.cids[0]
+            v = np.asarray(values)
+            if mask.any():
+                v = np.where(mask, q.cols[cid][1], v)
+            out[cid] = v
+        else:
+            raise TypeError(f"unexpected connectorx block type {info.dt}")
+    if any(o is None for o in out):
+        raise TypeError("connectorx returned fewer columns than asked")
+    return [np.require(o, np.int64, ["C", "W"]) for o in out]  # type: ignore[arg-type]
+
+
+def _stdlib(conn: sqlite3.Connection, q: _Query, lo: int, hi: int) -> list[np.ndarray]:
+    # One scan per chunk of rows for all columns; each column comes back as one string (no per-row
+    # Python objects). group_concat skips NULLs, hence ifnull: the columns stay aligned.
+    inner = ", ".join(f"ifnull({e}, {nv}) AS x{i}" for i, (e, nv) in enumerate(q.cols))
+    outer = ", ".join(f"group_concat(x{i})" for i in range(len(q.cols)))
+    cond = f" AND ({q.where})" if q.where else ""
+    out: list[list[np.ndarray]] = [[] for _ in q.cols]
+    for a in range(lo, hi + 1, _CHUNK_ROWS):
+        row = conn.execute(f'SELECT {outer} FROM (SELECT {inner} FROM "{q.table}" WHERE rowid >= {a} AND '
+                           f'rowid < {a + _CHUNK_ROWS}{cond} ORDER BY rowid)').fetchone()
+        for i, s in enumerate(row):
+            out[i].append(np.fromstring(s, dtype=np.int64, sep=",") if s else np.zeros(0, dtype=np.int64))
+    return [np.concatenate(c) if len(c) > 1 else c[0] for c in out]
 
 
 __all__ = ["read_nsys", "EXPORT_HINT", "MEMSET"]
