@@ -122,6 +122,9 @@ def server():
         "/trickle": trickle,
         "/huge": huge,
         "/gzip": gz,
+        "/redirect": lambda h: _send(h, b"", status=307, extra={"Location": "/static"}),
+        "/loop": lambda h: _send(h, b"", status=307, extra={"Location": "/loop"}),
+        "/gzip-bomb": lambda h: _send(h, gzip.compress(b"a 1\n" * 5_000_000), extra={"Content-Encoding": "gzip"}),
     }
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     srv.daemon_threads = True
@@ -161,6 +164,17 @@ class TestHttpGet:
             http_get(url + path, timeout_s=30.0)
         assert words in str(ei.value) and "\n" not in str(ei.value)
         assert ei.value.reason is reason
+
+    def test_redirects_followed_and_bounded(self, server):
+        url, _ = server  # Starlette answers /metrics with 307 -> /metrics/ in some vLLM versions
+        assert "vllm:num_preemptions_total" in http_get(url + "/redirect", timeout_s=30.0)
+        with pytest.raises(FetchError, match="too many redirects"):
+            http_get(url + "/loop", timeout_s=30.0)
+
+    def test_gzip_bomb_stops_at_the_cap(self, server):
+        url, _ = server  # 20 MB of text in ~20 kB of gzip
+        with pytest.raises(FetchError, match="over the 1000000 byte limit"):
+            http_get(url + "/gzip-bomb", max_bytes=1_000_000, timeout_s=30.0)
 
     def test_size_cap(self, server):
         url, _ = server
