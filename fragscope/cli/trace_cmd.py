@@ -41,6 +41,9 @@ def trace_cmd(file: str, fmt: str, fail_on: str) -> int:
     w = analysis["window"]
     report = Report(window=(w["start"] or float("nan"), w["end"] or float("nan")), findings=findings,
                     inconclusive=[Inconclusive(**i) for i in analysis["inconclusive"]], source=file)
+    from ..playbooks import attach_playbooks
+
+    attach_playbooks(report)  # timeline verdicts leave the detector without a playbook
     if fmt == "json":
         out = dict(analysis)
         out["findings"] = [f.to_dict() for f in rank_findings(findings)]
