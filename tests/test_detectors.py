@@ -211,3 +211,18 @@ def test_gaps_in_a_source_are_not_zero():
     f = build_frame(Window.from_columns(cols))
     u = f.gpu["0"]["gpu_utilization_ratio"]
     assert np.isnan(u).sum() > 60 and np.nanmin(u) == pytest.approx(0.9)
+
+
+def test_dcgm_clocks_event_bitmask_names_the_reason():
+    """dcgm-exporter's DCGM_FI_DEV_CLOCKS_EVENT_REASONS carries NVML's reason bits."""
+    from fragscope.model import Series
+
+    w, _ = to_window(Scenario(kind="clock-throttling", gpu_source="dcgm", daily_wave=False))
+    clk = w.select("DCGM_FI_DEV_SM_CLOCK")[0]
+    mask = np.where(clk.values < 1900, 0x40 | 0x8, 0x0).astype(float)  # hw_thermal + hw_slowdown
+    key = SeriesKey("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", clk.key.labels)
+    w.series[key] = Series(key, clk.ts, mask, "gauge")
+    f = [f for f in diagnose(w).findings if f.id == "clock-throttling"][0]
+    assert "hw_thermal_slowdown" in f.summary and not f.missing
+    ev = {e.signal: e for e in f.evidence}
+    assert ev["gpu_throttle_reason_active{reason=hw_thermal_slowdown}"].agrees
