@@ -98,3 +98,10 @@ def test_explain():
     assert r.returncode == 2 and "unknown diagnosis" in r.stderr
     r = cli("explain", "kv-cache-pressure", "--format", "json")
     assert json.loads(r.stdout)["id"] == "kv-cache-pressure"
+
+
+def test_usage_errors_are_one_line():
+    for args in (["--bogus"], ["explain"], [ROOT]):
+        r = cli(*args)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Usage:" not in r.stderr, r.stderr
+        assert " run " not in r.stderr  # the internal default command's name does not leak

@@ -59,6 +59,13 @@ def _run(group: click.Group, prog: str) -> None:
         rc = group.main(prog_name=prog, standalone_mode=False)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
+    except click.UsageError as e:
+        # one line, like every other input error (click's default prints a usage block)
+        path = e.ctx.command_path if e.ctx is not None else prog
+        if path.endswith(f" {DefaultGroup.default_cmd}"):
+            path = path[: -len(DefaultGroup.default_cmd) - 1]
+        click.echo(f"{prog}: error: {e.format_message()} (see '{path} --help')", err=True)
+        sys.exit(EXIT_USAGE)
     except click.ClickException as e:
         e.show()
         sys.exit(e.exit_code if e.exit_code else EXIT_USAGE)

@@ -168,7 +168,8 @@ def _live_window(agent, vllm, dcgm, since, duration, interval, default_since: st
             fail(str(e))
     if vllm or dcgm:
         dur = _duration(duration, "--duration", "2m")
-        ivl = _duration(interval, "--interval", "5s")
+        # default: 5 s, or fewer seconds for a short --duration (at least 10 samples)
+        ivl = _duration(interval, "--interval", "5s") if interval else max(MIN_INTERVAL_S, min(5.0, dur / 10))
         if dur > MAX_LIVE_DURATION_S:
             fail(f"--duration: at most 24h (got {duration}); for longer, run `fragscope agent`")
         if ivl < MIN_INTERVAL_S:
