@@ -3,7 +3,7 @@
     python bench/bench_ingest.py [--repeat 3] [--kind allocator-fragmentation] [--keep DIR]
 
 Prints, for one generated OpenMetrics file with every signal (~165k lines, ~19 MB):
-  fragscope   read_recording + detectors.diagnose (best of --repeat)
+  fragscope   read_recording + playbooks.diagnose (detectors + playbooks) (best of --repeat)
   promtool    tsdb create-blocks-from openmetrics FILE DIR (Debian package prometheus; skipped if absent)
   prometheus_client text_string_to_metric_families on the Prometheus-text twin of the file (ms timestamps;
               its OpenMetrics parser rejects multi-point histograms, so it gets the text format)
@@ -51,7 +51,7 @@ def main() -> int:
     print(f"recording: {a.kind}, 8 h at 15 s: {lines:,} lines, {os.path.getsize(om) / 1e6:.1f} MB "
           f"(generated in {time.perf_counter() - t:.2f} s) -> {om}")
 
-    from fragscope.detectors import diagnose
+    from fragscope.playbooks import diagnose
 
     t_read, w = best_of(lambda: read_recording(om), a.repeat)
 

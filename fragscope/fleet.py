@@ -364,7 +364,7 @@ def build_targets(cols: Mapping[SeriesKey, tuple[np.ndarray, np.ndarray]], types
 def diagnose_targets(targets: list[FleetTarget], diagnose: Callable[[Window], Report] | None = None) -> float:
     """Run the detectors on each target; a failure is kept on its target, never stops the fleet."""
     if diagnose is None:
-        from .detectors import diagnose as diagnose  # noqa: PLC0415
+        from .playbooks import diagnose as diagnose  # noqa: PLC0415
     t0 = time.perf_counter()
     for t in targets:
         try:

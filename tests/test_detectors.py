@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from fragscope.detectors import diagnose
+from fragscope.playbooks import diagnose
 from fragscope.detectors.block_size import expected_waste, recommend_block_size
 from fragscope.detectors.frame import build_frame, counter_increases, histogram_quantile
 from fragscope.model import SeriesKey, Severity, Window

@@ -358,7 +358,7 @@ class Agent:
             if self._detect is not None:
                 report = self._detect(w)
             else:
-                from ..detectors import diagnose
+                from ..playbooks import diagnose
 
                 report = diagnose(w)
             if self._capture is not None:
