@@ -238,6 +238,12 @@ def test_profile_capture(tmp_path):
     assert json.loads(Path(att["path"]).read_text()) == KINETO  # complete, not the half-written file
     assert Path(att["source_path"]).exists()  # copied, the engine's file left in place
     assert isinstance(att["verdict"], str) and att["verdict"]
+    # the profile's kernel gaps become signals the agent records (fragscope_kernel_gap_seconds)
+    samples = m.pop_samples()
+    names = {s.name for s in samples}
+    assert "fragscope_kernel_gap_seconds" in names or "fragscope_gpu_idle_ratio" in names, samples
+    assert all(s.ts == att["captured_at"] for s in samples)
+    assert m.pop_samples() == []  # drained
 
 
 def test_profile_not_enabled_and_unreachable(tmp_path):

@@ -155,6 +155,7 @@ class CaptureManager:
         self._history: list[float] = self._existing_capture_times()
         self.budget_skips = 0
         self._budget_logged = False
+        self._samples: list = []  # timeline samples from profiles, drained by pop_samples()
 
     # -- budget ---------------------------------------------------------------------------------
     def _existing_capture_times(self) -> list[float]:
@@ -231,6 +232,12 @@ class CaptureManager:
                 ep.attachments.append(a)
                 new.append(a)
         return new
+
+    def pop_samples(self) -> list:
+        """fragscope_kernel_gap_seconds / fragscope_gpu_idle_ratio samples from profiles taken since
+        the last call (the agent adds them to its history)."""
+        out, self._samples = self._samples, []
+        return out
 
     def attachments_for(self, finding) -> list[dict]:
         """Attachments captured for this finding's current episode (to re-attach on every run)."""
@@ -456,7 +463,12 @@ class CaptureManager:
             att["ok"], att["verdict"] = True, "analysis unavailable"
             return
         try:
-            att["verdict"], att["summary"] = _verdict_of(analyse_trace_file(dest))
+            result = analyse_trace_file(dest)
+            att["verdict"], att["summary"] = _verdict_of(result)
+            from ..detectors.timeline import trace_samples
+
+            # kernel-gap quantiles and idle share, recorded as signals by the agent (pop_samples)
+            self._samples.extend(trace_samples(result[0], float(att.get("captured_at") or self._clock())))
         except Exception as e:
             att["verdict"] = f"analysis failed: {_one_line(e)}"
         att["ok"] = True

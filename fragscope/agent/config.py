@@ -175,6 +175,10 @@ _KEYS: dict[str, tuple[str, Any, str]] = {
     "detect.step": ("detect_step", parse_duration, "resolution of the in-memory detection window"),
     "capture.enabled": ("capture_enabled", _bool, "capture deep evidence (snapshots, traces) on findings"),
     "capture.max_per_hour": ("capture_max_per_hour", _pos_int, "rate limit of captures"),
+    "capture.profiler_dir": ("capture_profiler_dir", _opt_str,
+                             "the engine's torch profiler directory (VLLM_TORCH_PROFILER_DIR) as the agent sees it"),
+    "capture.profile_every": ("capture_profile_every", parse_duration,
+                              "take a short profile this often for kernel-gap signals (0: only on findings)"),
     "collector.max_backoff": ("max_backoff", parse_duration, "longest wait between retries of a failing collector"),
     "api.max_points": ("api_max_points", _pos_int, "largest number of points one API response carries"),
 }
@@ -224,6 +228,8 @@ class AgentConfig:
     detect_step: float = 15.0
     capture_enabled: bool = False
     capture_max_per_hour: int = 4
+    capture_profiler_dir: str | None = None
+    capture_profile_every: float = 0.0  # e.g. 600 (10 min): fragscope_kernel_gap_seconds every 10 min
     max_backoff: float = 60.0
     api_max_points: int = 500_000
     sources: dict[str, str] = field(default_factory=dict)  # key -> "default" | "file" | "env" | "flag"

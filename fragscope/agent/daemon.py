@@ -288,7 +288,8 @@ class Agent:
             urls = tuple(u[: -len("/metrics")] if u.rstrip("/").endswith("/metrics") else u
                          for u in (x.rstrip("/") for x in self.cfg.vllm_urls))
             self._capture = CaptureManager(out, probe_dir=self.cfg.probe_dir, vllm_urls=urls,
-                                           max_per_hour=self.cfg.capture_max_per_hour)
+                                           max_per_hour=self.cfg.capture_max_per_hour,
+                                           profiler_dir=self.cfg.capture_profiler_dir)
         except Exception as e:  # noqa: BLE001
             log.error("capture: disabled (%s)", _one_line(e))
 
@@ -390,12 +391,35 @@ class Agent:
         st.detector.cpu_seconds += time.thread_time() - c0
         st.bump()
 
+    def _record(self, samples: list) -> None:
+        """Samples produced outside a collector (timeline captures): into the ring and history."""
+        if not samples:
+            return
+        self.state.ring.add(samples)
+        if self.state.store is not None:
+            self.state.store.append(samples)
+        self.state.bump()
+
     def _capture_loop(self) -> None:
         """Captures block for seconds (a profile, a snapshot): they run here, never in the detector
         thread. Attachments are kept per (finding id, subject) and re-attached on every run."""
+        every = float(self.cfg.capture_profile_every or 0.0)
+        next_profile = time.monotonic() + min(every, 60.0) if every > 0 else math.inf
         while not self._stop.is_set():
             self._capture_wake.wait(1.0)
             self._capture_wake.clear()
+            if time.monotonic() >= next_profile:
+                # periodic short profile: the kernel-gap signals of the time series (issue 2)
+                next_profile = time.monotonic() + every
+                try:
+                    left = self._capture.budget_left(time.time())  # periodic ones count too
+                    if self.cfg.vllm_urls and self.cfg.capture_profiler_dir and (left is None or left > 0):
+                        att = self._capture.capture("profile", time.time())
+                        if not att.get("ok"):
+                            log.warning("periodic profile: %s", att.get("error") or att.get("verdict"))
+                except Exception as e:  # noqa: BLE001
+                    log.error("periodic profile failed (%s)", _one_line(e))
+                self._record(self._capture.pop_samples())
             if not self._capture_q:
                 continue
             findings, now = self._capture_q.pop()
@@ -404,6 +428,7 @@ class Agent:
             except Exception as e:  # noqa: BLE001
                 log.error("capture: failed (%s)", _one_line(e))
                 continue
+            self._record(self._capture.pop_samples())
             if new:
                 with self._att_lock:
                     for a in new:
