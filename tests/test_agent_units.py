@@ -342,8 +342,11 @@ def test_scheduler_isolates_hung_and_failing_collectors_and_captures_off_thread(
     calls = []
 
     class SlowCapture:
-        def __init__(self, out_dir, probe_dir=None, vllm_urls=(), max_per_hour=4):
+        def __init__(self, out_dir, probe_dir=None, vllm_urls=(), max_per_hour=4, profiler_dir=None):
             calls.append(("init", tuple(vllm_urls)))
+
+        def pop_samples(self):
+            return []
 
         def on_findings(self, findings, now):
             time.sleep(1.5)  # a profile takes seconds: must not hold the detectors

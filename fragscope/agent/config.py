@@ -48,6 +48,15 @@ def parse_duration(v: Any, what: str = "duration") -> float:
     return secs
 
 
+def _duration_or_off(v: Any, what: str = "duration") -> float:
+    """A duration, or 0 / "off" for never."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and float(v) == 0.0:
+        return 0.0
+    if str(v).strip().lower() in ("0", "0s", "off", "never", "false"):
+        return 0.0
+    return parse_duration(v, what)
+
+
 def parse_size(v: Any, what: str = "size") -> int:
     """``1073741824`` / ``"512MB"`` / ``"1GiB"`` -> bytes (int, > 0)."""
     if isinstance(v, bool):
@@ -177,7 +186,7 @@ _KEYS: dict[str, tuple[str, Any, str]] = {
     "capture.max_per_hour": ("capture_max_per_hour", _pos_int, "rate limit of captures"),
     "capture.profiler_dir": ("capture_profiler_dir", _opt_str,
                              "the engine's torch profiler directory (VLLM_TORCH_PROFILER_DIR) as the agent sees it"),
-    "capture.profile_every": ("capture_profile_every", parse_duration,
+    "capture.profile_every": ("capture_profile_every", _duration_or_off,
                               "take a short profile this often for kernel-gap signals (0: only on findings)"),
     "collector.max_backoff": ("max_backoff", parse_duration, "longest wait between retries of a failing collector"),
     "api.max_points": ("api_max_points", _pos_int, "largest number of points one API response carries"),
