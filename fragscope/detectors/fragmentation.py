@@ -37,6 +37,7 @@ class Config:
     # blocks) and >= 3 agreeing signals in all; or >= 3 noise scales and >= 4 agreeing signals.
     frag_early: float = 0.005
     early_sigmas: float = 2.0
+    early_recent_s: float = 300.0
     # non-releasable split blocks (what empty_cache() cannot return), share of reserved
     inactive_rise: float = 0.03
     # steady-state serving should never retry a cudaMalloc: any sustained retry rate counts
@@ -88,6 +89,12 @@ def _detect_gpu(f: Frame, g: str, sp: stats.Spans, cfg: Config, tput, demand, ba
     agree = 0
     strong = ch.delta >= cfg.frag_rise or ch.recent >= cfg.frag_high
     early = ch.delta >= max(cfg.frag_early, cfg.early_sigmas * ch.scale)
+    if not early and f.end - sp.recent[0] > cfg.early_recent_s + 2 * f.step:
+        # minutes after an onset the last 10 minutes still hold pre-onset points: look at the last 5
+        last = stats.Spans(sp.base, (f.end - cfg.early_recent_s, f.end))
+        ch5 = stats.change(f, fr, last, floor_abs=0.003)
+        if ch5.known and ch5.delta >= max(cfg.frag_early, cfg.early_sigmas * ch5.scale):
+            early, ch = True, ch5
     frag_ev = Evidence("torch_fragmentation_ratio", ch.recent, ch.baseline, ch.baseline + cfg.frag_rise,
                        "ratio", sp.recent,
                        f"(reserved − allocated) / reserved; {common.fmt_bytes(slack_r)} unusable", strong or early)
@@ -117,7 +124,10 @@ def _detect_gpu(f: Frame, g: str, sp: stats.Spans, cfg: Config, tput, demand, ba
         inc_b = stats.increase(f, cum, sp.base)
         rr = inc_r / dur_r * 60 if math.isfinite(inc_r) else math.nan
         rb = inc_b / dur_b * 60 if math.isfinite(inc_b) else math.nan
-        ok = math.isfinite(rr) and rr >= cfg.retries_per_min  # absolute: steady serving never retries
+        # absolute: steady serving never retries, so a sustained rate, or retries appearing where the
+        # baseline had none, is the allocator failing to find blocks
+        ok = math.isfinite(rr) and (rr >= cfg.retries_per_min or
+                                    (inc_r >= 1 and (not math.isfinite(inc_b) or inc_b == 0)))
         if ok:
             retry_onset = stats.onset_time(f, retries * 60, cfg.retries_per_min / 2, 1)
         evidence.append(Evidence("torch_alloc_retries_per_minute", rr, rb, cfg.retries_per_min, "/min",

@@ -82,6 +82,11 @@ def detect(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive:
     for g in f.gpus():
         if common.throttle_fact(f, g, sp).present:
             return []
+        clk = f.gpu[g].get("gpu_sm_clock_hertz")
+        if clk is not None and np.isfinite(clk).any():  # clocks fell, reasons or not: not plain load
+            c = stats.change(f, clk, sp, direction=-1, floor_rel=0.01)
+            if c.known and c.baseline > 0 and 1 - c.recent / c.baseline >= 0.10:
+                return []
     if pre.evidence is not None:
         pre.evidence.note = "no preemption storm"
         pre.evidence.agrees = True

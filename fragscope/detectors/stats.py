@@ -166,6 +166,36 @@ def slope_per_hour(f: Frame, x: np.ndarray, span: tuple[float, float]) -> tuple[
     return float(a), r2
 
 
+def binned_slope_per_hour(f: Frame, x: np.ndarray, span: tuple[float, float], bins: int = 24
+                          ) -> tuple[float, float]:
+    """Slope and R² of the medians of ``bins`` equal time bins over ``span``: "grows steadily"
+    judged on the trend, not on scrape-to-scrape noise (a noisy allocator reading scores a low R²
+    on raw points even when it climbs every hour)."""
+    m = mask(f, span) & np.isfinite(x)
+    if m.sum() < 5:
+        return math.nan, math.nan
+    t, v = f.t[m], x[m]
+    edges = np.linspace(t[0], t[-1], min(bins, max(3, t.size // 3)) + 1)
+    idx = np.clip(np.searchsorted(edges, t, side="right") - 1, 0, edges.size - 2)
+    tb, vb = [], []
+    for b in range(edges.size - 1):
+        sel = idx == b
+        if sel.any():
+            tb.append(float(np.median(t[sel])))
+            vb.append(float(np.median(v[sel])))
+    if len(tb) < 3:
+        return math.nan, math.nan
+    tt = (np.array(tb) - tb[0]) / 3600.0
+    yy = np.array(vb)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        a, b0 = np.polyfit(tt, yy, 1)
+    pred = a * tt + b0
+    ss_res = float(np.sum((yy - pred) ** 2))
+    ss_tot = float(np.sum((yy - yy.mean()) ** 2))
+    return float(a), (1.0 - ss_res / ss_tot if ss_tot > 0 else 0.0)
+
+
 def share_true(f: Frame, cond: np.ndarray, span: tuple[float, float], valid: np.ndarray | None = None) -> float:
     m = mask(f, span)
     if valid is not None:
