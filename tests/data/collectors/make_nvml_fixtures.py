@@ -99,4 +99,9 @@ def main(src):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "/work/shared/data/nvidia-smi")
+    src = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", "..", "..", "..",
+                                                               "shared", "data", "nvidia-smi")
+    if not os.path.isdir(src):  # a clean clone has no ../shared: the committed fixtures stand
+        print(f"skipping: {src} not present (the committed fixtures are used as they are)")
+        sys.exit(0)
+    main(src)
