@@ -9,7 +9,7 @@ import time
 import click
 
 from .common import fail
-from .render import fmt_ts, fmt_value, print_report, report_exit_code
+from .render import _json_default, fmt_ts, fmt_value, print_report, report_exit_code
 
 _OPTS = ("prometheus", "since", "start", "end", "step", "selector", "bearer_token", "bearer_token_file",
          "basic_auth", "headers", "ca_bundle", "insecure", "prom_timeout")
@@ -159,14 +159,6 @@ def run_fleet(ctx: click.Context, fmt: str, fail_on: str, **opts) -> "int | None
         render_fleet(report, sys.stdout)
     rcs = [report_exit_code(t.report, fail_on) for t in report.targets if t.report is not None]
     return max(rcs, default=0)
-
-
-def _json_default(o):
-    if hasattr(o, "item"):
-        return o.item()
-    if hasattr(o, "to_dict"):
-        return o.to_dict()
-    return str(o)
 
 
 def render_fleet(report, out) -> None:
