@@ -1,11 +1,9 @@
 """Agent building blocks in-process: config precedence, SQLite history, OpenMetrics writer, exporter."""
 from __future__ import annotations
 
-import io
 import math
 import os
 import shutil
-import sqlite3
 import subprocess
 import sys
 import time
@@ -18,11 +16,6 @@ from fragscope.agent.daemon import AgentState, CollectorHealth, Ring
 from fragscope.agent.store import Store, infer_types, series_type
 from fragscope.collectors.exposition import parse_text, read_recording, scrape_samples
 from fragscope.model import Evidence, Finding, Inconclusive, Report, Sample, Severity, make_labels
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "agent")
 

@@ -2,14 +2,11 @@
 from __future__ import annotations
 
 import gzip
-import math
 import os
 
-import numpy as np
 import pytest
 
 from fragscope.collectors.exposition import ParseError, parse_text, read_recording
-from fragscope.model import SeriesKey
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "collectors")
 

@@ -5,7 +5,6 @@ diagnosis as ``diagnose FILE`` for every pod; fleet outliers; range splitting; t
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys

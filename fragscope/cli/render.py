@@ -6,7 +6,6 @@ import math
 import sys
 from datetime import datetime, timezone
 
-import click
 
 from ..model import Report, Severity, rank_findings
 

@@ -55,7 +55,6 @@ def detect(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive:
         # A full pool without preemptions is a busy server (capacity-saturation), not pressure.
         return []
     agree += 1
-    demand = common.demand_unchanged_fact(f, sp)
     wait = f.engine.get("requests_waiting")
     if wait is not None and np.isfinite(wait).any():
         share = stats.share_true(f, np.nan_to_num(wait) >= 1, sp.recent, np.isfinite(wait))

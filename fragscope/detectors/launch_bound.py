@@ -139,7 +139,7 @@ def detect(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive:
         if math.isfinite(g50):
             bits.append(f"kernel gaps p50 {common.fmt_seconds(g50)}" +
                         (f", p99 {common.fmt_seconds(g99)}" if math.isfinite(g99) else ""))
-        summary += " " + ", ".join(bits) + f" while requests run; no preemptions, memory healthy."
+        summary += " " + ", ".join(bits) + " while requests run; no preemptions, memory healthy."
         missing = [m for m, have in (("fragscope_kernel_gap_seconds", math.isfinite(g50)),
                                      ("fragscope_gpu_idle_ratio", math.isfinite(i)),
                                      ("gpu utilization", math.isfinite(u))) if not have]
