@@ -5,7 +5,6 @@ import math
 import os
 import shutil
 import subprocess
-import sys
 import time
 
 import pytest
