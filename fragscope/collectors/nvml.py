@@ -228,27 +228,24 @@ class PynvmlBackend:
         return int(self._call(nv.nvmlDeviceGetMaxClockInfo, h,
                               nv.NVML_CLOCK_SM if kind == "sm" else nv.NVML_CLOCK_MEM))
 
-    def clock_event_reasons(self, h) -> int:
-        nv = self._nv
-        fn = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
+    def _renamed(self, new: str, old: str, h) -> int:
+        """Call NVML's current name, falling back to the pre-535 one ("Throttle" -> "Events")."""
+        fn = getattr(self._nv, new, None)
         if fn is not None:
             try:
                 return int(self._call(fn, h))
             except NotAvailable as e:
                 if e.reason is not Reason.UNSUPPORTED:
                     raise
-        return int(self._call(nv.nvmlDeviceGetCurrentClocksThrottleReasons, h))  # drivers < 535
+        return int(self._call(getattr(self._nv, old), h))
+
+    def clock_event_reasons(self, h) -> int:
+        return self._renamed("nvmlDeviceGetCurrentClocksEventReasons",
+                             "nvmlDeviceGetCurrentClocksThrottleReasons", h)
 
     def supported_clock_event_reasons(self, h) -> int:
-        nv = self._nv
-        fn = getattr(nv, "nvmlDeviceGetSupportedClocksEventReasons", None)
-        if fn is not None:
-            try:
-                return int(self._call(fn, h))
-            except NotAvailable as e:
-                if e.reason is not Reason.UNSUPPORTED:
-                    raise
-        return int(self._call(nv.nvmlDeviceGetSupportedClocksThrottleReasons, h))
+        return self._renamed("nvmlDeviceGetSupportedClocksEventReasons",
+                             "nvmlDeviceGetSupportedClocksThrottleReasons", h)
 
     def temperature_c(self, h) -> int:
         return int(self._call(self._nv.nvmlDeviceGetTemperature, h, self._nv.NVML_TEMPERATURE_GPU))

@@ -152,18 +152,21 @@ def slope_per_hour(f: Frame, x: np.ndarray, span: tuple[float, float]) -> tuple[
     m = mask(f, span) & np.isfinite(x)
     if m.sum() < 5:
         return math.nan, math.nan
-    tt = (f.t[m] - f.t[m][0]) / 3600.0
-    yy = x[m]
+    return _linfit(f.t[m], x[m])
+
+
+def _linfit(t: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """Least-squares slope per hour and R² of ``y`` over times ``t`` (seconds)."""
+    tt = (np.asarray(t, dtype=float) - t[0]) / 3600.0
+    yy = np.asarray(y, dtype=float)
     if np.ptp(tt) <= 0:
         return math.nan, math.nan
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         a, b = np.polyfit(tt, yy, 1)
-    pred = a * tt + b
-    ss_res = float(np.sum((yy - pred) ** 2))
+    ss_res = float(np.sum((yy - (a * tt + b)) ** 2))
     ss_tot = float(np.sum((yy - yy.mean()) ** 2))
-    r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else 0.0
-    return float(a), r2
+    return float(a), (1.0 - ss_res / ss_tot if ss_tot > 0 else 0.0)
 
 
 def binned_slope_per_hour(f: Frame, x: np.ndarray, span: tuple[float, float], bins: int = 24
@@ -185,15 +188,7 @@ def binned_slope_per_hour(f: Frame, x: np.ndarray, span: tuple[float, float], bi
             vb.append(float(np.median(v[sel])))
     if len(tb) < 3:
         return math.nan, math.nan
-    tt = (np.array(tb) - tb[0]) / 3600.0
-    yy = np.array(vb)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        a, b0 = np.polyfit(tt, yy, 1)
-    pred = a * tt + b0
-    ss_res = float(np.sum((yy - pred) ** 2))
-    ss_tot = float(np.sum((yy - yy.mean()) ** 2))
-    return float(a), (1.0 - ss_res / ss_tot if ss_tot > 0 else 0.0)
+    return _linfit(np.array(tb), np.array(vb))
 
 
 def share_true(f: Frame, cond: np.ndarray, span: tuple[float, float], valid: np.ndarray | None = None) -> float:
