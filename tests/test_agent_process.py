@@ -328,3 +328,59 @@ def test_print_config_from_env_and_file(tmp_path):
     assert r.returncode == 0, r.stderr
     assert 'listen = "127.0.0.1:9555"  # env' in r.stdout and "interval = 3  # flag" in r.stdout
     assert 'urls = ["http://engine:8000/metrics"]  # file' in r.stdout and "interval = 45  # file" in r.stdout
+
+
+_FAKETIME = next((p for p in ("/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1",
+                              "/usr/lib/aarch64-linux-gnu/faketime/libfaketimeMT.so.1",
+                              "/usr/lib/faketime/libfaketimeMT.so.1") if os.path.exists(p)), None)
+
+
+@pytest.mark.skipif(_FAKETIME is None, reason="libfaketime not installed (Debian package faketime; .ci/run installs it)")
+def test_wall_clock_jumps_keep_history_and_detection(replay, tmp_path):
+    """The real agent under libfaketime: its wall clock is stepped back 2 h, then forward again,
+    while it runs (the monotonic clock is left alone, as on a real host when NTP steps the time)."""
+    base, d = replay
+    clock = tmp_path / "faketime.rc"
+    clock.write_text("+0\n")
+    env = {"LD_PRELOAD": _FAKETIME, "FAKETIME_TIMESTAMP_FILE": str(clock), "FAKETIME_NO_CACHE": "1",
+           "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+    a = Agent(["--vllm", base + "/vllm/metrics", "--dcgm", base + "/dcgm/metrics"], str(tmp_path), env=env)
+    t0 = time.time()
+    # an absolute range around the real time: after the jump back "now" is 2 h earlier
+    q = f"/api/v1/signals?names=DCGM_FI_DEV_FB_USED&start={t0 - 4 * 3600:.0f}&end={t0 + 3600:.0f}&step=0"
+
+    def stored() -> list[float]:
+        return sorted(t for s in _json(a.url + q)[1]["series"] for t in s["ts"])
+
+    def status() -> dict:
+        return _json(a.url + "/api/v1/status")[1]
+    try:
+        before = _wait(lambda: (lambda ts: ts if len(ts) >= 10 else None)(stored()), 30)  # committed (5 s flush)
+        assert status()["clock"]["jumps"] == 0
+        clock.write_text("-2h\n")
+        _wait(lambda: status()["clock"]["jumps"] == 1, 15)
+        st = status()
+        assert -7300 < st["clock"]["last_jump_seconds"] < -7100
+        # sampling goes on; new points carry the new (earlier) time; nothing stored before is lost
+        back = _wait(lambda: (lambda ts: ts if sum(t < before[0] - 3600 for t in ts) >= 6 else None)(stored()), 30)
+        assert set(before) <= set(back)
+        runs = status()["detector"]["runs"]
+        _wait(lambda: status()["detector"]["runs"] >= runs + 2, 15)
+        st = status()
+        assert st["detector"]["errors"] == 0 and all(c["up"] for c in st["collectors"])
+        code, rep = _json(a.url + "/api/v1/findings")
+        assert code == 200 and rep["status"] == "ok"
+        clock.write_text("+0\n")  # NTP steps it forward again
+        _wait(lambda: status()["clock"]["jumps"] == 2, 15)
+        assert 7100 < status()["clock"]["last_jump_seconds"] < 7300
+        fwd = _wait(lambda: (lambda ts: ts if ts[-1] > before[-1] + 1 else None)(stored()), 30)
+        assert set(back) <= set(fwd)
+        code, body, _ = _get(a.url + "/metrics")
+        assert b"fragscope_agent_clock_jumps_total 2.0" in body
+    finally:
+        assert a.stop() == 0
+    log = a.logtext() if not a.log.closed else open(a.log.name).read()
+    assert "Traceback" not in log
+    jumps = [ln for ln in log.splitlines() if "wall clock jumped" in ln]
+    assert len(jumps) == 2, jumps  # once per jump, not once per collector or tick
+    assert "-72" in jumps[0] and "+72" in jumps[1]

@@ -185,6 +185,24 @@ def test_ring_keeps_last_value_per_step_and_bounded():
     assert r.points() <= r.cap
 
 
+def test_ring_survives_a_wall_clock_step_back():
+    r = Ring(window_s=600, step_s=15)
+    t0 = 1_800_000_000.0
+    name, lab = "vllm:num_preemptions_total", (("engine", "0"),)
+    for i in range(20):  # 5 min at 15 s: a counter growing 10 per step
+        r.add([Sample(name, lab, t0 + 15 * i, 10.0 * i)])
+    jump = -7200.0
+    r.add([Sample(name, lab, t0 + 300 + jump, 200.0)])  # stamped by the stepped-back clock
+    assert r.out_of_order == 1  # refused: the ring stays sorted
+    r.shift(jump)  # what the agent does once it sees the step
+    for i in range(20, 24):
+        r.add([Sample(name, lab, t0 + 15 * i + jump, 10.0 * i)])
+    s = r.window_at(t0 + 15 * 23 + jump, "test").select(name)[0]
+    assert len(s) == 24 and all(b - a == 15 for a, b in zip(s.ts, s.ts[1:]))  # continuous, sorted
+    assert list(s.values) == [10.0 * i for i in range(24)]
+    assert r.out_of_order == 1
+
+
 # --- OpenMetrics writer ------------------------------------------------------------------------
 def _two_scrapes(n: int = 8) -> list[Sample]:
     a, b = _scrape("vllm_cpu_0.32.0_before.txt"), _scrape("vllm_cpu_0.32.0_after_preemption.txt")

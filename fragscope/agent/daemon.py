@@ -80,6 +80,7 @@ class Ring:
         self.window = float(window_s)
         self._d: dict[SeriesKey, list] = {}  # key -> [ts array, value array, n, last bucket, type]
         self._lock = threading.Lock()
+        self.out_of_order = 0  # samples older than their series' last step (a clock stepped back)
 
     def add(self, samples: Iterable[Sample]) -> None:
         step = self.step
@@ -92,6 +93,9 @@ class Ring:
                 if e is None:
                     e = d[key] = [np.empty(self.cap), np.empty(self.cap), 0, None, series_type(s.name)]
                 ts, vs, n = e[0], e[1], e[2]
+                if n and b < e[3]:  # older than the last step: the wall clock went back; keep the
+                    self.out_of_order += 1  # ring sorted (the agent shifts it once it sees the jump)
+                    continue
                 if e[3] == b and n:
                     ts[n - 1], vs[n - 1] = s.ts, s.value  # same step: the last value wins
                     continue
@@ -102,6 +106,17 @@ class Ring:
                     n -= k
                 ts[n], vs[n] = s.ts, s.value
                 e[2], e[3] = n + 1, b
+
+    def shift(self, delta_s: float) -> None:
+        """Move every held timestamp by ``delta_s`` (the wall clock jumped by that much): the recent
+        history stays continuous with the samples stamped by the new clock."""
+        step = self.step
+        with self._lock:
+            for e in self._d.values():
+                n = e[2]
+                if n:
+                    e[0][:n] += delta_s
+                    e[3] = math.floor(e[0][n - 1] / step)
 
     def window_at(self, now: float, source: str) -> Window:
         lo = now - self.window
@@ -142,6 +157,8 @@ class AgentState:
     heartbeat: float = field(default_factory=time.monotonic)  # monotonic, by the main loop
     version: int = 0
     notes: list[str] = field(default_factory=list)
+    clock_jumps: int = 0
+    last_clock_jump_seconds: float | None = None
 
     def bump(self) -> None:
         self.version += 1
@@ -232,6 +249,7 @@ class Agent:
         self._capture_q: list = []
         self._capture_wake = threading.Event()
         self._wall_offset = time.time() - time.monotonic()
+        self._clock_lock = threading.Lock()
 
     # --- setup --------------------------------------------------------------------------------
     def _open_store(self) -> None:
@@ -293,6 +311,36 @@ class Agent:
         except Exception as e:  # noqa: BLE001
             log.error("capture: disabled (%s)", _one_line(e))
 
+    # --- wall clock -----------------------------------------------------------------------------
+    CLOCK_JUMP_S = 5.0  # wall - monotonic moving by more than this is a step, not NTP slewing
+
+    def _check_clock(self, wall: float, mono: float) -> None:
+        """Notice a wall-clock step (NTP correcting a VM that was paused, someone running `date -s`).
+
+        Scheduling never depends on the wall clock (monotonic), and stored history keeps the
+        timestamps it was written with. The detection ring is shifted by the jump so the recent
+        window stays continuous (rates and trends are judged on sample spacing, which did not change
+        just because the clock did). Called by every collector before it stamps samples and by the
+        housekeeping loop; logged once per jump.
+        """
+        off = wall - mono
+        delta = off - self._wall_offset
+        if abs(delta) <= self.CLOCK_JUMP_S:
+            return
+        with self._clock_lock:
+            delta = off - self._wall_offset  # another thread may have handled it meanwhile
+            if abs(delta) <= self.CLOCK_JUMP_S:
+                return
+            self._wall_offset = off
+            st = self.state
+            st.ring.shift(delta)
+            st.clock_jumps += 1
+            st.last_clock_jump_seconds = delta
+            log.warning("wall clock jumped by %+.1f s; scheduling is unaffected (monotonic clock), new "
+                        "samples carry the new time, stored history keeps its timestamps, the detection "
+                        "window was shifted to stay continuous", delta)
+            st.bump()
+
     # --- collector threads --------------------------------------------------------------------
     def _run_collector(self, h: CollectorHealth, obj: Any) -> None:
         interval = h.interval
@@ -305,6 +353,7 @@ class Agent:
             t0 = time.monotonic()
             c0 = time.thread_time()
             now = time.time()
+            self._check_clock(now, t0)
             h.in_flight_since = t0
             try:
                 res = obj.collect(now)
@@ -457,12 +506,7 @@ class Agent:
             if not st.first_round_done and all(h.runs_total > 0 or h.up is False
                                                 for h in st.collectors.values()):
                 st.first_round_done = True
-            # clock jump: wall - monotonic offset moved
-            off = time.time() - mono
-            if abs(off - self._wall_offset) > 5.0:
-                log.warning("wall clock jumped by %+.1f s; scheduling is unaffected (monotonic), sample "
-                            "timestamps follow the new clock", off - self._wall_offset)
-                self._wall_offset = off
+            self._check_clock(time.time(), mono)
             for h in st.collectors.values():
                 since = h.in_flight_since
                 if since is not None and mono - since > h.timeout and h.up is not False:

@@ -201,7 +201,10 @@ class SnapshotCollector:
         runs.add_sample("fragscope_detector_runs_total", {}, float(d.runs))
         errs = Metric("fragscope_detector_errors", "Runs of the detectors that failed", "counter")
         errs.add_sample("fragscope_detector_errors_total", {}, float(d.errors))
-        out += [runs, errs]
+        jumps = Metric("fragscope_agent_clock_jumps", "Wall-clock steps the agent noticed (more than 5 s)",
+                       "counter")
+        jumps.add_sample("fragscope_agent_clock_jumps_total", {}, float(getattr(st, "clock_jumps", 0)))
+        out += [runs, errs, jumps]
         if d.last_duration is not None:
             m = Metric("fragscope_detector_duration_seconds", "Duration of the last detector run", "gauge")
             m.add_sample("fragscope_detector_duration_seconds", {}, d.last_duration)
