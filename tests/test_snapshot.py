@@ -16,11 +16,28 @@ import pytest
 from click.testing import CliRunner
 
 from fragscope.cli import diagnose_group
-from fragscope.collectors.snapshot import (ALLOCATED, INACTIVE, PENDING_FREE, SnapshotError, parse_snapshot,
-                                           read_snapshot)
-from fragscope.detectors.snapshot import (FRAGMENTATION, OOM_CAPACITY, OOM_CROSS_STREAM, OOM_MEMORY_CAP,
-                                          OOM_OUTSIDE_PYTORCH, OOM_PRIVATE_POOL, alloc_segment_size,
-                                          analyse_snapshot, analyse_snapshot_file, segment_map_rows)
+from fragscope.collectors.snapshot import (
+    ALLOCATED,
+    INACTIVE,
+    PENDING_FREE,
+    SnapshotError,
+    parse_snapshot,
+    read_snapshot,
+)
+from fragscope.detectors.snapshot import (
+    FRAGMENTATION,
+    OOM_CAPACITY,
+    OOM_CROSS_STREAM,
+    OOM_MEMORY_CAP,
+    OOM_OUTSIDE_PYTORCH,
+    OOM_PRIVATE_POOL,
+    alloc_segment_size,
+    analyse_snapshot,
+    analyse_snapshot_file,
+    replay_to_oom,
+    round_request,
+    segment_map_rows,
+)
 from fragscope.model import Finding, Severity
 
 MiB = 1024 * 1024
@@ -65,6 +82,17 @@ def settings(conf="", expandable=False, max_split=-1, gct=0.0):
 
 def oom(size, free, stream=0, t=1_700_000_000_000_000):
     return {"action": "oom", "device_free": free, "size": size, "stream": stream, "time_us": t, "frames": FRAMES}
+
+
+def ev(action, addr, size, stream=0):
+    """A trace entry as Module.cpp writes it (action, addr, size, stream, time_us, frames)."""
+    return {"action": action, "addr": addr, "size": size, "stream": stream, "time_us": 1_700_000_000_000_001,
+            "frames": []}
+
+
+def freed(addr, size, stream=0):
+    """A tensor freed after the OOM: free_requested then free_completed (both carry the requested size)."""
+    return [ev("free_requested", addr, size, stream), ev("free_completed", addr, size, stream)]
 
 
 def dump(segments, traces=None, st=None, ndev=1):
@@ -299,6 +327,10 @@ def test_oom_fragmentation():
     assert f.confidence == pytest.approx(0.9)
     assert f.onset == pytest.approx(1_700_000_000.0)
     assert f.playbook["options"][1]["setting"] == "max_split_size_mb:32"  # 48 MiB -> power of two below
+    # the OOM is the last trace entry: the dump-time state is the state at the OOM
+    assert (o["state_at"], o["replayed_entries"], o["replay_problem"], o["state_is_stale"]) == ("oom", 0, None, False)
+    assert o["at_dump"]["classification"] == "fragmentation"
+    assert o["reserved_bytes"] == 2068 * MiB and o["allocated_bytes"] == 1408 * MiB
 
 
 def test_oom_cross_stream():
@@ -365,6 +397,10 @@ def test_oom_small_request_uses_small_pool_and_stale_state():
     assert o["same_stream_inactive_bytes"] == 512 * 1024 - 4096
     assert o["classification"] == "capacity"
     assert o["entries_after"] == 1500 and o["state_is_stale"] is True
+    # the entries after the OOM point at address 1, inside no segment: the replay stops at the newest one
+    assert o["state_at"] == "dump" and o["replayed_entries"] == 0
+    assert "trace entry #1500 (alloc at 0x1" in o["replay_problem"]
+    assert "not inside any known segment" in o["replay_problem"]
     assert findings[0].confidence == pytest.approx(0.35)  # 0.5 * 0.7
 
 
@@ -372,6 +408,298 @@ def test_alloc_segment_size_classes():
     assert alloc_segment_size(512) == 2 * MiB
     assert alloc_segment_size(5 * MiB) == 20 * MiB
     assert alloc_segment_size(11 * MiB + 1) == 12 * MiB
+
+
+# ---------------------------------------------------------------------------------------------
+# OOM replay: the state at the OOM instant, rebuilt by undoing the trace entries recorded after it
+def test_round_request_matches_allocator_rounding():
+    assert round_request(1) == 512 and round_request(512) == 512 and round_request(513) == 1024
+    assert round_request(100 * MiB) == 100 * MiB
+    # roundup_power2_divisions: 4 steps in [1 MiB, 2 MiB) -> 1, 1.25, 1.5, 1.75 MiB; 1,300,000 B -> 1.25 MiB
+    div = {str(1 << i): 0 for i in range(16)}
+    div["1"] = 4
+    assert round_request(1_300_000, div) == 1_310_720  # 1 MiB + 256 KiB
+    assert round_request(1_300_000) == 1_300_480  # 2540 * 512 without divisions
+    assert round_request(3 * MiB + 1, div) == 3 * MiB + 512  # [2 MiB, 4 MiB) interval has no divisions set
+
+
+def test_oom_replay_fragmentation_hidden_by_frees_after_the_oom():
+    # At the OOM the 1 GiB segment on stream 0 was [A100 F200 B100 F200 C100 F200 D124] (MiB): 600 MiB
+    # free in three 200 MiB slivers, so a 300 MiB request failed: fragmentation. After the OOM the
+    # exception unwound and B and C were freed; the allocator merged 200+100+200+100+200 into one 800 MiB
+    # block, which is all the dump shows: judged there, 800 >= 300 fits, so the dump alone reads capacity.
+    s = seg([blk(100 * MiB), blk(800 * MiB, "inactive", req=0), blk(124 * MiB)])
+    base = s["address"]
+    B, C = base + 300 * MiB, base + 600 * MiB
+    trace = [oom(300 * MiB, 100 * MiB)] + freed(B, 100 * MiB) + freed(C, 100 * MiB) + [ev("snapshot", 0, 0)]
+    doc, findings = analyse_snapshot(parse_snapshot(dump([s], [trace])))
+    d = dev0(doc)
+    assert d["inactive_bytes"] == 800 * MiB and d["largest_free_block_bytes"] == 800 * MiB  # dump-time numbers
+    [o] = d["ooms"]
+    assert (o["state_at"], o["replayed_entries"], o["replay_problem"]) == ("oom", 5, None)
+    assert o["entries_after"] == 5 and o["state_is_stale"] is False
+    assert o["same_stream_inactive_bytes"] == 600 * MiB  # 3 x 200
+    assert o["same_stream_largest_free_block_bytes"] == 200 * MiB
+    assert o["reserved_bytes"] == 1024 * MiB
+    assert o["allocated_bytes"] == 424 * MiB  # A100 + B100 + C100 + D124
+    assert o["classification"] == "fragmentation"
+    # each re-created block may have kept an unsplit tail of up to 1 MiB (large pool): 2 x 1 MiB
+    assert o["replay_uncertain_bytes"] == 2 * MiB and o["replay_assumptions"] == []
+    assert o["at_dump"] == {"same_stream_inactive_bytes": 800 * MiB, "same_stream_largest_free_block_bytes": 800 * MiB,
+                            "other_streams_inactive_bytes": 0, "private_pool_bytes": 0, "reserved_bytes": 1024 * MiB,
+                            "allocated_bytes": 224 * MiB, "outside_pytorch_bytes": None,
+                            "classification": "capacity"}
+    # the dump-time per-stream numbers and the at_dump figures agree (two code paths)
+    assert d["streams"][0]["inactive_bytes"] == o["at_dump"]["same_stream_inactive_bytes"]
+    [f] = findings
+    assert f.id == FRAGMENTATION and f.severity is Severity.CRITICAL
+    assert "rebuilt by undoing the 5 trace entries" in f.summary and "largest free block was 200.00 MiB" in f.summary
+    # fragmentation checks on the OOM-instant default pool: 600/1024 = 0.586 >= 0.2, 1 - 200/600 = 0.667 >= 0.5,
+    # 600 MiB >= 256 MiB -> 0.3 + 0.3 + 0.3 (OOM) = 0.9, not lowered: 600 - 2 MiB still covers 300 MiB
+    assert f.confidence == pytest.approx(0.9)
+    ev_ = {e.signal: e for e in f.evidence}
+    assert ev_["external_fragmentation"].observed == pytest.approx(round(1 - 200 / 600, 6))
+    assert ev_["trace_entries_undone"].observed == 5 and "reads capacity" in ev_["trace_entries_undone"].note
+    assert "replay_uncertain_bytes" not in ev_ and "trace_entries_after_oom" not in ev_
+
+
+def test_oom_replay_segment_released_by_empty_cache_after_the_oom():
+    # At the OOM stream 0 held seg1 [A312 F200] and seg2 [F150 B212 F150] (MiB): 500 MiB free, largest
+    # 200, request 300 -> fragmentation. Afterwards B was freed and empty_cache() released the now empty
+    # seg2 (segment_free). The dump shows seg1 only: 200 MiB free < 300, and on an 2 GiB GPU with 100 MiB
+    # free at the OOM the dump-time reserved 512 MiB leaves 2048 - 512 - 100 = 1436 MiB "outside PyTorch",
+    # 1436 - 1024 allowance = 412 >= 300: the dump alone would blame other tenants.
+    s1 = seg([blk(312 * MiB), blk(200 * MiB, "inactive", req=0)])
+    s2 = seg([blk(150 * MiB, "inactive", req=0), blk(212 * MiB), blk(150 * MiB, "inactive", req=0)])
+    B = s2["address"] + 150 * MiB
+    trace = [oom(300 * MiB, 100 * MiB)] + freed(B, 212 * MiB) + [ev("segment_free", s2["address"], 512 * MiB)]
+    snap = parse_snapshot(dump([s1], [trace]))  # seg2 is gone at dump time
+    doc, findings = analyse_snapshot(snap, device_total_bytes=2 * GiB)
+    d = dev0(doc)
+    assert d["reserved_bytes"] == 512 * MiB and d["segments"] == 1
+    [o] = d["ooms"]
+    assert o["state_at"] == "oom" and o["replayed_entries"] == 3
+    assert o["at_dump"]["classification"] == "outside-pytorch" and o["at_dump"]["outside_pytorch_bytes"] == 1436 * MiB
+    assert o["reserved_bytes"] == 1024 * MiB  # seg2 existed at the OOM
+    assert o["outside_pytorch_bytes"] == 2048 * MiB - 1024 * MiB - 100 * MiB  # 924 MiB
+    assert o["same_stream_inactive_bytes"] == 500 * MiB and o["same_stream_largest_free_block_bytes"] == 200 * MiB
+    assert o["classification"] == "fragmentation" and findings[0].id == FRAGMENTATION
+    # the segment_free entry names no pool: the re-created segment is counted in the default pool, said so
+    assert o["replay_assumptions"] == [("1 re-created segment(s) counted in the default pool: the trace entries "
+                                        "carry no pool id")]
+    assert o["replay_uncertain_bytes"] == 1 * MiB  # B's possible unsplit tail (the 150 MiB gap follows it)
+
+
+def test_oom_replay_segment_allocated_after_the_oom_did_not_exist():
+    # stream 0 at the OOM: one 512 MiB segment [A400 F112], 200 MiB requested, the driver had 50 MiB: capacity.
+    # After the OOM the job retried smaller: a new 200 MiB segment for a 150 MiB + 50 MiB pair; at dump that
+    # segment is [X150 Y50]. Undoing alloc Y, alloc X, segment_alloc leaves 512 MiB reserved at the OOM.
+    s1 = seg([blk(400 * MiB), blk(112 * MiB, "inactive", req=0)])
+    s2 = seg([blk(150 * MiB), blk(50 * MiB)])
+    a2 = s2["address"]
+    trace = [oom(200 * MiB, 50 * MiB), ev("segment_alloc", a2, 200 * MiB), ev("alloc", a2, 150 * MiB),
+             ev("alloc", a2 + 150 * MiB, 50 * MiB)]
+    o = dev0(analyse_snapshot(parse_snapshot(dump([s1, s2], [trace])))[0])["ooms"][0]
+    assert o["state_at"] == "oom" and o["replayed_entries"] == 3
+    assert o["reserved_bytes"] == 512 * MiB and o["allocated_bytes"] == 400 * MiB
+    assert o["at_dump"]["reserved_bytes"] == 712 * MiB and o["at_dump"]["allocated_bytes"] == 600 * MiB
+    assert o["same_stream_inactive_bytes"] == 112 * MiB and o["classification"] == "capacity"
+    assert o["replay_uncertain_bytes"] == 0  # nothing re-created, only removed
+
+
+def test_oom_replay_expandable_segments_map_and_unmap():
+    # expandable_segments:True, one large-pool segment per stream, mapped in 20 MiB pages.
+    # At the OOM the mapped range was [A40 F40 B40 F40 C40] (MiB, 200 MiB): 80 MiB free in two 40 MiB holes,
+    # a 60 MiB request failed (the driver had 10 MiB, not enough to map 60 MiB more): fragmentation.
+    # After the OOM: B freed -> [40, 160) free; empty_cache unmapped those 6 pages (segment_unmap 120 MiB),
+    # splitting the range in two; then a 40 MiB tensor D was allocated by mapping 2 pages after C.
+    # Dump: [A40] and [C40 D40] (two snapshot segments, nothing free).
+    st = settings("expandable_segments:True", True)
+    s = seg([blk(40 * MiB), blk(40 * MiB, "inactive", req=0), blk(40 * MiB), blk(40 * MiB, "inactive", req=0),
+             blk(40 * MiB)], expandable=True)
+    base = s["address"]
+    left = seg([blk(40 * MiB)], expandable=True)
+    right = seg([blk(40 * MiB), blk(40 * MiB)], expandable=True)
+    for g, at in ((left, base), (right, base + 160 * MiB)):  # place the dump segments inside the one range
+        g["address"] = at
+        for i, b in enumerate(g["blocks"]):
+            b["address"] = at + 40 * MiB * i
+    trace = ([oom(60 * MiB, 10 * MiB)] + freed(base + 80 * MiB, 40 * MiB)
+             + [ev("segment_unmap", base + 40 * MiB, 120 * MiB), ev("segment_map", base + 200 * MiB, 40 * MiB),
+                ev("alloc", base + 200 * MiB, 40 * MiB)])
+    doc, findings = analyse_snapshot(parse_snapshot(dump([left, right], [trace], st=st)))
+    d = dev0(doc)
+    assert d["segments"] == 2 and d["reserved_bytes"] == 120 * MiB and d["inactive_bytes"] == 0
+    [o] = d["ooms"]
+    assert o["state_at"] == "oom" and o["replayed_entries"] == 5, o["replay_problem"]
+    assert o["reserved_bytes"] == 200 * MiB and o["allocated_bytes"] == 120 * MiB  # A, B, C
+    assert o["same_stream_inactive_bytes"] == 80 * MiB and o["same_stream_largest_free_block_bytes"] == 40 * MiB
+    assert o["classification"] == "fragmentation" and o["at_dump"]["classification"] == "capacity"
+    assert o["replay_uncertain_bytes"] == 0  # expandable segments always split: re-created sizes are exact
+    assert o["replay_assumptions"] == []  # the unmapped range had mapped neighbours: pool and size class known
+    assert findings[0].id == FRAGMENTATION
+
+
+@pytest.mark.parametrize("after,needle", [
+    # an address inside no segment of the device (as a dropped or foreign entry would give)
+    ([ev("alloc", 0x10, 4096)], "not inside any known segment"),
+    # the dump shows the range free, yet the newest entry says it was allocated
+    ([ev("alloc", "FREE", 30 * MiB)], "no live block starts there"),
+    # a freed block that overlaps a tensor still alive at that point
+    ([ev("free_completed", "LIVE+1MiB", 10 * MiB)], "inside a live block"),
+    # free_requested for a block that is not waiting to be freed
+    ([ev("free_requested", "LIVE", 10 * MiB)], "no block waiting to be freed"),
+    # segment_alloc for a segment that still holds a live block
+    ([ev("segment_alloc", "SEG", 100 * MiB)], "still holds 1 live block"),
+    # a stream that does not own the segment
+    ([ev("free_completed", "FREE", 10 * MiB, stream=5)], "belongs to stream 0, the entry to stream 5"),
+    # an action the replay does not know
+    ([ev("segment_resize", "SEG", 100 * MiB)], "unknown action"),
+    ([{"action": "alloc", "addr": None, "size": 512, "stream": 0}], "no integer addr/size"),
+])
+def test_oom_replay_partial_falls_back_to_dump_state(after, needle):
+    s = seg([blk(70 * MiB), blk(30 * MiB, "inactive", req=0)])  # [LIVE70 FREE30], 100 MiB
+    names = {"SEG": s["address"], "LIVE": s["address"], "LIVE+1MiB": s["address"] + MiB,
+             "FREE": s["address"] + 70 * MiB}
+    for e in after:
+        if e.get("addr") in names:
+            e["addr"] = names[e["addr"]]
+    # the bad entry is the oldest after the OOM; two harmless newer entries are undone before it
+    trace = [oom(64 * MiB, 0)] + after + [ev("snapshot", 0, 0), ev("snapshot", 0, 0)]
+    doc, findings = analyse_snapshot(parse_snapshot(dump([s], [trace])))
+    o = dev0(doc)["ooms"][0]
+    assert o["state_at"] == "dump" and o["state_is_stale"] is True, o["replay_problem"]
+    assert o["replayed_entries"] == 2 and o["entries_after"] == 3
+    assert needle in o["replay_problem"] and "device 0 trace entry #1 " in o["replay_problem"]
+    assert o["replay_uncertain_bytes"] is None
+    # judged on the dump-time state: 30 MiB free < 64 MiB -> capacity, numbers = at_dump
+    assert o["classification"] == "capacity" and o["same_stream_inactive_bytes"] == 30 * MiB
+    assert o["at_dump"]["same_stream_inactive_bytes"] == 30 * MiB
+    [f] = findings
+    assert f.confidence == pytest.approx(0.35)  # 0.5 (no GPU size) * 0.7 (stale)
+    stale = [e for e in f.evidence if e.signal == "trace_entries_after_oom"]
+    assert stale and stale[0].agrees is False and needle in stale[0].note
+
+
+def test_oom_replay_uncertain_tails_lower_confidence_when_they_matter():
+    # At the OOM: [A100 F100.5 B100 F100 C50] (MiB); 200 MiB requested: 200.5 MiB free >= 200 > 100.5 largest.
+    # After it B was freed. B is re-created from its requested size (100 MiB) and may really have kept up to
+    # 1 MiB of the 100 MiB gap after it, unsplit: then only 199.5 MiB was free and the request fitted in
+    # no way -> the fragmentation call rests on the uncertain bytes. Checks at the OOM: non-releasable
+    # 200.5/450.5 = 0.45 >= 0.2 (+0.3); external fragmentation 1 - 100.5/200.5 = 0.499 < 0.5 (+0); OOM +0.3
+    # -> 0.6, times 0.8 for the uncertain bytes = 0.48.
+    half = 512 * 1024
+    s = seg([blk(100 * MiB), blk(300 * MiB + half, "inactive", req=0), blk(50 * MiB)])
+    B = s["address"] + 200 * MiB + half
+    trace = [oom(200 * MiB, 0)] + freed(B, 100 * MiB)
+    doc, findings = analyse_snapshot(parse_snapshot(dump([s], [trace])))
+    o = dev0(doc)["ooms"][0]
+    assert o["same_stream_inactive_bytes"] == 200 * MiB + half
+    assert o["same_stream_largest_free_block_bytes"] == 100 * MiB + half
+    assert o["replay_uncertain_bytes"] == 1 * MiB and o["classification"] == "fragmentation"
+    [f] = findings
+    assert f.confidence == pytest.approx(0.48)
+    unc = [e for e in f.evidence if e.signal == "replay_uncertain_bytes"]
+    assert unc and unc[0].agrees is False and unc[0].observed == 1 * MiB
+
+
+def test_oom_replay_two_ooms_each_on_its_own_instant():
+    # [A100 F100 B100 F100 C100] then: OOM#1 (150 MiB), B freed, OOM#2 (350 MiB), C freed.
+    # OOM#1 instant: free 100 + 100 = 200 >= 150 > 100 largest -> fragmentation (4 entries undone).
+    # OOM#2 instant: B already free -> [A100 F300 C100]: 300 < 350 -> capacity (2 entries undone).
+    s = seg([blk(100 * MiB), blk(400 * MiB, "inactive", req=0)])
+    base = s["address"]
+    trace = ([oom(150 * MiB, 0)] + freed(base + 200 * MiB, 100 * MiB) + [oom(350 * MiB, 0)]
+             + freed(base + 400 * MiB, 100 * MiB))
+    s["blocks"][1]["size"] = 400 * MiB  # dump: [A100 F400]
+    doc, findings = analyse_snapshot(parse_snapshot(dump([s], [trace])))
+    o1, o2 = dev0(doc)["ooms"]
+    assert (o1["replayed_entries"], o1["classification"], o1["same_stream_inactive_bytes"]) == \
+        (5, "fragmentation", 200 * MiB)  # the later oom entry counts as undone (it changes nothing)
+    assert (o2["replayed_entries"], o2["classification"], o2["same_stream_inactive_bytes"]) == \
+        (2, "capacity", 300 * MiB)
+    assert findings[0].id == OOM_CAPACITY  # the finding follows the last OOM
+
+
+def test_oom_replay_pending_free_at_the_oom_stays_in_use():
+    # A block freed before the OOM but waiting on another stream (record_stream) is active_pending_free at
+    # the OOM; its free_completed came after. Re-created as pending: not free space at the OOM.
+    s = seg([blk(60 * MiB), blk(40 * MiB, "inactive", req=0)])
+    trace = [oom(50 * MiB, 0), ev("free_completed", s["address"] + 60 * MiB, 40 * MiB)]
+    o = dev0(analyse_snapshot(parse_snapshot(dump([s], [trace])))[0])["ooms"][0]
+    assert o["state_at"] == "oom" and o["same_stream_inactive_bytes"] == 0
+    assert o["allocated_bytes"] == 60 * MiB and o["at_dump"]["same_stream_inactive_bytes"] == 40 * MiB
+
+
+def test_replay_to_oom_api_on_legacy_layout():
+    # PyTorch ~2.0 layout: blocks without address, a 'free' entry (the pre-split action name, as
+    # MemoryViz.js treats it) after the OOM. [A10 F54] at dump; a 20 MiB tensor at 10 MiB was freed.
+    blocks = [{"size": 10 * MiB, "state": "active_allocated", "history": [{"addr": 1, "real_size": 10 * MiB}]},
+              {"size": 54 * MiB, "state": "inactive", "history": []}]
+    base = 0x7000_0000_0000
+    segment = {"device": 0, "address": base, "total_size": 64 * MiB, "stream": 0, "segment_type": "large",
+               "blocks": blocks}
+    trace = [{"action": "oom", "device_free": 0, "size": 40 * MiB, "stream": 0},
+             {"action": "free", "addr": base + 10 * MiB, "size": 20 * MiB, "stream": 0},
+             {"action": "snapshot", "addr": 0, "size": 10 * MiB, "stream": 0}]
+    snap = parse_snapshot({"segments": [segment], "device_traces": [trace]})
+    rp = replay_to_oom(snap, snap.ooms[0])
+    assert rp.complete and rp.replayed_entries == 2 and rp.problem is None
+    # no allocator settings recorded: the re-created block's rounding is an assumption, said so
+    assert rp.assumptions == [("1 re-created block(s) sized with 512-byte rounding: allocator settings "
+                               "(roundup_power2_divisions) not recorded")]
+    m = rp.state.aggregate()
+    assert m["inactive_bytes"] == 34 * MiB and m["largest_free_block_bytes"] == 34 * MiB  # 64 - 10 - 20
+    assert m["active_pending_free_bytes"] == 20 * MiB  # no free_requested undone: still pending at the OOM
+
+
+# ---------------------------------------------------------------------------------------------
+# pinned host memory (PyTorch 2.14: host_segments / host_traces, pytorch/pytorch#182407)
+def test_host_section_absent_is_not_zero():
+    doc, _ = analyse_snapshot(parse_snapshot(dump(fragmented_segments())))
+    h = doc["host"]
+    assert h["recorded"] is False and h["reserved_bytes"] is None and h["allocated_bytes"] is None
+    assert "record_pinned_host_memory=True" in h["reason"] and "host_memory_stats()" in h["reason"]
+
+
+def test_host_segments_in_device_layout_are_counted_apart_from_the_gpu(tmp_path):
+    # pinned blocks are power-of-two sized (CachingHostAllocator rounds up): one 128 MiB segment holding a
+    # live 64 MiB block and a cached free 64 MiB one, one 32 MiB segment in use -> reserved 160, allocated 96
+    obj = dump(fragmented_segments())
+    obj["host_segments"] = [seg([blk(64 * MiB), blk(64 * MiB, "inactive", req=0)], device=-1),
+                            seg([blk(32 * MiB)], device=-1)]
+    obj["host_traces"] = [ev("alloc", 0x1000, 64 * MiB), ev("alloc", 0x9000, 32 * MiB),
+                          ev("free_requested", 0x1000, 64 * MiB)]
+    path = write(tmp_path, obj)
+    doc, _ = analyse_snapshot_file(path)
+    h = doc["host"]
+    assert h["recorded"] is True and h["reason"] is None
+    assert (h["segments"], h["blocks"]) == (2, 3)
+    assert (h["reserved_bytes"], h["allocated_bytes"], h["inactive_bytes"]) == (160 * MiB, 96 * MiB, 64 * MiB)
+    assert h["largest_free_block_bytes"] == 64 * MiB and h["active_pending_free_bytes"] == 0
+    assert h["trace_entries"] == 3 and h["trace_actions"] == {"alloc": 2, "free_requested": 1}
+    d = dev0(doc)  # the GPU numbers are the device segments' alone
+    assert d["reserved_bytes"] == 2068 * MiB and doc["segment_count"] == 5 and [x["device"] for x in doc["devices"]] == [0]
+    r = _run(["snapshot", path, "--no-map"])
+    assert "pinned host memory (CachingHostAllocator): reserved 160.00 MiB" in r.output
+    assert "host trace: alloc 2, free_requested 1" in r.output
+    assert json.loads(_run(["snapshot", path, "--format", "json"]).output)["host"]["allocated_bytes"] == 96 * MiB
+
+
+@pytest.mark.parametrize("host_segments,needle", [
+    ([{"size": 4096, "ptr": 1}], "not in the device segment layout"),
+    ([{"total_size": 4096, "blocks": [{"size": 4096, "state": "pinned"}]}], "state other than"),
+    ("abc", "host_segments is str"),
+])
+def test_host_segments_in_an_unknown_layout_are_not_guessed(host_segments, needle):
+    obj = dump(fragmented_segments())
+    obj["host_segments"] = host_segments
+    obj["host_traces"] = [[ev("alloc", 0x1000, 4096)]]  # per-device lists are accepted too
+    doc, findings = analyse_snapshot(parse_snapshot(obj))
+    h = doc["host"]
+    assert h["recorded"] is True and h["reserved_bytes"] is None and h["allocated_bytes"] is None
+    assert needle in h["reason"] and h["trace_actions"] == {"alloc": 1}
+    assert dev0(doc)["reserved_bytes"] == 2068 * MiB and [f.id for f in findings] == [FRAGMENTATION]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -523,6 +851,21 @@ def test_cli_human_map_and_exit_codes(tmp_path):
     pathoom = write(tmp_path, dump(fragmented_segments(), [[oom(48 * MiB, 10 * MiB)]]), "oom.pickle")
     assert _run(["snapshot", pathoom]).return_value == 1
     assert _run(["snapshot", pathoom, "--fail-on", "never"]).return_value == 0
+    assert "judged on the state at the OOM (no trace entries after it)" in _run(["snapshot", pathoom]).output
+
+
+def test_cli_human_says_which_state_an_oom_was_judged_on(tmp_path):
+    s = seg([blk(100 * MiB), blk(800 * MiB, "inactive", req=0), blk(124 * MiB)])
+    B, C = s["address"] + 300 * MiB, s["address"] + 600 * MiB
+    trace = [oom(300 * MiB, 100 * MiB)] + freed(B, 100 * MiB) + freed(C, 100 * MiB)
+    out = _run(["snapshot", write(tmp_path, dump([s], [trace])), "--no-map"]).output
+    assert "-> fragmentation: 600.00 MiB was free on stream 0" in out
+    assert ("judged on the state at the OOM, rebuilt by undoing the 4 trace entries after it; the dump-time "
+            "state alone would read capacity; up to 2.00 MiB of the free space may be unsplit block tails") in out
+    bad = write(tmp_path, dump([s], [[oom(300 * MiB, 100 * MiB), ev("alloc", 0x10, 512)]]), "bad.pickle")
+    out = _run(["snapshot", bad, "--no-map"]).output
+    assert "judged on the dump-time state (stale): the replay stopped after undoing 0 of 1 later trace entries: " \
+           "device 0 trace entry #1 (alloc at 0x10, 512 B, stream 0): the address is not inside any known segment" in out
 
 
 def test_cli_json_contract(tmp_path):
@@ -535,6 +878,11 @@ def test_cli_json_contract(tmp_path):
         assert k in d and k in d["pools"][0] and k in d["streams"][0]
     assert doc["verdict"] == FRAGMENTATION and doc["playbook"]["diagnosis"] == FRAGMENTATION
     assert doc["findings"][0]["id"] == FRAGMENTATION and "segment_map" not in doc
+    o = d["ooms"][0]
+    for k in ("state_at", "replayed_entries", "replay_problem", "replay_uncertain_bytes", "replay_assumptions",
+              "reserved_bytes", "allocated_bytes", "at_dump", "state_is_stale", "entries_after"):
+        assert k in o, k
+    assert doc["host"]["recorded"] is False
     r = _run(["snapshot", path, "--format", "json", "--map", "--map-limit", "1"])
     doc = json.loads(r.output)
     assert doc["segment_map"]["segments_in_scope"] == 5 and len(doc["segment_map"]["rows"]) == 1
@@ -614,6 +962,92 @@ def test_real_modern_sample_exact_numbers():
     assert d["inactive_bytes"] == 18190848 and d["largest_free_block_bytes"] == 11534336
     assert d["external_fragmentation"] == round(1 - 11534336 / 18190848, 6)
     assert d["sliver_count"] == 1 and d["sliver_bytes"] == 1352704
+
+
+def _large_stream0_free(snapshot: dict) -> tuple[int, int]:
+    """Plain-Python (free bytes, largest free run) over large-pool stream-0 segments, merging adjacent
+    inactive blocks the way the allocator coalesces them."""
+    total = largest = 0
+    for s in snapshot["segments"]:
+        if s["segment_type"] != "large" or s["stream"] != 0:
+            continue
+        run = 0
+        for b in s["blocks"] + [{"size": 0, "state": "active_allocated"}]:
+            if b["state"] == "inactive":
+                run += b["size"]
+            else:
+                total += run
+                largest = max(largest, run)
+                run = 0
+    return total, largest
+
+
+def test_real_modern_sample_oom_replay_against_a_hand_built_oom_state():
+    """docubox sample + a trace written for it: after an 8 MiB OOM the job allocated segment 3 (20 MiB,
+    8 x 2.25 MiB tensors), allocated one 2.25 MiB tensor in segment 9, and freed a 4 MiB tensor that sat
+    at the start of segment 9's free tail. The replayed state must equal the dump-time analysis of that
+    OOM-instant state built by hand from the same dicts."""
+    import copy
+
+    path = SHARED / "docubox_dump_snapshot.pickle"
+    if not path.exists():
+        pytest.skip("../shared/data/torch-snapshot not present")
+    from fragscope.collectors.snapshot import load_snapshot_bytes
+
+    raw, _ = load_snapshot_bytes(path.read_bytes(), path.name)
+    s3, s9 = raw["segments"][3], raw["segments"][9]
+    x = s9["blocks"][1]  # allocated after the OOM -> free at the OOM
+    tail = s9["blocks"][4]  # 11 MiB free at dump; its first 4 MiB held a tensor freed after the OOM
+    after = ([ev("segment_alloc", s3["address"], s3["total_size"])]
+             + [ev("alloc", b["address"], b["requested_size"]) for b in s3["blocks"] if b["state"] != "inactive"]
+             + [ev("alloc", x["address"], x["requested_size"])] + freed(tail["address"], 4 * MiB))
+    trace = [oom(8 * MiB, 0)] + after + [ev("snapshot", 0, 0)]
+    with_trace = copy.deepcopy(raw)
+    with_trace["device_traces"] = [trace]
+    o = dev0(analyse_snapshot(parse_snapshot(with_trace))[0])["ooms"][0]
+    assert o["state_at"] == "oom" and o["replayed_entries"] == len(after) + 1 == 13, o["replay_problem"]  # 1 + 8 + 1 + 2, snapshot
+
+    at_oom = copy.deepcopy(raw)  # the OOM-instant state, by hand
+    del at_oom["segments"][3]
+    s9o = at_oom["segments"][8]
+    s9o["blocks"][1]["state"] = "inactive"
+    t = s9o["blocks"].pop(4)
+    s9o["blocks"] += [{"address": t["address"], "size": 4 * MiB, "requested_size": 4 * MiB,
+                       "state": "active_allocated", "frames": []},
+                      {"address": t["address"] + 4 * MiB, "size": t["size"] - 4 * MiB, "requested_size": 0,
+                       "state": "inactive", "frames": []}]
+    at_oom["device_traces"] = [[oom(8 * MiB, 0)]]
+    ref = dev0(analyse_snapshot(parse_snapshot(at_oom))[0])["ooms"][0]
+    free, largest = _large_stream0_free(at_oom)
+    # 1,352,704 (segment 0 tail) + 2,359,296 (x) + 7,340,032 (11 MiB - 4 MiB) = 11,052,032 B; largest 7 MiB
+    assert (free, largest) == (11_052_032, 7 * MiB)
+    for k in ("same_stream_inactive_bytes", "same_stream_largest_free_block_bytes", "reserved_bytes",
+              "allocated_bytes", "classification"):
+        assert o[k] == ref[k], k
+    assert (o["same_stream_inactive_bytes"], o["same_stream_largest_free_block_bytes"]) == (free, largest)
+    assert o["reserved_bytes"] == 109_051_904 - 20 * MiB  # segment 3 did not exist yet
+    # 11,052,032 >= 8 MiB > 7 MiB -> fragmentation at the OOM; the dump shows an 11 MiB free block -> capacity
+    assert o["classification"] == "fragmentation" and o["at_dump"]["classification"] == "capacity"
+    assert o["replay_uncertain_bytes"] == 1 * MiB  # the re-created 4 MiB block's possible unsplit tail
+
+
+def test_real_legacy_sample_oom_replay_through_its_snapshot_entry():
+    """The legacy (PyTorch ~2.0) sample ends its trace with a 'snapshot' entry; an OOM just before it
+    replays over that entry (no state change) and is judged at the OOM with the dump numbers."""
+    path = SHARED / "llm-inference_oom_snapshot.pickle"
+    if not path.exists():
+        pytest.skip("../shared/data/torch-snapshot not present")
+    from fragscope.collectors.snapshot import load_snapshot_bytes
+
+    raw, _ = load_snapshot_bytes(path.read_bytes(), path.name)
+    raw["device_traces"][0].insert(0, {"action": "oom", "device_free": 0, "size": 2 * GiB, "stream": 0})
+    doc, _ = analyse_snapshot(parse_snapshot(raw))
+    d = dev0(doc)
+    o = d["ooms"][0]
+    assert (o["state_at"], o["replayed_entries"], o["replay_assumptions"]) == ("oom", 1, [])
+    assert o["reserved_bytes"] == d["reserved_bytes"] == _reference_numbers(raw)["reserved_bytes"]
+    assert o["allocated_bytes"] == d["allocated_bytes"]
+    assert {k: o[k] for k in o["at_dump"]} == o["at_dump"]
 
 
 def test_committed_fixture_fragmented_oom():

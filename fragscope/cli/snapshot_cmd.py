@@ -138,8 +138,23 @@ def _render_human(doc: dict, rows: list[dict], in_scope: int, show_map: bool) ->
         for o in d["ooms"]:
             out(f"  OOM: {_b(o['size_bytes'])} on stream {o['stream']}, device free {_b(o['device_free_bytes'])}"
                 f" -> {o['classification']}: {o['reason']}")
+            out(f"       {_oom_state_line(o)}")
+            for a in o["replay_assumptions"]:
+                out(f"       assumed: {a}")
         if d["trace_actions"]:
             out("  trace: " + ", ".join(f"{k} {v}" for k, v in d["trace_actions"].items()))
+    h = doc["host"]
+    if h["recorded"]:
+        out("")
+        if h["reserved_bytes"] is None:
+            out(f"pinned host memory: recorded ({h['segments']} segments read, {h['trace_entries']} trace entries), "
+                f"but {h['reason']}")
+        else:
+            out(f"pinned host memory (CachingHostAllocator): reserved {_b(h['reserved_bytes'])}   allocated "
+                f"{_b(h['allocated_bytes'])}   pending free {_b(h['active_pending_free_bytes'])}   free "
+                f"{_b(h['inactive_bytes'])} in {h['segments']} segments, {h['blocks']} blocks")
+        if h["trace_actions"]:
+            out("  host trace: " + ", ".join(f"{k} {v}" for k, v in h["trace_actions"].items()))
     for i, fd in enumerate(doc["findings"], 1):
         subject = " ".join(f"{k}={v}" for k, v in fd["subject"].items())
         out("")
@@ -182,6 +197,22 @@ def _render_human(doc: dict, rows: list[dict], in_scope: int, show_map: bool) ->
             kind = ("exp " if r["is_expandable"] else "") + r["segment_type"]
             out(f"  gpu{r['device']} {r['address']:#014x} {_b(r['total_size']):>10} {kind:<9} s{r['stream']}"
                 f"{pool} [{r['map']}] free {_b(r['inactive_bytes'])} in {r['free_blocks']}")
+
+
+def _oom_state_line(o: dict) -> str:
+    """Which state the OOM was judged on, and how far the replay got."""
+    if o["state_at"] == "dump":
+        return (f"judged on the dump-time state (stale): the replay stopped after undoing "
+                f"{o['replayed_entries']} of {o['entries_after']} later trace entries: {o['replay_problem']}")
+    if not o["replayed_entries"]:
+        return "judged on the state at the OOM (no trace entries after it)"
+    line = f"judged on the state at the OOM, rebuilt by undoing the {o['replayed_entries']} trace entries after it"
+    dump_cls = o["at_dump"]["classification"]
+    if dump_cls != o["classification"]:
+        line += f"; the dump-time state alone would read {dump_cls}"
+    if o["replay_uncertain_bytes"]:
+        line += f"; up to {_b(o['replay_uncertain_bytes'])} of the free space may be unsplit block tails"
+    return line
 
 
 def register(fragscope_group: click.Group, diagnose_group: click.Group) -> None:

@@ -6,6 +6,10 @@ Reads what ``torch.cuda.memory._snapshot()`` / ``_dump_snapshot(path)`` write (a
 ``history: [{addr, real_size, frames}]``, and the same structures saved as JSON. gzip is accepted.
 Formats: docs/snapshot.md; field notes: ../shared/notes/formats-and-analyses.md section 2.
 
+Besides the segment state, the loader keeps each device's trace entries from its first ``oom`` entry on
+(:class:`TraceTail`), which is what the OOM replay in ``fragscope.detectors.snapshot`` undoes, and the
+pinned-host data PyTorch 2.14 adds (``host_segments`` / ``host_traces``, :class:`HostMemory`).
+
 Safety. PyTorch's own viewer opens these files with plain ``pickle.load``, which runs whatever a
 crafted file asks for. Real snapshots hold only dicts, lists, tuples, strings, numbers and bools, so
 :class:`_RefusingUnpickler` refuses every class lookup (GLOBAL, STACK_GLOBAL, INST, OBJ and the
@@ -78,6 +82,42 @@ class OomEvent:
     time_us: int | None
     entries_after: int  # trace entries recorded after this one (snapshot state is later than the OOM)
     pool_id: tuple[int, int] | None = None
+    trace_index: int | None = None  # position of the entry in its device trace
+
+
+@dataclass(frozen=True, slots=True)
+class TraceTail:
+    """One device's trace entries from its first ``oom`` entry to the end of the ring.
+
+    ``entries[k]`` is ``(action, addr, size, stream, pool_id)`` for trace position ``start + k``;
+    ``addr``/``size`` are None where the entry does not hold an integer, ``pool_id`` where it has none
+    (most PyTorch versions do not write one on trace entries).
+    """
+
+    start: int
+    entries: list[tuple[str, int | None, int | None, int, tuple[int, int] | None]]
+
+
+@dataclass(frozen=True, slots=True)
+class HostMemory:
+    """Pinned host memory (CachingHostAllocator) from ``host_segments`` / ``host_traces``.
+
+    PyTorch 2.14 adds these keys when ``_record_memory_history(record_pinned_host_memory=True)`` was on
+    (pytorch/pytorch#182407). Their entries are read only if they have the device segment layout
+    (``total_size`` plus ``blocks`` of ``size``/``state``), which that PR builds them with; anything
+    else leaves the byte counts None with ``problem`` saying why. Sizes in bytes.
+    """
+
+    segments: int
+    blocks: int
+    reserved_bytes: int | None
+    allocated_bytes: int | None
+    active_pending_free_bytes: int | None
+    inactive_bytes: int | None
+    largest_free_block_bytes: int | None
+    trace_entries: int
+    trace_actions: dict[str, int]
+    problem: str | None = None
 
 
 @dataclass(slots=True)
@@ -113,6 +153,8 @@ class Snapshot:
     trace_actions: dict[int, dict[str, int]]
     ooms: list[OomEvent]
     notes: list[str] = field(default_factory=list)
+    trace_tails: dict[int, TraceTail] = field(default_factory=dict)  # device -> entries from its first OOM
+    host: HostMemory | None = None  # None: the snapshot has no host_segments/host_traces keys
 
     @property
     def n_segments(self) -> int:
@@ -287,8 +329,10 @@ def parse_snapshot(obj: object, source: str = "snapshot", container: str = "obje
         traces = obj.get("device_traces") or []
         settings = obj.get("allocator_settings")
         layout = "dump"
+        has_host = "host_segments" in obj or "host_traces" in obj
     elif isinstance(obj, list):
         segments, traces, settings, layout = obj, [], None, "segment-list"
+        has_host = False
     else:
         raise SnapshotError(f"cannot read {name}: not a PyTorch memory snapshot (top level is "
                             f"{type(obj).__name__}, expected a dict or a list of segments)")
@@ -310,6 +354,10 @@ def parse_snapshot(obj: object, source: str = "snapshot", container: str = "obje
             raise SnapshotError(f"cannot read {name}: not a PyTorch memory snapshot (a segment's 'blocks' "
                                 f"is {type(s['blocks']).__name__}, expected a list)")
         n_claimed += len(s.get("blocks", ()))
+    host_segments = obj.get("host_segments") if has_host else None
+    if isinstance(host_segments, list):
+        n_claimed += sum(len(h["blocks"]) for h in host_segments
+                         if isinstance(h, dict) and isinstance(h.get("blocks"), list))
     limit = (file_bytes // 8 + 10_000) if file_bytes is not None else 50_000_000
     if n_claimed > limit:
         raise SnapshotError(f"refusing to analyse {name}: {n_claimed} blocks claimed by a "
@@ -413,7 +461,8 @@ def parse_snapshot(obj: object, source: str = "snapshot", container: str = "obje
     if alloc_req.size and (alloc_req < 0).any():
         notes.append("some allocated blocks have no requested size: requested bytes are not available")
 
-    trace_actions, ooms, devices_traced = _parse_traces(traces, name)
+    trace_actions, ooms, devices_traced, tails = _parse_traces(traces, name)
+    host = _parse_host(host_segments, obj.get("host_traces")) if has_host else None
     return Snapshot(
         source=source, container=container, layout=layout, legacy=legacy,
         seg_device=seg_device, seg_address=seg_address, seg_total=seg_total, seg_stream=seg_stream,
@@ -421,13 +470,15 @@ def parse_snapshot(obj: object, source: str = "snapshot", container: str = "obje
         seg_nblocks=seg_nblocks, blk_seg=blk_seg, blk_offset=blk_offset, blk_size=blk_size,
         blk_requested=blk_req, blk_state=blk_state, pools=list(pools), pool_ids_known=pool_known,
         expandable_known=expandable_known, allocator_settings=settings, devices_traced=devices_traced,
-        trace_actions=trace_actions, ooms=ooms, notes=notes)
+        trace_actions=trace_actions, ooms=ooms, notes=notes, trace_tails=tails, host=host)
 
 
-def _parse_traces(traces: list, name: str) -> tuple[dict[int, dict[str, int]], list[OomEvent], list[int]]:
+def _parse_traces(traces: list, name: str) -> tuple[dict[int, dict[str, int]], list[OomEvent], list[int],
+                                                   dict[int, TraceTail]]:
     actions: dict[int, dict[str, int]] = {}
     ooms: list[OomEvent] = []
     traced: list[int] = []
+    tails: dict[int, TraceTail] = {}
     for dev, trace in enumerate(traces):
         if not isinstance(trace, list):
             continue
@@ -435,27 +486,105 @@ def _parse_traces(traces: list, name: str) -> tuple[dict[int, dict[str, int]], l
             traced.append(dev)
         counts: dict[str, int] = {}
         n = len(trace)
+        tail: list | None = None
         for i, e in enumerate(trace):
             if not isinstance(e, dict):
+                if tail is not None:
+                    tail.append(("?", None, None, 0, None))
                 continue
             a = str(e.get("action", "?"))
             counts[a] = counts.get(a, 0) + 1
             if a == "oom":
                 size = e.get("size")
-                if not isinstance(size, int):
-                    continue
-                free = e.get("device_free")
-                t = e.get("time_us")
+                if isinstance(size, int) and not isinstance(size, bool):
+                    free = e.get("device_free")
+                    t = e.get("time_us")
+                    pid = e.get("pool_id")
+                    ooms.append(OomEvent(
+                        device=dev, size_bytes=int(size), stream=_stream(e.get("stream")),
+                        device_free_bytes=int(free) if isinstance(free, int) else None,
+                        time_us=int(t) if isinstance(t, (int, float)) else None,
+                        entries_after=n - 1 - i,
+                        pool_id=_pool_id(pid, name) if pid is not None else None,
+                        trace_index=i))
+                    if tail is None:
+                        tail = []
+                        tails[dev] = TraceTail(start=i, entries=tail)
+            if tail is not None:
                 pid = e.get("pool_id")
-                ooms.append(OomEvent(
-                    device=dev, size_bytes=int(size), stream=int(e.get("stream") or 0),
-                    device_free_bytes=int(free) if isinstance(free, int) else None,
-                    time_us=int(t) if isinstance(t, (int, float)) else None,
-                    entries_after=n - 1 - i,
-                    pool_id=_pool_id(pid, name) if pid is not None else None))
+                pool = ((int(pid[0]), int(pid[1])) if isinstance(pid, (list, tuple)) and len(pid) == 2
+                        and all(isinstance(x, int) for x in pid) else None)
+                tail.append((a, _nonneg(e.get("addr")), _nonneg(e.get("size")), _stream(e.get("stream")),
+                             pool))
         if counts:
             actions[dev] = counts
-    return actions, ooms, traced
+    return actions, ooms, traced, tails
+
+
+def _nonneg(v) -> int | None:
+    return int(v) if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+
+
+def _stream(v) -> int:
+    return int(v) if isinstance(v, int) and not isinstance(v, bool) else 0
+
+
+def _parse_host(host_segments, host_traces) -> HostMemory:
+    """Read pinned-host data defensively: a malformed host section never fails the device analysis."""
+    counts: dict[str, int] = {}
+    n_trace = 0
+    if isinstance(host_traces, list):
+        # one list of entries, or one list per device like device_traces: accept both
+        lists = host_traces if host_traces and all(isinstance(t, list) for t in host_traces) else [host_traces]
+        for t in lists:
+            for e in t:
+                if isinstance(e, dict):
+                    n_trace += 1
+                    a = str(e.get("action", "?"))
+                    counts[a] = counts.get(a, 0) + 1
+    problem = None
+    nseg = nblk = 0
+    reserved = allocated = pending = inactive = largest = 0
+    if host_segments is None:
+        problem = "the snapshot has host_traces but no host_segments"
+    elif not isinstance(host_segments, list):
+        problem = f"host_segments is {type(host_segments).__name__}, expected a list"
+    else:
+        for h in host_segments:
+            total = h.get("total_size") if isinstance(h, dict) else None
+            blocks = h.get("blocks") if isinstance(h, dict) else None
+            if not isinstance(total, int) or isinstance(total, bool) or total < 0 or not isinstance(blocks, list):
+                problem = ("host_segments entries are not in the device segment layout "
+                           "(total_size and a blocks list); host byte counts not read")
+                break
+            nseg += 1
+            reserved += total
+            for b in blocks:
+                size = b.get("size") if isinstance(b, dict) else None
+                state = b.get("state") if isinstance(b, dict) else None
+                st = _STATES.get(state) if isinstance(state, str) else None
+                if not isinstance(size, int) or isinstance(size, bool) or size < 0 or st is None:
+                    problem = ("a host_segments block has no integer size or a state other than "
+                               "active_allocated/active_pending_free/inactive; host byte counts not read")
+                    break
+                nblk += 1
+                if st == ALLOCATED:
+                    allocated += size
+                elif st == PENDING_FREE:
+                    pending += size
+                else:
+                    inactive += size
+                    largest = max(largest, size)
+            if problem:
+                break
+    if problem:
+        return HostMemory(segments=nseg, blocks=nblk, reserved_bytes=None, allocated_bytes=None,
+                          active_pending_free_bytes=None, inactive_bytes=None, largest_free_block_bytes=None,
+                          trace_entries=n_trace, trace_actions=dict(sorted(counts.items())), problem=problem)
+    return HostMemory(segments=nseg, blocks=nblk, reserved_bytes=reserved, allocated_bytes=allocated,
+                      active_pending_free_bytes=pending, inactive_bytes=inactive,
+                      largest_free_block_bytes=largest, trace_entries=n_trace,
+                      trace_actions=dict(sorted(counts.items())))
 
 
 def allocator_settings_summary(snap: Snapshot) -> dict:
@@ -527,6 +656,6 @@ def parse_alloc_conf(conf: str) -> dict[str, str]:
     return out
 
 
-__all__ = ["Snapshot", "SnapshotError", "OomEvent", "read_snapshot", "load_snapshot_bytes",
+__all__ = ["Snapshot", "SnapshotError", "OomEvent", "TraceTail", "HostMemory", "read_snapshot", "load_snapshot_bytes",
            "parse_snapshot", "allocator_settings_summary", "parse_alloc_conf", "MAX_SNAPSHOT_BYTES",
            "INACTIVE", "ALLOCATED", "PENDING_FREE", "STATE_NAMES", "DEFAULT_POOL"]
