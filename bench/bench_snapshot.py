@@ -2,7 +2,8 @@
 
 Builds a synthetic ``_dump_snapshot``-shaped pickle (100,000 blocks in 2,000 segments, each block with
 a stack of frames, plus a 100,000-entry trace ring as ``_record_memory_history(max_entries=100000)``
-keeps), then times, in this one script:
+keeps; its last ``--after`` entries follow an ``oom`` entry and agree with the segment state, so the
+OOM replay undoes all of them), then times, in this one script:
 
 - baseline A: plain ``pickle.load`` of the same file (what torch's _memory_viz does, unsafely);
 - baseline B: ``torch.cuda._memory_viz.segsum`` on the loaded dict, when torch is importable;
@@ -10,7 +11,7 @@ keeps), then times, in this one script:
 - fragscope whole process: ``diagnose snapshot FILE --format json`` and the human output with the map,
   as subprocesses (interpreter start and imports included).
 
-Usage: python bench/bench_snapshot.py [--blocks N] [--trace N] [--repeat R]
+Usage: python bench/bench_snapshot.py [--blocks N] [--trace N] [--after N] [--repeat R]
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 
-def build_snapshot(n_blocks: int, n_trace: int, seed: int = 1) -> dict:
+def build_snapshot(n_blocks: int, n_trace: int, seed: int = 1, after: int = 20_000) -> dict:
     rnd = random.Random(seed)
     frame_pool = [{"filename": f"/srv/app/module_{i % 40}.py", "line": 10 + i, "name": f"fn_{i}"}
                   for i in range(400)]
@@ -61,13 +62,36 @@ def build_snapshot(n_blocks: int, n_trace: int, seed: int = 1) -> dict:
             "is_expandable": False, "frames": [], "blocks": blocks})
         addr += total + 64 * MiB
         made += k
+    # entries older than the OOM (their addresses lie past the segments: the replay never reads them)
+    after = min(after, n_trace)
     actions = ("alloc", "free_requested", "free_completed")
     trace = [{"action": actions[i % 3], "addr": addr + i * 512, "size": 512 * (1 + i % 7),
               "stream": 0, "time_us": 1_700_000_000_000_000 + i,
-              "frames": [frame_pool[i % 400], frame_pool[(i * 7) % 400]]} for i in range(n_trace)]
+              "frames": [frame_pool[i % 400], frame_pool[(i * 7) % 400]]} for i in range(n_trace - after)]
     if n_trace:
         trace.append({"action": "oom", "device_free": 10 * MiB, "size": 40 * MiB, "stream": 0,
                       "time_us": 1_700_000_000_100_000, "frames": []})
+    # entries after the OOM, consistent with the dump: live blocks were allocated after it (alloc),
+    # free blocks held tensors freed after it (free_requested + free_completed)
+    tail: list[dict] = []
+    t = 1_700_000_000_200_000
+    for sg in segments:
+        for b in sg["blocks"]:
+            if len(tail) >= after:
+                break
+            if b["state"] == "active_allocated":
+                acts = ("alloc",)
+            elif b["state"] == "inactive":
+                acts = ("free_requested", "free_completed")
+            else:
+                continue
+            if len(tail) + len(acts) > after:
+                continue  # a lone free_requested would contradict the free block in the dump
+            for a in acts:
+                t += 1
+                tail.append({"action": a, "addr": b["address"], "size": b["size"], "stream": sg["stream"],
+                             "time_us": t, "frames": [frame_pool[t % 400]]})
+    trace += tail
     settings = {"PYTORCH_CUDA_ALLOC_CONF": "", "max_split_size": -1, "garbage_collection_threshold": 0.0,
                 "expandable_segments": False, "pinned_num_register_threads": 1,
                 "release_lock_on_cudamalloc": False, "pinned_use_cuda_host_register": False,
@@ -98,18 +122,20 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--blocks", type=int, default=100_000)
     ap.add_argument("--trace", type=int, default=100_000)
+    ap.add_argument("--after", type=int, default=20_000, help="trace entries after the OOM (replayed)")
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
 
     from fragscope.collectors.snapshot import read_snapshot
-    from fragscope.detectors.snapshot import analyse_snapshot, segment_map_rows
+    from fragscope.detectors.snapshot import analyse_snapshot, replay_to_oom, segment_map_rows
 
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "snapshot.pickle")
         with open(path, "wb") as f:
-            pickle.dump(build_snapshot(args.blocks, args.trace), f, protocol=4)
+            pickle.dump(build_snapshot(args.blocks, args.trace, after=args.after), f, protocol=4)
         size_mb = os.path.getsize(path) / 1e6
-        print(f"snapshot: {args.blocks} blocks, {args.trace} trace entries, {size_mb:.1f} MB pickle")
+        print(f"snapshot: {args.blocks} blocks, {args.trace} trace entries ({min(args.after, args.trace)} after "
+              f"the OOM), {size_mb:.1f} MB pickle")
 
         data = open(path, "rb").read()
         t_pickle = best(lambda: pickle.load(io.BytesIO(data)), args.repeat)
@@ -147,6 +173,11 @@ def main() -> None:
         print(f"fragscope   safe load + normalise:                         {t_load * 1e3:8.1f} ms "
               f"({t_load / t_pickle:.2f}x plain pickle.load)")
         print(f"fragscope   analyse (all metrics, OOM class, playbook):    {t_an * 1e3:8.1f} ms")
+        if snap.ooms:
+            o = analyse_snapshot(snap)[0]["devices"][0]["ooms"][-1]
+            t_rp = best(lambda: replay_to_oom(snap, snap.ooms[-1]), args.repeat)
+            print(f"            of which OOM replay ({o['replayed_entries']} entries undone, state_at "
+                  f"{o['state_at']}):  {t_rp * 1e3:8.1f} ms ({t_rp / t_an:.0%} of analyse)")
         print(f"fragscope   segment map, 40 segments / all {snap.n_segments}:        "
               f"{t_map * 1e3:8.1f} ms / {t_map_all * 1e3:.1f} ms")
         in_proc = t_load + t_an
