@@ -631,6 +631,23 @@ def test_oom_replay_pending_free_at_the_oom_stays_in_use():
     assert o["allocated_bytes"] == 60 * MiB and o["at_dump"]["same_stream_inactive_bytes"] == 40 * MiB
 
 
+def test_oom_replay_recreated_block_never_overlaps_the_next_live_block():
+    # roundup_power2_divisions 4 in [1 MiB, 2 MiB): a 1,300,000 B request rounds to 1,310,720 B (1.25 MiB),
+    # but at the OOM the next live block starts 1,300,480 B after it (2540 x 512): the re-created block is
+    # clipped to the space there rather than overlapping its neighbour.
+    st = settings("roundup_power2_divisions:[1:4]")
+    st["roundup_power2_divisions"]["1"] = 4
+    s = seg([blk(1_300_480, "inactive", req=0), blk(10 * MiB), blk(10 * MiB, "inactive", req=0)])
+    trace = [oom(12 * MiB, 0), ev("free_completed", s["address"], 1_300_000)]
+    snap = parse_snapshot(dump([s], [trace], st=st))
+    rp = replay_to_oom(snap, snap.ooms[0])
+    assert rp.complete and rp.state.aggregate()["active_pending_free_bytes"] == 1_300_480  # not 1,310,720
+    o = dev0(analyse_snapshot(snap)[0])["ooms"][0]
+    assert o["state_at"] == "oom", o["replay_problem"]
+    assert o["same_stream_inactive_bytes"] == 10 * MiB  # only the tail: the first 1,300,480 B were in use
+    assert o["allocated_bytes"] == 10 * MiB  # the re-created block is pending (its free_requested came earlier)
+
+
 def test_replay_to_oom_api_on_legacy_layout():
     # PyTorch ~2.0 layout: blocks without address, a 'free' entry (the pre-split action name, as
     # MemoryViz.js treats it) after the OOM. [A10 F54] at dump; a 20 MiB tensor at 10 MiB was freed.

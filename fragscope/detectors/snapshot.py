@@ -467,10 +467,10 @@ class _Replayer:
                 return "no block waiting to be freed starts there"
             b[1] = ALLOCATED
         elif action in ("free_completed", "free"):  # the block still held memory at the OOM
-            h = self._holder(g, a, a + max(size, 1))
-            if h is not None and h <= a:
-                return f"the address is inside a live block at {h:#x}"
-            limit = h if h is not None else g.end
+            j = bisect_right(g.starts, a)
+            if j > 0 and g.starts[j - 1] + g.blocks[g.starts[j - 1]][0] > a:
+                return f"the address is inside a live block at {g.starts[j - 1]:#x}"
+            limit = g.starts[j] if j < len(g.starts) else g.end  # the next live block, or the segment end
             if a + size > limit:
                 return "the freed block does not fit in the free space there"
             # entries carry the requested size; the block is that size rounded (clipped to the space)
