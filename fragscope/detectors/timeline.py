@@ -55,14 +55,39 @@ class Config:
     exclude_last_step: bool = True  # as HTA: the last ProfilerStep is often cut short by the stop
 
 
-def _q(values_ns: np.ndarray, qs=(50, 90, 99)) -> dict | None:
-    """Quantiles in seconds (numpy's linear interpolation). Sorts ``values_ns`` in place: callers pass
-    scratch arrays (sorting first, then selecting on sorted data, is faster than np.percentile's copy
-    and partition: 20 ms vs 28 ms on 2 M values)."""
-    if values_ns.size == 0:
+def _q(values_ns: np.ndarray, qs=(50, 90, 99), zeros: int = 0) -> dict | None:
+    """Quantiles in seconds of ``zeros`` zeros followed by ``values_ns`` (all > 0 when ``zeros``), with
+    np.percentile's arithmetic (its default linear interpolation, operation for operation: the same
+    floats). Sorts ``values_ns`` in place: callers pass scratch arrays.
+
+    Why not np.percentile: sorting and then indexing is faster than its copy and partition (15 ms vs 28 ms
+    on 2 M values), its partition of already sorted data still costs 2-4 ms a call, and its first call
+    imports numpy.ma (about 15 ms of the CLI's start). ``zeros`` lets callers sort only the positive gaps
+    (most gaps between overlapping ops are 0)."""
+    n = zeros + values_ns.size
+    if n == 0:
         return None
     values_ns.sort()
-    vals = np.percentile(values_ns, list(qs), overwrite_input=True)
+    # numpy.lib._function_base_impl._quantile, method "linear" (alpha = beta = 1)
+    virtual = (n - 1) * np.true_divide(list(qs), 100)
+    prev = np.floor(virtual)
+    nxt = prev + 1
+    above = virtual >= n - 1
+    prev[above] = -1
+    nxt[above] = -1
+    prev_i, next_i = prev.astype(np.intp), nxt.astype(np.intp)
+    gamma = np.asarray(virtual - prev_i, dtype=virtual.dtype)
+
+    def at(i: np.ndarray) -> np.ndarray:  # values of the whole sorted sample (zeros first) at indices i
+        i = np.where(i < 0, i + n, i)
+        if values_ns.size == 0:
+            return np.zeros(i.size, dtype=np.int64)
+        return np.where(i < zeros, 0, values_ns[np.maximum(i - zeros, 0)])
+
+    a, b = at(prev_i), at(next_i)
+    diff_b_a = b - a
+    vals = np.add(a, diff_b_a * gamma)
+    np.subtract(b, diff_b_a * (1 - gamma), out=vals, where=gamma >= 0.5, casting="unsafe", dtype=np.float64)
     return {f"p{q}": float(v) / 1e9 for q, v in zip(qs, vals)}
 
 
@@ -73,8 +98,10 @@ def _sec(ns) -> float:
 def analyse(tl: Timeline, cfg: Config = Config()) -> dict:
     """Timeline metrics (JSON-ready dict; contract in docs/trace.md). Pure.
 
-    Vectorised over ops and calls (no Python loop over rows); each device's columns are gathered once
-    in start order and once grouped by stream, and every per-stream figure works on slices of those."""
+    Vectorised over ops and calls (no Python loop over rows). Each device's columns are taken in start
+    order (no copy when the ops already are), and each stream's are gathered from them when its turn
+    comes. Full-length temporaries are few and short-lived: on a fresh process every new megabyte is
+    page faults, which cost more than the arithmetic (bench/bench_trace.py)."""
     notes: list[str] = []
     n_total = tl.n_ops
     sel: np.ndarray | None = None  # None: every op is analysed
@@ -96,6 +123,7 @@ def analyse(tl: Timeline, cfg: Config = Config()) -> dict:
             notes.append("no GPU op was launched before the last ProfilerStep: analysed all ops")
     n_sel = n_total if sel is None else int(sel.sum())
 
+    # Per op: its launch call's start (lstart; int64 min when not linked), end, duration (-1) and kind (-1).
     if c_start.size and all_linked:
         lstart, lend, lkind = c_start[launch], c_end[launch], c_kind[launch]
         ldur = lend - lstart
@@ -105,6 +133,7 @@ def analyse(tl: Timeline, cfg: Config = Config()) -> dict:
         lend = np.where(linked, c_end[li], 0)
         ldur = np.where(linked, lend - lstart, -1)
         lkind = np.where(linked, c_kind[li], -1)
+        del li
     else:
         lstart = np.full(n_total, np.iinfo(np.int64).min, dtype=np.int64)
         lend = np.zeros(n_total, dtype=np.int64)
@@ -113,12 +142,16 @@ def analyse(tl: Timeline, cfg: Config = Config()) -> dict:
 
     # Launch delay (HTA) = queue time (nsys): first op start - launch call end, clipped at 0. For a
     # CUDA-graph launch only its first op counts (the others queue behind it by construction).
-    first_of_launch = np.zeros(n_total, dtype=bool)
-    is_lk = (lkind == LAUNCH) | (lkind == GRAPH_LAUNCH) | (lkind == MEMCPY_ASYNC)  # -1 when not linked
+    is_lk = lkind == LAUNCH  # lkind is -1 when not linked
+    is_lk |= lkind == GRAPH_LAUNCH
+    is_lk |= lkind == MEMCPY_ASYNC
     if sel is not None:
         is_lk &= sel
-    lk = np.flatnonzero(is_lk)
-    if lk.size:
+    if launch.size < 2 or bool((launch[1:] > launch[:-1]).all()):
+        first_of_launch = is_lk  # every call launched one op at most (then so did the launch calls)
+    else:
+        first_of_launch = np.zeros(n_total, dtype=bool)
+        lk = np.flatnonzero(is_lk)
         lc = launch[lk]
         if lc.size < 2 or bool((lc[1:] > lc[:-1]).all()):  # strictly increasing: one op per call
             multi = np.zeros(lk.size, dtype=bool)
@@ -133,24 +166,34 @@ def analyse(tl: Timeline, cfg: Config = Config()) -> dict:
             firsts = np.ones(o.size, dtype=bool)
             firsts[1:] = launch[o][1:] != launch[o][:-1]
             first_of_launch[o[firsts]] = True
-    delay = start - lend
-    np.maximum(delay, 0, out=delay)
+        del lk, lc, multi
     # HTA short kernels: launch call <= runtime cutoff and GPU time < launch time (plain launches)
-    short_ok = (tl.op_kind == KERNEL) & (lkind == LAUNCH)
-    is_short = short_ok & (ldur <= cfg.runtime_cutoff_s * 1e9) & ((end - start) < ldur)
+    short_ok = tl.op_kind == KERNEL
+    short_ok &= lkind == LAUNCH
+    del lkind
+    is_short = ldur <= cfg.runtime_cutoff_s * 1e9
+    is_short &= short_ok
+    # GPU time < launch time <=> ldur - (end - start) > 0, computed in ldur's buffer (no new array)
+    np.subtract(ldur, end, out=ldur)
+    np.add(ldur, start, out=ldur)
+    is_short &= ldur > 0
+    del ldur
+    delay = np.subtract(start, lend, out=lend)
+    np.maximum(delay, 0, out=delay)
+    del lend
 
     # Synchronizing host calls: sync APIs, synchronous copies/sets (H2D <= 64 KB ignored, as nsys),
     # and async copies from/to pageable memory (they silently become synchronous).
-    call_op = np.full(c_start.size, -1, dtype=np.int64)
-    if all_linked:
-        call_op[launch] = np.arange(n_total)
-    else:
-        linked_ops = np.flatnonzero(linked)
-        call_op[launch[linked_ops]] = linked_ops
     small_h2d = np.zeros(c_start.size, dtype=bool)
     pageable_async = np.zeros(c_start.size, dtype=bool)
     # Only copies can be small host-to-device or pageable (kernels carry COPY_UNKNOWN, -1 bytes, not pageable).
     if c_start.size and (tl.op_kind != KERNEL).any():
+        call_op = np.full(c_start.size, -1, dtype=np.int64)
+        if all_linked:
+            call_op[launch] = np.arange(n_total)
+        else:
+            linked_ops = np.flatnonzero(linked)
+            call_op[launch[linked_ops]] = linked_ops
         has_op = np.flatnonzero(call_op >= 0)
         op_of = call_op[has_op]
         cp = tl.op_kind[op_of] != KERNEL
@@ -158,6 +201,7 @@ def analyse(tl: Timeline, cfg: Config = Config()) -> dict:
         small_h2d[has_op] = (tl.op_copy_kind[op_of] == COPY_HTOD) & (tl.op_bytes[op_of] >= 0) & \
             (tl.op_bytes[op_of] <= cfg.memcpy_sync_min_bytes)
         pageable_async[has_op] = tl.op_pageable[op_of]
+        del call_op, has_op, op_of, cp
     syncing = (c_kind == SYNC) | ((c_kind == MEMCPY_SYNC) & ~small_h2d) | ((c_kind == MEMCPY_ASYNC) & pageable_async)
     s_idx = np.flatnonzero(syncing)
     s_idx = s_idx[np.argsort(c_start[s_idx], kind="stable")]
@@ -181,6 +225,7 @@ def analyse(tl: Timeline, cfg: Config = Config()) -> dict:
             o = np.argsort(s, kind="stable")
             di = o if di is None else di[o]
             s = s[o]
+            del o
 
         def take(a: np.ndarray) -> np.ndarray:
             return a if di is None else a[di]
@@ -190,45 +235,42 @@ def analyse(tl: Timeline, cfg: Config = Config()) -> dict:
         pid, sid, ls = take(tl.op_pid), take(tl.op_stream), take(lstart)
 
         def per_stream() -> tuple[list[dict], np.ndarray]:
-            # A stable grouping keeps each stream's ops in start order; every column is gathered once
-            # in that order and each stream is a slice.
-            key = sid if (pid < 0).all() else sid + (pid << 40)
+            # A stable grouping keeps each stream's ops in start order; each stream's columns are
+            # gathered when its turn comes (a few full-length arrays less alive at once).
+            pmin, pmax = (int(pid.min()), int(pid.max())) if pid.size else (0, 0)
+            key = sid if pmin == pmax else sid + (pid << 40)  # one process (or none known): by stream
             order, bounds = _group(key)
-            if order is not None:
-                s_, e_, ls_, kd_, fd_, dd_, sk_, ss_ = (a[order] for a in (s, e, ls, kd, fd, dd, sk, ss))
-            else:
-                s_, e_, ls_, kd_, fd_, dd_, sk_, ss_ = s, e, ls, kd, fd, dd, sk, ss
+            del key
             streams = []
             waits = np.zeros(3, dtype=np.float64)
             for a, b in zip(bounds[:-1], bounds[1:]):
-                sl = slice(a, b)
-                sm = _merged(s_[sl], e_[sl])
-                w = _idle_breakdown(s_[sl], e_[sl], ls_[sl], kw_ns)
+                ix = slice(a, b) if order is None else order[a:b]
+                s_, e_ = s[ix], e[ix]
+                sm = _merged(s_, e_)
+                w = _idle_breakdown(s_, e_, ls[ix], kw_ns)
+                del s_, e_
                 waits += w
                 a0 = a if order is None else int(order[a])
-                st = {"stream": int(sid[a0]), "ops": _op_counts(kd_[sl])}
+                st = {"stream": int(sid[a0]), "ops": _op_counts(kd[ix])}
                 if pid[a0] >= 0:
                     st["pid"] = int(pid[a0])
                 st.update(_interval_fields(sm, cfg))
                 st.update(_wait_fields(w))
-                st.update(_launch_fields(fd_[sl], dd_[sl], sk_[sl], ss_[sl], cfg))
+                st.update(_launch_fields(fd[ix], dd[ix], sk[ix], ss[ix], cfg))
                 streams.append(st)
             return streams, waits
 
         # The per-stream figures and the device's own are independent: on a large device the former run
         # in a second thread (numpy releases the GIL on large arrays), the result is the same.
         streams_job = _Job(per_stream, threaded=s.size >= _THREAD_MIN_OPS)
-        m = _merged(s, e)
-        compm = (kd == KERNEL) & ~take(tl.op_comm)
-        if compm.all():
+        m = _merged(s, e, gap_starts=True)
+        comm_d = take(tl.op_comm)
+        if not comm_d.any() and bool((kd == KERNEL).all()):
             comp_busy = m["busy_ns"]  # the same intervals
         else:
+            compm = (kd == KERNEL) & ~comm_d
             comp_busy = _merged(s[compm], e[compm])["busy_ns"] if compm.any() else 0
-        dev = {"device": int(d), "ops": _op_counts(kd)}
-        dev.update(_interval_fields(m, cfg))
-        dev["compute_seconds"] = _sec(comp_busy)
-        dev["non_compute_seconds"] = _sec(m["span_ns"] - comp_busy - m["idle_ns"])
-        # Which gaps follow a synchronizing call?
+        # Which gaps follow a synchronizing call? (before _interval_fields sorts the gap lengths)
         sync_gap = 0
         if s_idx.size and m["gap_starts"].size:
             j = np.searchsorted(sync_starts, m["gap_starts"], side="right") - 1
@@ -236,7 +278,13 @@ def analyse(tl: Timeline, cfg: Config = Config()) -> dict:
             cov = np.zeros(j.size, dtype=bool)
             cov[ok] = sync_cmend[j[ok]] + cfg.sync_tolerance_s * 1e9 >= m["gap_starts"][ok]
             sync_gap = int(m["gap_lengths"][cov].sum())
+        del m["gap_starts"]
+        dev = {"device": int(d), "ops": _op_counts(kd)}
+        dev.update(_interval_fields(m, cfg))
+        dev["compute_seconds"] = _sec(comp_busy)
+        dev["non_compute_seconds"] = _sec(m["span_ns"] - comp_busy - m["idle_ns"])
         dev["sync_gap_ratio"] = (sync_gap / m["idle_ns"]) if m["idle_ns"] > 0 else None
+        del m
         dev_launch = _launch_fields(fd, dd, sk, ss, cfg)
         streams, waits = streams_job.result()
         dev.update(_wait_fields(waits))
@@ -247,7 +295,14 @@ def analyse(tl: Timeline, cfg: Config = Config()) -> dict:
 
     w0 = int(start.min() if sel is None else start[sel].min())
     w1 = int(end.max() if sel is None else end[sel].max())
-    host = _host_fields(tl, cfg, w0, w1, syncing, small_h2d, pageable_async, sel)
+    # host window start: the first launch call of an analysed op (lstart of linked analysed ops)
+    if sel is None:
+        first_call = int(lstart.min()) if all_linked and lstart.size else \
+            (int(lstart[linked].min()) if linked.any() else None)
+    else:
+        lsel = sel & linked
+        first_call = int(lstart[lsel].min()) if lsel.any() else None
+    host = _host_fields(tl, cfg, w0, w1, first_call, syncing, small_h2d, pageable_async, sel)
     epoch = tl.epoch_offset_ns
     return {
         "source": tl.source,
@@ -302,9 +357,9 @@ def _group(key: np.ndarray) -> tuple[np.ndarray | None, list[int]]:
     if kmin == kmax:
         return None, [0, int(key.size)]
     if kmax - kmin < 1 << 16:  # stream ids are small: a radix sort on 16-bit codes
-        codes = (key - kmin).astype(np.uint16)
-        order = np.argsort(codes, kind="stable")
-        counts = np.bincount(codes)
+        codes = key - kmin
+        counts = np.bincount(codes)  # on the int64 codes: bincount would cast uint16 ones back
+        order = np.argsort(codes.astype(np.uint16), kind="stable")
         counts = counts[counts > 0]
     else:
         order = np.argsort(key, kind="stable")
@@ -314,21 +369,30 @@ def _group(key: np.ndarray) -> tuple[np.ndarray | None, list[int]]:
     return order, [0] + np.cumsum(counts).tolist()
 
 
-def _merged(s: np.ndarray, e: np.ndarray) -> dict:
+def _merged(s: np.ndarray, e: np.ndarray, gap_starts: bool = False) -> dict:
     """Union of intervals sorted by start: busy time and the gaps between merged runs (nsys pairing:
-    a gap exists where the next start is after the running maximum end)."""
+    a gap exists where the next start is after the running maximum end).
+
+    ``gap_lengths``: the positive gaps in time order (``gap_starts``, when asked, where each begins);
+    the other ``n_gaps - gap_lengths.size`` gaps are 0."""
     if s.size == 0:
-        return {"span_ns": 0, "busy_ns": 0, "idle_ns": 0, "gaps": s, "gap_starts": s, "gap_lengths": s, "n": 0}
+        return {"span_ns": 0, "busy_ns": 0, "idle_ns": 0, "gap_lengths": s, "gap_starts": s, "n_gaps": 0, "n": 0}
     cm = np.maximum.accumulate(e)
-    gaps = np.maximum(s[1:] - cm[:-1], 0)
-    pos = gaps > 0
+    d = s[1:] - cm[:-1]
+    pos = d > 0
+    lengths = d[pos]
     span = int(cm[-1] - s[0])
-    idle = int(gaps.sum())
-    return {"span_ns": span, "busy_ns": span - idle, "idle_ns": idle, "gaps": gaps,
-            "gap_starts": cm[:-1][pos], "gap_lengths": gaps[pos], "n": int(s.size)}
+    idle = int(lengths.sum())
+    out = {"span_ns": span, "busy_ns": span - idle, "idle_ns": idle, "gap_lengths": lengths,
+           "n_gaps": int(s.size) - 1, "n": int(s.size)}
+    if gap_starts:
+        out["gap_starts"] = cm[:-1][pos]
+    return out
 
 
 def _interval_fields(m: dict, cfg: Config) -> dict:
+    """Busy/idle figures and the gap distribution of a :func:`_merged` result (sorts its ``gap_lengths``
+    in place: use ``gap_starts`` before)."""
     span = m["span_ns"]
     out = {
         "span_seconds": _sec(span),
@@ -337,11 +401,13 @@ def _interval_fields(m: dict, cfg: Config) -> dict:
         "busy_ratio": (m["busy_ns"] / span) if span > 0 else None,
         "idle_ratio": (m["idle_ns"] / span) if span > 0 else None,
     }
-    gq = _q(m["gaps"])  # sorts the scratch gap array in place
+    lengths = m["gap_lengths"]
+    long_gaps = int(np.count_nonzero(lengths >= cfg.long_gap_s * 1e9))
+    gq = _q(lengths, zeros=m["n_gaps"] - lengths.size)  # sorts the positive gaps in place
     if gq is not None:
-        gq["max"] = _sec(m["gaps"][-1])
+        gq["max"] = _sec(lengths[-1] if lengths.size else 0)
     out["gap_seconds"] = gq
-    out["long_gaps"] = int((m["gap_lengths"] >= cfg.long_gap_s * 1e9).sum())
+    out["long_gaps"] = long_gaps
     return out
 
 
@@ -349,15 +415,17 @@ def _idle_breakdown(s: np.ndarray, e: np.ndarray, ls: np.ndarray, kw_ns: float) 
     """HTA's idle-time categories on one stream (ops sorted by start): [host, kernel, other] ns.
 
     gap = start - previous op's end; host wait if this op's launch call started after the previous op
-    ended (the CPU was late); else kernel wait if gap < cutoff; else other."""
+    ended (the CPU was late); else kernel wait if gap < cutoff; else other. Sums of integer ns, exact
+    (the float sums they replace were exact too below 2**53 ns, 104 days)."""
     if s.size < 2:
         return np.zeros(3)
     prev_end = e[:-1]
-    gap = (s[1:] - prev_end).astype(np.float64)
+    gap = s[1:] - prev_end
     host = ls[1:] > prev_end
-    kern = ~host & (gap < kw_ns)
-    other = ~host & ~kern
-    return np.array([gap[host].sum(), gap[kern].sum(), gap[other].sum()])
+    kern = gap < kw_ns
+    kern &= ~host
+    h, k = int(gap[host].sum()), int(gap[kern].sum())
+    return np.array([h, k, int(gap.sum()) - h - k], dtype=np.float64)
 
 
 def _wait_fields(w: np.ndarray) -> dict:
@@ -373,15 +441,17 @@ def _wait_fields(w: np.ndarray) -> dict:
 
 def _launch_fields(first: np.ndarray, delay: np.ndarray, short_ok: np.ndarray, is_short: np.ndarray,
                    cfg: Config) -> dict:
-    """Launch figures over one group of ops (arrays aligned with each other)."""
+    """Launch figures over one group of ops (arrays aligned with each other; ``is_short`` implies
+    ``short_ok``)."""
     d = delay[first]
+    n_out = int(np.count_nonzero(d > cfg.launch_delay_cutoff_s * 1e9))
     lq = _q(d, (50, 99))
-    so = is_short[short_ok]
+    n_ok = int(np.count_nonzero(short_ok))
     return {
         "launches_linked": int(d.size),
         "launch_delay_seconds": lq,
-        "launch_delay_outlier_ratio": float((d > cfg.launch_delay_cutoff_s * 1e9).mean()) if d.size else None,
-        "short_kernel_ratio": float(so.mean()) if so.size else None,
+        "launch_delay_outlier_ratio": n_out / d.size if d.size else None,
+        "short_kernel_ratio": int(np.count_nonzero(is_short)) / n_ok if n_ok else None,
     }
 
 
@@ -390,16 +460,13 @@ def _op_counts(kinds: np.ndarray) -> dict:
             "memset": int((kinds == MEMSET).sum())}
 
 
-def _host_fields(tl: Timeline, cfg: Config, w0: int, w1: int, syncing: np.ndarray, small_h2d: np.ndarray,
-                 pageable_async: np.ndarray, sel: np.ndarray | None) -> dict:
+def _host_fields(tl: Timeline, cfg: Config, w0: int, w1: int, first_call: int | None, syncing: np.ndarray,
+                 small_h2d: np.ndarray, pageable_async: np.ndarray, sel: np.ndarray | None) -> dict:
     cs, ce, ck = tl.call_start, tl.call_end, tl.call_kind
     # host window: from the first launch of an analysed op (launches precede their ops) to the last op end
-    lk = tl.op_launch if sel is None else tl.op_launch[sel]
-    if lk.size and lk.min() < 0:
-        lk = lk[lk >= 0]
-    h0 = min(w0, int(cs[lk].min())) if lk.size else w0
-    inwin = (cs >= h0) & (cs <= w1)
-    dur = ce - cs
+    h0 = min(w0, first_call) if first_call is not None else w0
+    inwin = cs >= h0
+    inwin &= cs <= w1
     span = max(w1 - w0, 1)
     sy = syncing & inwin
     # steady state: after the first ProfilerStep when there are two or more, else the second half
@@ -422,7 +489,7 @@ def _host_fields(tl: Timeline, cfg: Config, w0: int, w1: int, syncing: np.ndarra
             canon: dict[str, int] = {}
             lut = np.array([canon.setdefault(n, i) for i, n in enumerate(tl.call_names)], dtype=np.int64)
             nm_idx = lut[tl.call_name[listed]]
-        secs = dur[listed] / 1e9
+        secs = (ce[listed] - cs[listed]) / 1e9
         uniq, first = np.unique(nm_idx, return_index=True)
         tot = np.bincount(nm_idx, weights=secs)
         cnt = np.bincount(nm_idx)
@@ -445,15 +512,16 @@ def _host_fields(tl: Timeline, cfg: Config, w0: int, w1: int, syncing: np.ndarra
         g_ops = 0
     steady_span = max(w1 - steady0, 1)
     pg = tl.op_pageable if sel is None else sel & tl.op_pageable
-    sy_sec = float(dur[sy].sum())
-    mf_sec = float(dur[mf].sum())
+    sy_i, mf_i = np.flatnonzero(sy), np.flatnonzero(mf)
+    sy_sec = float((ce[sy_i] - cs[sy_i]).sum())
+    mf_sec = float((ce[mf_i] - cs[mf_i]).sum())
     return {
-        "calls_in_window": int(inwin.sum()),
-        "launch_calls": int(launches.sum()),
+        "calls_in_window": int(np.count_nonzero(inwin)),
+        "launch_calls": int(np.count_nonzero(launches)),
         "driver_launch_calls": n_drv,
         "graph_launch_calls": n_graph,
         "kernels_per_graph_launch": (g_ops / n_graph) if n_graph else None,
-        "sync_api_calls": int(sy.sum()),
+        "sync_api_calls": int(sy_i.size),
         "sync_api_seconds": sy_sec / 1e9,
         "sync_api_ratio": sy_sec / span,
         "pageable_copies": int(pg.sum()),
@@ -461,8 +529,8 @@ def _host_fields(tl: Timeline, cfg: Config, w0: int, w1: int, syncing: np.ndarra
         "pageable_async_copy_calls": int((pageable_async & inwin).sum()),
         "steady_state": {"rule": steady_rule, "start": (steady0 + tl.epoch_offset_ns) / 1e9
                          if tl.epoch_offset_ns is not None else None, "span_seconds": steady_span / 1e9},
-        "steady_malloc_calls": int(mal.sum()),
-        "steady_free_calls": int(fre.sum()),
+        "steady_malloc_calls": int(np.count_nonzero(mal)),
+        "steady_free_calls": int(np.count_nonzero(fre)),
         "steady_malloc_free_seconds": mf_sec / 1e9,
         "steady_malloc_free_ratio": mf_sec / steady_span,
         "api": dict(sorted(by_name.items(), key=lambda kv: -kv[1]["seconds"])),
