@@ -648,6 +648,78 @@ def test_oom_replay_recreated_block_never_overlaps_the_next_live_block():
     assert o["allocated_bytes"] == 10 * MiB  # the re-created block is pending (its free_requested came earlier)
 
 
+class _FirstFit:
+    """A tiny independent allocator model: one segment, first-fit, blocks of exactly the requested size
+    (multiples of 2 MiB, so the allocator's rounding changes nothing). Free space = gaps between blocks."""
+
+    def __init__(self, base, total):
+        self.base, self.total, self.live = base, total, {}
+
+    def free_ranges(self):
+        pos, out = self.base, []
+        for a in sorted(self.live):
+            if a > pos:
+                out.append(a - pos)
+            pos = a + self.live[a]
+        if self.base + self.total > pos:
+            out.append(self.base + self.total - pos)
+        return out
+
+    def alloc(self, size):
+        pos = self.base
+        for a in sorted(self.live) + [self.base + self.total]:
+            if a - pos >= size:
+                self.live[pos] = size
+                return pos
+            if a < self.base + self.total:
+                pos = a + self.live[a]
+        return None
+
+    def segment(self):
+        blocks, pos = [], self.base
+        for a in sorted(self.live):
+            if a > pos:
+                blocks.append(blk(a - pos, "inactive", req=0))
+            blocks.append(blk(self.live[a]))
+            pos = a + self.live[a]
+        if self.base + self.total > pos:
+            blocks.append(blk(self.base + self.total - pos, "inactive", req=0))
+        s = seg(blocks)
+        s["address"] = self.base
+        return s
+
+
+def test_oom_replay_matches_an_independent_allocator_model():
+    """Seeded random histories: allocations and frees run through _FirstFit, an OOM mark, more of both,
+    then a dump. The replay must give back the model's free bytes and largest free block at the mark."""
+    import random
+
+    rnd = random.Random(7)
+    for trial in range(100):
+        m = _FirstFit(0x7F00_0000_0000 + trial * 4 * GiB, 512 * MiB)
+        for _ in range(rnd.randint(5, 40)):
+            m.alloc(rnd.randint(1, 20) * 2 * MiB)
+        for a in rnd.sample(sorted(m.live), k=len(m.live) // 3):
+            del m.live[a]
+        want = m.free_ranges()
+        trace = [oom(300 * MiB, 0)]
+        for _ in range(rnd.randint(1, 40)):
+            if m.live and rnd.random() < 0.5:
+                a = rnd.choice(sorted(m.live))
+                trace += freed(a, m.live.pop(a))
+            else:
+                size = rnd.randint(1, 20) * 2 * MiB
+                a = m.alloc(size)
+                if a is not None:
+                    trace.append(ev("alloc", a, size))
+        snap = parse_snapshot(dump([m.segment()], [trace]))
+        rp = replay_to_oom(snap, snap.ooms[0])
+        assert rp.complete, (trial, rp.problem)
+        got = rp.state.aggregate()
+        assert (got["inactive_bytes"], got["largest_free_block_bytes"], got["free_blocks"]) == \
+            (sum(want), max(want, default=0), len(want)), trial
+
+
 def test_replay_to_oom_api_on_legacy_layout():
     # PyTorch ~2.0 layout: blocks without address, a 'free' entry (the pre-split action name, as
     # MemoryViz.js treats it) after the OOM. [A10 F54] at dump; a 20 MiB tensor at 10 MiB was freed.
