@@ -11,6 +11,7 @@ capture feature and the CLI).
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -208,6 +209,20 @@ def analyse(tl: Timeline, cfg: Config = Config()) -> dict:
     sync_starts = c_start[s_idx]
     sync_cmend = np.maximum.accumulate(c_end[s_idx]) if s_idx.size else s_idx
 
+    w0 = int(start.min() if sel is None else start[sel].min())
+    w1 = int(end.max() if sel is None else end[sel].max())
+    # host window start: the first launch call of an analysed op (lstart of linked analysed ops)
+    if sel is None:
+        first_call = int(lstart.min()) if all_linked and lstart.size else \
+            (int(lstart[linked].min()) if linked.any() else None)
+    else:
+        lsel = sel & linked
+        first_call = int(lstart[lsel].min()) if lsel.any() else None
+
+    def host_job() -> dict:
+        return _host_fields(tl, cfg, w0, w1, first_call, syncing, small_h2d, pageable_async, sel)
+
+    host = None
     devices = []
     kw_ns = cfg.kernel_wait_cutoff_s * 1e9
     dev_all = tl.op_device if sel is None else tl.op_device[sel]
@@ -234,36 +249,11 @@ def analyse(tl: Timeline, cfg: Config = Config()) -> dict:
         fd, dd, sk, ss = take(first_of_launch), take(delay), take(short_ok), take(is_short)
         pid, sid, ls = take(tl.op_pid), take(tl.op_stream), take(lstart)
 
-        def per_stream() -> tuple[list[dict], np.ndarray]:
-            # A stable grouping keeps each stream's ops in start order; each stream's columns are
-            # gathered when its turn comes (a few full-length arrays less alive at once).
-            pmin, pmax = (int(pid.min()), int(pid.max())) if pid.size else (0, 0)
-            key = sid if pmin == pmax else sid + (pid << 40)  # one process (or none known): by stream
-            order, bounds = _group(key)
-            del key
-            streams = []
-            waits = np.zeros(3, dtype=np.float64)
-            for a, b in zip(bounds[:-1], bounds[1:]):
-                ix = slice(a, b) if order is None else order[a:b]
-                s_, e_ = s[ix], e[ix]
-                sm = _merged(s_, e_)
-                w = _idle_breakdown(s_, e_, ls[ix], kw_ns)
-                del s_, e_
-                waits += w
-                a0 = a if order is None else int(order[a])
-                st = {"stream": int(sid[a0]), "ops": _op_counts(kd[ix])}
-                if pid[a0] >= 0:
-                    st["pid"] = int(pid[a0])
-                st.update(_interval_fields(sm, cfg))
-                st.update(_wait_fields(w))
-                st.update(_launch_fields(fd[ix], dd[ix], sk[ix], ss[ix], cfg))
-                streams.append(st)
-            return streams, waits
-
-        # The per-stream figures and the device's own are independent: on a large device the former run
-        # in a second thread (numpy releases the GIL on large arrays), the result is the same.
-        streams_job = _Job(per_stream, threaded=s.size >= _THREAD_MIN_OPS)
-        m = _merged(s, e, gap_starts=True)
+        # The per-stream figures and the device's own are independent. On a large device a second thread
+        # groups the ops by stream and starts on the streams; this thread computes the device's figures,
+        # then takes streams too (numpy releases the GIL on large arrays). The result is the same.
+        streams_job = _Streams(s, e, ls, kd, fd, dd, sk, ss, pid, sid, cfg, threaded=s.size >= _THREAD_MIN_OPS)
+        m = _merged(s, e, gap_starts=bool(s_idx.size))
         comm_d = take(tl.op_comm)
         if not comm_d.any() and bool((kd == KERNEL).all()):
             comp_busy = m["busy_ns"]  # the same intervals
@@ -278,7 +268,7 @@ def analyse(tl: Timeline, cfg: Config = Config()) -> dict:
             cov = np.zeros(j.size, dtype=bool)
             cov[ok] = sync_cmend[j[ok]] + cfg.sync_tolerance_s * 1e9 >= m["gap_starts"][ok]
             sync_gap = int(m["gap_lengths"][cov].sum())
-        del m["gap_starts"]
+        m.pop("gap_starts", None)
         dev = {"device": int(d), "ops": _op_counts(kd)}
         dev.update(_interval_fields(m, cfg))
         dev["compute_seconds"] = _sec(comp_busy)
@@ -286,6 +276,8 @@ def analyse(tl: Timeline, cfg: Config = Config()) -> dict:
         dev["sync_gap_ratio"] = (sync_gap / m["idle_ns"]) if m["idle_ns"] > 0 else None
         del m
         dev_launch = _launch_fields(fd, dd, sk, ss, cfg)
+        if host is None and d == dev_ids[-1] and host_job is not None:
+            host = host_job()  # while the other thread works on streams
         streams, waits = streams_job.result()
         dev.update(_wait_fields(waits))
         dev.update(dev_launch)
@@ -293,16 +285,8 @@ def analyse(tl: Timeline, cfg: Config = Config()) -> dict:
         dev["streams"] = streams
         devices.append(dev)
 
-    w0 = int(start.min() if sel is None else start[sel].min())
-    w1 = int(end.max() if sel is None else end[sel].max())
-    # host window start: the first launch call of an analysed op (lstart of linked analysed ops)
-    if sel is None:
-        first_call = int(lstart.min()) if all_linked and lstart.size else \
-            (int(lstart[linked].min()) if linked.any() else None)
-    else:
-        lsel = sel & linked
-        first_call = int(lstart[lsel].min()) if lsel.any() else None
-    host = _host_fields(tl, cfg, w0, w1, first_call, syncing, small_h2d, pageable_async, sel)
+    if host is None:
+        host = host_job()
     epoch = tl.epoch_offset_ns
     return {
         "source": tl.source,
@@ -322,31 +306,89 @@ def analyse(tl: Timeline, cfg: Config = Config()) -> dict:
 _THREAD_MIN_OPS = 200_000  # below this a second thread costs more than it saves
 
 
-class _Job:
-    """Runs ``fn`` now, or in a thread when ``threaded``; ``result()`` returns its value or raises its error."""
+class _Streams:
+    """Per-stream figures of one device's ops (arrays aligned, in start order): the stable grouping by
+    (process, stream), then each stream's figures from its gathered columns (a few full-length arrays
+    less alive at once). ``threaded``: a worker thread groups and starts on the streams, and
+    ``result()`` makes the calling thread take the remaining streams too. Streams come back in
+    grouping order, their idle breakdowns summed in that order (the same floats either way)."""
 
-    def __init__(self, fn, threaded: bool) -> None:
-        self._fn, self._out, self._err, self._thread = fn, None, None, None
+    def __init__(self, s, e, ls, kd, fd, dd, sk, ss, pid, sid, cfg: Config, threaded: bool) -> None:
+        self.cols = (s, e, ls, kd, fd, dd, sk, ss, pid, sid)
+        self.cfg = cfg
+        self.grouped = threading.Event()
+        self.lock = threading.Lock()
+        self.next = 0
+        self.order: np.ndarray | None = None
+        self.bounds: list[int] = [0]
+        self.out: dict[int, tuple[dict, np.ndarray]] = {}
+        self.errors: list[BaseException] = []
+        self.thread = None
         if threaded:
-            import threading
+            self.thread = threading.Thread(target=self._worker, daemon=True)
+            self.thread.start()
 
-            self._thread = threading.Thread(target=self._run, daemon=True)
-            self._thread.start()
-        else:
-            self._run()
-
-    def _run(self) -> None:
+    def _worker(self) -> None:
         try:
-            self._out = self._fn()
+            self._group()
+            self._take()
         except BaseException as e:  # noqa: BLE001 -- re-raised by result()
-            self._err = e
+            self.errors.append(e)
+            self.grouped.set()
 
-    def result(self):
-        if self._thread is not None:
-            self._thread.join()
-        if self._err is not None:
-            raise self._err
-        return self._out
+    def _group(self) -> None:
+        pid, sid = self.cols[8], self.cols[9]
+        pmin, pmax = (int(pid.min()), int(pid.max())) if pid.size else (0, 0)
+        key = sid if pmin == pmax else sid + (pid << 40)  # one process (or none known): by stream
+        self.order, self.bounds = _group(key)
+        self.grouped.set()
+
+    def _take(self) -> None:
+        n = len(self.bounds) - 1
+        while not self.errors:
+            with self.lock:
+                k, self.next = self.next, self.next + 1
+            if k >= n:
+                return
+            self.out[k] = self._one(k)
+
+    def _one(self, k: int) -> tuple[dict, np.ndarray]:
+        s, e, ls, kd, fd, dd, sk, ss, pid, sid = self.cols
+        cfg = self.cfg
+        a, b = self.bounds[k], self.bounds[k + 1]
+        ix = slice(a, b) if self.order is None else self.order[a:b]
+        s_, e_ = s[ix], e[ix]
+        sm = _merged(s_, e_)
+        w = _idle_breakdown(s_, e_, ls[ix], cfg.kernel_wait_cutoff_s * 1e9)
+        del s_, e_
+        a0 = a if self.order is None else int(self.order[a])
+        st = {"stream": int(sid[a0]), "ops": _op_counts(kd[ix])}
+        if pid[a0] >= 0:
+            st["pid"] = int(pid[a0])
+        st.update(_interval_fields(sm, cfg))
+        st.update(_wait_fields(w))
+        st.update(_launch_fields(fd[ix], dd[ix], sk[ix], ss[ix], cfg))
+        return st, w
+
+    def result(self) -> tuple[list[dict], np.ndarray]:
+        if self.thread is None:
+            self._group()
+            self._take()
+        else:
+            self.grouped.wait()
+            try:
+                self._take()
+            except BaseException as e:  # noqa: BLE001 -- re-raised below, after the worker stopped
+                self.errors.append(e)
+            self.thread.join()
+        if self.errors:
+            raise self.errors[0]
+        streams, waits = [], np.zeros(3, dtype=np.float64)
+        for k in range(len(self.bounds) - 1):
+            st, w = self.out[k]
+            waits += w
+            streams.append(st)
+        return streams, waits
 
 
 def _group(key: np.ndarray) -> tuple[np.ndarray | None, list[int]]:
@@ -357,10 +399,11 @@ def _group(key: np.ndarray) -> tuple[np.ndarray | None, list[int]]:
     if kmin == kmax:
         return None, [0, int(key.size)]
     if kmax - kmin < 1 << 16:  # stream ids are small: a radix sort on 16-bit codes
-        codes = key - kmin
-        counts = np.bincount(codes)  # on the int64 codes: bincount would cast uint16 ones back
-        order = np.argsort(codes.astype(np.uint16), kind="stable")
-        counts = counts[counts > 0]
+        codes = np.subtract(key, kmin, out=np.empty(key.size, dtype=np.uint16), casting="unsafe")
+        order = np.argsort(codes, kind="stable")
+        sc = codes[order]
+        cuts = np.flatnonzero(sc[1:] != sc[:-1]) + 1
+        counts = np.diff(np.concatenate(([0], cuts, [key.size])))
     else:
         order = np.argsort(key, kind="stable")
         sk = key[order]
@@ -378,10 +421,11 @@ def _merged(s: np.ndarray, e: np.ndarray, gap_starts: bool = False) -> dict:
     if s.size == 0:
         return {"span_ns": 0, "busy_ns": 0, "idle_ns": 0, "gap_lengths": s, "gap_starts": s, "n_gaps": 0, "n": 0}
     cm = np.maximum.accumulate(e)
-    d = s[1:] - cm[:-1]
+    span = int(cm[-1] - s[0])
+    # the gaps, over the running maximum's buffer unless their start times are wanted
+    d = s[1:] - cm[:-1] if gap_starts else np.subtract(s[1:], cm[:-1], out=cm[:-1])
     pos = d > 0
     lengths = d[pos]
-    span = int(cm[-1] - s[0])
     idle = int(lengths.sum())
     out = {"span_ns": span, "busy_ns": span - idle, "idle_ns": idle, "gap_lengths": lengths,
            "n_gaps": int(s.size) - 1, "n": int(s.size)}
