@@ -27,8 +27,11 @@ builds one tuple per row (about 0.3 µs per value here), too slow for multi-mill
 """
 from __future__ import annotations
 
+import importlib.machinery
+import importlib.util
 import os
 import sqlite3
+import sys
 import threading
 import urllib.parse
 import warnings
@@ -52,6 +55,7 @@ _CHUNK_ROWS = 2_000_000  # rows per group_concat string (stays far below SQLite'
 _OR_CHAIN_MAX = 4
 _PARTITION_MIN_ROWS = 500_000  # connectorx: split a table into rowid ranges read in parallel above this
 _PUBLIC_API_LOCK = threading.Lock()
+_NATIVE_LOCK = threading.Lock()
 
 
 def _connect(path: str) -> sqlite3.Connection:
@@ -283,8 +287,7 @@ def _link(op_key: np.ndarray, call_key: np.ndarray) -> np.ndarray:
     """Index of the call with the same key for each op (-1: none; keys < 0 never match; among calls with
     equal keys the first). Same result as kineto._link_by_key; runtime rows usually come in correlation
     order, so the sort is skipped when the keys are already sorted. One new array (the result), filled
-    in steps of _SCRATCH_ROWS by two threads (numpy's binary search releases the GIL: 2 M ops against
-    2 M calls take 0.09 s in one thread here)."""
+    in steps of _SCRATCH_ROWS by two threads (numpy's binary search releases the GIL)."""
     if not call_key.size or not op_key.size:
         return np.full(op_key.size, -1, dtype=np.int64)
     if call_key.size < 2 or bool((call_key[1:] >= call_key[:-1]).all()):
@@ -301,7 +304,12 @@ def _link(op_key: np.ndarray, call_key: np.ndarray) -> np.ndarray:
         for a in range(lo, hi, _SCRATCH_ROWS):
             b = min(a + _SCRATCH_ROWS, hi)
             p, ok, m = pos[a:b], op_key[a:b], miss[: b - a]
-            p[:] = np.searchsorted(sk, ok)
+            # Search only the calls between the block's smallest and largest key: ops come roughly in
+            # correlation order, so the window is about a block long and stays in the cache (2.5x
+            # faster than searching all calls); the positions are the same.
+            w0 = int(np.searchsorted(sk, ok.min()))
+            w1 = int(np.searchsorted(sk, ok.max(), side="right"))
+            np.add(np.searchsorted(sk[w0:w1], ok), w0, out=p)
             np.minimum(p, last, out=p)
             np.not_equal(np.take(sk, p, out=scratch[: b - a]), ok, out=m)
             m |= ok < 0
@@ -346,8 +354,7 @@ class _Fetcher:
         self._cx = None
         if reader in ("auto", "connectorx"):
             try:
-                import connectorx  # noqa: F401
-
+                _cx_native()
                 self.backend = "connectorx"
             except ImportError:
                 if reader == "connectorx":
@@ -431,10 +438,8 @@ class _Fetcher:
     def _cx_read(self, q: _Query, sql: str) -> list[np.ndarray]:
         conn = "sqlite://" + urllib.parse.quote(os.path.abspath(self.path))
         try:
-            from connectorx.connectorx import read_sql as native  # the compiled module, without pandas
-
-            got = native(conn, "pandas", queries=[sql], protocol=None, partition_query=None,
-                         pre_execution_queries=None)
+            got = _cx_native().read_sql(conn, "pandas", queries=[sql], protocol=None, partition_query=None,
+                                        pre_execution_queries=None)
             return _from_cx_blocks(got, q)
         except Exception:  # noqa: BLE001 -- an internal API of another version: the public one
             import connectorx as cx
@@ -444,6 +449,46 @@ class _Fetcher:
                 warnings.simplefilter("ignore")  # deprecated in pandas 3
                 df = cx.read_sql(conn, sql, return_type="pandas")
             return [df[f"c{i}"].to_numpy(dtype=np.int64, na_value=nv) for i, (_, nv) in enumerate(q.cols)]
+
+
+def _cx_native():
+    """connectorx's compiled module (``connectorx.connectorx``: read_sql without pandas). Loaded from its
+    file without running the package's ``__init__``, which imports importlib.metadata, pathlib and
+    typing to set a version string and two paths for its Java-based federation (18 ms of the CLI's
+    start here, against 13 ms for the module itself); the usual import when that fails. Raises
+    ImportError when connectorx is not installed."""
+    mod = sys.modules.get("connectorx.connectorx")
+    if mod is not None:
+        return mod
+    with _NATIVE_LOCK:
+        mod = sys.modules.get("connectorx.connectorx")
+        if mod is not None:
+            return mod
+        try:
+            spec = importlib.util.find_spec("connectorx")  # locates the package, does not import it
+        except (ImportError, ValueError):
+            spec = None
+        if spec is None:
+            raise ImportError("connectorx is not installed")
+        for d in spec.submodule_search_locations or []:
+            for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+                path = os.path.join(d, "connectorx" + suffix)
+                if not os.path.isfile(path):
+                    continue
+                try:
+                    loader = importlib.machinery.ExtensionFileLoader("connectorx.connectorx", path)
+                    mspec = importlib.util.spec_from_file_location("connectorx.connectorx", path, loader=loader)
+                    mod = importlib.util.module_from_spec(mspec)
+                    loader.exec_module(mod)
+                except Exception:  # noqa: BLE001 -- another layout: the usual import below
+                    break
+                if hasattr(mod, "read_sql"):
+                    sys.modules["connectorx.connectorx"] = mod  # `import connectorx` later reuses it
+                    return mod
+                break
+        import connectorx.connectorx as mod  # noqa: PLC0415
+
+        return mod
 
 
 def _cx_parts(rows: int) -> int:

@@ -500,8 +500,8 @@ def _launch_fields(first: np.ndarray, delay: np.ndarray, short_ok: np.ndarray, i
 
 
 def _op_counts(kinds: np.ndarray) -> dict:
-    return {"kernel": int((kinds == KERNEL).sum()), "memcpy": int((kinds == MEMCPY).sum()),
-            "memset": int((kinds == MEMSET).sum())}
+    return {"kernel": int(np.count_nonzero(kinds == KERNEL)), "memcpy": int(np.count_nonzero(kinds == MEMCPY)),
+            "memset": int(np.count_nonzero(kinds == MEMSET))}
 
 
 def _host_fields(tl: Timeline, cfg: Config, w0: int, w1: int, first_call: int | None, syncing: np.ndarray,
