@@ -446,7 +446,7 @@ def test_nsys_reader_paths_give_the_same_analysis(tmp_path, monkeypatch):
 
 def test_nsys_link_matches_kineto_link():
     from fragscope.collectors.kineto import _link_by_key
-    from fragscope.collectors.nsys import _link
+    from fragscope.collectors.nsys import _SCRATCH_ROWS, _link
 
     rng = np.random.default_rng(3)
     for sort_calls in (True, False):
@@ -456,6 +456,102 @@ def test_nsys_link_matches_kineto_link():
         ops = rng.integers(-2, 450, 800)
         assert np.array_equal(_link(ops, calls), _link_by_key(ops, calls))
     assert _link(np.array([1, 2]), np.zeros(0, dtype=np.int64)).tolist() == [-1, -1]
+    # large enough for the two-thread, block-by-block path: ops roughly in call order, repeated keys
+    n = 2 * _SCRATCH_ROWS + 12_345
+    for sort_calls in (True, False):
+        calls = np.sort(rng.integers(-1, 3 * n, n)) if sort_calls else rng.integers(-1, 3 * n, n)
+        ops = np.sort(rng.integers(-1, 3 * n, n + 77)) + rng.integers(-50, 50, n + 77)
+        got = _link(ops, calls)
+        assert np.array_equal(got, _link_by_key(ops, calls)) and (got >= 0).mean() > 0.2
+
+
+def test_quantiles_replay_numpy_percentile():
+    """_q computes np.percentile's linear interpolation operation for operation: the same floats, also
+    when given only the positive values and how many zeros there were."""
+    from fragscope.detectors.timeline import _q
+
+    rng = np.random.default_rng(5)
+    for t in range(2000):
+        n = int(rng.integers(1, 40)) if t % 10 else int(rng.integers(1, 3000))
+        a = rng.integers(0, int(rng.choice([3, 10**6, 2**62])), n)
+        a[rng.random(n) < 0.4] = 0
+        for qs in ((50, 90, 99), (50, 99)):
+            ref = {f"p{q}": float(v) / 1e9 for q, v in zip(qs, np.percentile(a, list(qs)))}
+            assert _q(a.copy(), qs) == ref
+            assert _q(a[a > 0].copy(), qs, zeros=int((a == 0).sum())) == ref
+    assert _q(np.zeros(0, dtype=np.int64)) is None
+    assert _q(np.zeros(0, dtype=np.int64), zeros=3) == {"p50": 0.0, "p90": 0.0, "p99": 0.0}
+
+
+def test_analysis_threaded_equals_one_thread(tmp_path, monkeypatch):
+    """Large devices share their streams between two threads: the same analysis as one thread."""
+    import fragscope.detectors.timeline as timeline
+
+    tl = read_nsys(str(make_nsys_mixed(tmp_path / "m.sqlite")), reader="stdlib")
+    ref = _analysis(tl)
+    monkeypatch.setattr(timeline, "_THREAD_MIN_OPS", 1)
+    assert _analysis(tl) == ref
+
+
+def test_nsys_one_wanted_api(tmp_path):
+    """Runtime rows of a single wanted API (the reader then skips nameId): other calls stay out, every
+    call is a launch, and both readers give the same Timeline."""
+    p = tmp_path / "one.sqlite"
+    c = sqlite3.connect(p)
+    c.executescript((DATA / "nsys_schema.sql").read_text())
+    c.executemany("INSERT INTO StringIds VALUES (?, ?)", [(1, "gemm"), (2, "cudaEventRecord_v3020"),
+                                                          (3, "cudaLaunchKernel_v7000")])
+    gp = _gpid(77)
+    for i in range(50):
+        t = 1_000_000 + i * 40_000
+        c.execute("INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME (start, end, eventClass, globalTid, correlationId, "
+                  "nameId, returnValue) VALUES (?,?,1,?,?,?,0)", (t, t + 5_000, gp | 78, 2 * i + 1, 3))
+        c.execute("INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME (start, end, eventClass, globalTid, correlationId, "
+                  "nameId, returnValue) VALUES (?,?,1,?,?,?,0)", (t + 6_000, t + 7_000, gp | 78, 2 * i + 2, 2))
+        c.execute("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL (start, end, deviceId, contextId, streamId, correlationId, "
+                  "globalPid, demangledName, shortName, registersPerThread, gridX, gridY, gridZ, blockX, blockY, "
+                  "blockZ, staticSharedMemory, dynamicSharedMemory, localMemoryPerThread, localMemoryTotal, gridId) "
+                  "VALUES (?,?,0,1,7,?,?,1,1,32,1,1,1,128,1,1,0,0,0,0,0)", (t + 9_000, t + 12_000, 2 * i + 1, gp))
+    c.commit()
+    c.close()
+    tls = [read_nsys(str(p), reader=r) for r in READERS]
+    for tl in tls:
+        assert tl.call_names == ["cudaLaunchKernel"] and tl.call_start.size == 50
+        assert (tl.call_kind == LAUNCH).all() and (tl.call_name == 0).all()
+        assert np.array_equal(tl.op_launch, np.arange(50)) and (tl.op_pid == 77).all()
+        assert _analysis(tl) == _analysis(tls[0])
+
+
+def test_connectorx_native_module():
+    if "connectorx" not in READERS:
+        pytest.skip("connectorx not installed")
+    from fragscope.collectors.nsys import _cx_native
+
+    mod = _cx_native()
+    assert callable(mod.read_sql)
+    import connectorx
+    import connectorx.connectorx as again
+
+    assert again is mod and callable(connectorx.read_sql)  # the package, imported later, reuses it
+
+
+def test_trace_cli_asks_numpy_for_small_pages(monkeypatch):
+    try:
+        from numpy._core.multiarray import _set_madvise_hugepage
+    except ImportError:
+        pytest.skip("numpy < 2")
+    from fragscope.cli.trace_cmd import _small_pages
+
+    monkeypatch.delenv("NUMPY_MADVISE_HUGEPAGE", raising=False)
+    before = _set_madvise_hugepage(True)
+    try:
+        _small_pages()
+        assert _set_madvise_hugepage(True) is False  # (returns the previous setting)
+        monkeypatch.setenv("NUMPY_MADVISE_HUGEPAGE", "1")
+        _small_pages()
+        assert _set_madvise_hugepage(True) is True  # the user's choice stands
+    finally:
+        _set_madvise_hugepage(before)
 
 
 def test_nsys_without_alloc_churn_has_no_allocator_finding(tmp_path):
