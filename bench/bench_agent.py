@@ -55,25 +55,52 @@ def wait_http(port: int, path: str, timeout: float = 30.0) -> None:
     raise SystemExit(f"bench: nothing answered on 127.0.0.1:{port}{path} in {timeout:g} s")
 
 
-def measure(proc: psutil.Process, port: int, seconds: float, scrape_every: float = 15.0) -> dict:
-    """CPU seconds and RSS over ``seconds`` while Prometheus-like scrapes arrive every 15 s."""
-    c0 = proc.cpu_times()
+def _status(port: int) -> dict:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    conn.request("GET", "/api/v1/status")
+    st = json.loads(conn.getresponse().read())
+    conn.close()
+    return st
+
+
+def _accounted(st: dict) -> dict:
+    """The agent's own CPU accounting (thread CPU inside each collector run, and the detectors)."""
+    d = {c["name"]: c["cpu_seconds"] for c in st["collectors"]}
+    d["detectors"] = st["detector"]["cpu_seconds"]
+    return d
+
+
+def measure(procs: dict[str, psutil.Process], ports: dict[str, int], seconds: float, agent_port: int,
+            scrape_every: float = 15.0) -> dict:
+    """CPU seconds and RSS of every process over the same ``seconds`` (so both see the same machine),
+    while Prometheus-like scrapes arrive every 15 s; plus the agent's own per-part accounting."""
+    c0 = {k: p.cpu_times() for k, p in procs.items()}
+    a0 = _accounted(_status(agent_port))
     t0 = time.monotonic()
-    rss_max = 0
+    la0 = os.getloadavg()[0]
+    rss_max = dict.fromkeys(procs, 0)
     next_scrape = t0
     while time.monotonic() - t0 < seconds:
         if time.monotonic() >= next_scrape:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-            conn.request("GET", "/metrics")
-            conn.getresponse().read()
-            conn.close()
+            for port in ports.values():
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+                conn.request("GET", "/metrics")
+                conn.getresponse().read()
+                conn.close()
             next_scrape += scrape_every
-        rss_max = max(rss_max, proc.memory_info().rss)
+        for k, p in procs.items():
+            rss_max[k] = max(rss_max[k], p.memory_info().rss)
         time.sleep(0.5)
-    c1 = proc.cpu_times()
     wall = time.monotonic() - t0
-    cpu = (c1.user - c0.user) + (c1.system - c0.system)
-    return {"cpu_pct": 100.0 * cpu / wall, "rss_mb": proc.memory_info().rss / 1e6, "rss_max_mb": rss_max / 1e6}
+    a1 = _accounted(_status(agent_port))
+    out = {}
+    for k, p in procs.items():
+        c1 = p.cpu_times()
+        cpu = (c1.user - c0[k].user) + (c1.system - c0[k].system)
+        out[k] = {"cpu_pct": 100.0 * cpu / wall, "rss_mb": p.memory_info().rss / 1e6, "rss_max_mb": rss_max[k] / 1e6}
+    out["parts_pct"] = {k: 100.0 * (a1[k] - a0.get(k, 0.0)) / wall for k in a1}
+    out["load"] = (la0 + os.getloadavg()[0]) / 2
+    return out
 
 
 def scrape_latency(port: int, n: int = 200) -> dict:
@@ -95,6 +122,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=60.0, help="measurement period per process")
     ap.add_argument("--warmup", type=float, default=10.0)
+    ap.add_argument("--rounds", type=int, default=3, help="measurement rounds (the median is reported)")
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="fragscope-bench-")
     procs: list[subprocess.Popen] = []
@@ -105,7 +133,7 @@ def main() -> None:
                                    "--dcgm", os.path.join(DATA, "dcgm_l4_cncf.txt"), "--period", "30",
                                    "--probe-dir", os.path.join(tmp, "probe"), "--log-file",
                                    os.path.join(tmp, "engine.log"),
-                                   "--max-seconds", str(3 * args.seconds + 4 * args.warmup + 120)],
+                                   "--max-seconds", str(args.rounds * args.seconds + 4 * args.warmup + 120)],
                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         procs.append(replay)
         base = f"http://127.0.0.1:{int(replay.stdout.readline().split()[1])}"
@@ -123,25 +151,34 @@ def main() -> None:
         wait_http(aport, "/readyz")
         wait_http(bport, "/metrics")
         time.sleep(args.warmup)
-        print(f"measuring {args.seconds:g} s each at 1 s sampling (vllm, dcgm, torch, process, logs); "
-              "a scrape every 15 s", flush=True)
-        a = measure(psutil.Process(agent.pid), aport, args.seconds)
-        b = measure(psutil.Process(bare.pid), bport, args.seconds)
+        print(f"measuring {args.rounds} rounds of {args.seconds:g} s at 1 s sampling (vllm, dcgm, torch, process, "
+              "logs), agent and bare exporter over the same seconds; a scrape of each every 15 s", flush=True)
+        watched = {"agent": psutil.Process(agent.pid), "bare": psutil.Process(bare.pid)}
+        rounds = []
+        for i in range(args.rounds):
+            r = measure(watched, {"agent": aport, "bare": bport}, args.seconds, aport)
+            rounds.append(r)
+            parts = ", ".join(f"{k} {v:.2f}" for k, v in r["parts_pct"].items())
+            print(f"  round {i + 1}: agent {r['agent']['cpu_pct']:.2f} %, bare {r['bare']['cpu_pct']:.2f} % "
+                  f"(ratio {r['agent']['cpu_pct'] / max(r['bare']['cpu_pct'], 1e-3):.1f}), load {r['load']:.2f}; "
+                  f"agent's own accounting (% of a core): {parts}", flush=True)
         la, lb = scrape_latency(aport), scrape_latency(bport)
-        conn = http.client.HTTPConnection("127.0.0.1", aport, timeout=5)
-        conn.request("GET", "/api/v1/status")
-        st = json.loads(conn.getresponse().read())
+        st = _status(aport)
         ups = {c["name"]: c["up"] for c in st["collectors"]}
         durs = {c["name"]: round(1e3 * (c["duration_seconds"] or 0), 2) for c in st["collectors"]}
-        cpu = {c["name"]: round(c["cpu_seconds"], 2) for c in st["collectors"]}
-        up_s = st["uptime_seconds"]
         print(f"collectors up: {ups}")
-        print(f"agent CPU seconds by collector over {up_s:.0f} s (collect + ring + buffer): {cpu}; "
-              f"detectors: {st['detector']['cpu_seconds']:.2f} s in {st['detector']['runs']} runs")
-        print(f"last collect duration (ms): {durs}")
+        print(f"last collect duration (ms, wall: includes waiting on the server): {durs}")
         print(f"pandas imported by the agent: {st['pandas_loaded']}; history points written: "
               f"{st['store']['points_written']}, on disk {st['store']['disk_bytes'] / 1e6:.2f} MB")
+        med = lambda k, f: statistics.median(r[k][f] for r in rounds)  # noqa: E731
+        a = {f: med("agent", f) for f in ("cpu_pct", "rss_mb")}
+        b = {f: med("bare", f) for f in ("cpu_pct", "rss_mb")}
+        a["rss_max_mb"] = max(r["agent"]["rss_max_mb"] for r in rounds)
+        b["rss_max_mb"] = max(r["bare"]["rss_max_mb"] for r in rounds)
+        lo = min(r["agent"]["cpu_pct"] for r in rounds)
+        hi = max(r["agent"]["cpu_pct"] for r in rounds)
         print()
+        print(f"median of {args.rounds} rounds (agent CPU range {lo:.2f}-{hi:.2f} %)")
         print(f"{'':28}{'agent':>12}{'bare exporter':>16}{'ratio':>9}{'target':>10}")
         print(f"{'CPU % of one core':28}{a['cpu_pct']:>12.2f}{b['cpu_pct']:>16.2f}"
               f"{a['cpu_pct'] / max(b['cpu_pct'], 1e-3):>9.1f}{'< 1':>10}")

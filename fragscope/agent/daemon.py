@@ -342,9 +342,9 @@ class Agent:
             st.bump()
 
     # --- collector threads --------------------------------------------------------------------
-    def _run_collector(self, h: CollectorHealth, obj: Any) -> None:
+    def _run_collector(self, h: CollectorHealth, obj: Any, phase: float = 0.0) -> None:
         interval = h.interval
-        next_due = time.monotonic()
+        next_due = time.monotonic() + phase
         state = self.state
         while not self._stop.is_set():
             delay = next_due - time.monotonic()
@@ -455,7 +455,8 @@ class Agent:
         every = float(self.cfg.capture_profile_every or 0.0)
         next_profile = time.monotonic() + min(every, 60.0) if every > 0 else math.inf
         while not self._stop.is_set():
-            self._capture_wake.wait(1.0)
+            # sleep until a finding arrives (the event) or the next periodic profile; no idle ticks
+            self._capture_wake.wait(min(30.0, max(0.05, next_profile - time.monotonic())))
             self._capture_wake.clear()
             if time.monotonic() >= next_profile:
                 # periodic short profile: the kernel-gap signals of the time series (issue 2)
@@ -495,12 +496,14 @@ class Agent:
             self._detect_once()
             next_due = max(next_due + self.cfg.detect_interval, time.monotonic() + min(1.0, self.cfg.detect_interval))
 
+    HOUSEKEEPING_S = 2.0  # watchdog resolution; every wake-up of an idle thread costs CPU
+
     def _housekeeping(self) -> None:
         """Flush the history, apply retention, watch for hung collectors and clock jumps."""
         st = self.state
         next_flush = time.monotonic() + self.cfg.flush_interval
         next_maint = time.monotonic() + 5.0
-        while not self._stop.wait(1.0):
+        while not self._stop.wait(self.HOUSEKEEPING_S):
             mono = time.monotonic()
             st.heartbeat = mono
             if not st.first_round_done and all(h.runs_total > 0 or h.up is False
@@ -532,8 +535,13 @@ class Agent:
             from .api import serve
 
             self.server = serve(self.state, self.cfg)
-        for h, obj in self._collectors:
-            t = threading.Thread(target=self._run_collector, args=(h, obj), name=f"collector-{h.name}",
+        n = len(self._collectors)
+        for i, (h, obj) in enumerate(self._collectors):
+            # Stagger the collectors within the first second: started together they would wake at the
+            # same instant every tick and fight over the GIL (each waiter then spins through forced
+            # switches); spread out, one runs at a time.
+            phase = i * min(h.interval, 1.0) / max(n, 1)
+            t = threading.Thread(target=self._run_collector, args=(h, obj, phase), name=f"collector-{h.name}",
                                  daemon=True)
             t.start()
             self._threads.append(t)
@@ -551,9 +559,11 @@ class Agent:
 
     def stop(self) -> None:
         self._stop.set()
+        self._capture_wake.set()
 
     def close(self) -> None:
         self._stop.set()
+        self._capture_wake.set()
         if self.server is not None:
             try:
                 self.server.shutdown()
@@ -589,7 +599,7 @@ class Agent:
             self.close()
             raise
         try:
-            while not self._stop.wait(1.0):
+            while not self._stop.wait(30.0):  # a signal interrupts the wait (its handler sets the event)
                 pass
         finally:
             self.close()
