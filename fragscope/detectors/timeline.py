@@ -124,6 +124,30 @@ def analyse(tl: Timeline, cfg: Config = Config()) -> dict:
             notes.append("no GPU op was launched before the last ProfilerStep: analysed all ops")
     n_sel = n_total if sel is None else int(sel.sum())
 
+    # Each device's ops in start order, and what needs only their times and streams (the device's merged
+    # intervals, the grouping by stream): on a large device a worker thread starts on it now, while this
+    # thread computes the per-op launch columns below.
+    maybe_sync = bool(((c_kind == SYNC) | (c_kind == MEMCPY_SYNC) | (c_kind == MEMCPY_ASYNC)).any())
+    dev_all = tl.op_device if sel is None else tl.op_device[sel]
+    dmin, dmax = (int(dev_all.min()), int(dev_all.max())) if dev_all.size else (0, -1)
+    dev_ids = [dmin] if dmin == dmax else np.unique(dev_all).tolist()
+    idx_sel = None if sel is None else np.flatnonzero(sel)
+    work: list[tuple[int, np.ndarray | None, _Device]] = []
+    for d in dev_ids:
+        # di: this device's op indices in start order (None: every op, already in start order)
+        if len(dev_ids) == 1:
+            di = idx_sel
+        else:
+            di = np.flatnonzero(tl.op_device == d) if sel is None else idx_sel[dev_all == d]
+        s = start if di is None else start[di]
+        if s.size > 1 and not (s[1:] >= s[:-1]).all():
+            o = np.argsort(s, kind="stable")
+            di = o if di is None else di[o]
+            s = s[o]
+            del o
+        cols = [s] + [a if di is None else a[di] for a in (end, tl.op_kind, tl.op_comm, tl.op_pid, tl.op_stream)]
+        work.append((d, di, _Device(d, *cols, cfg=cfg, gap_starts=maybe_sync, threaded=s.size >= _THREAD_MIN_OPS)))
+
     # Per op: its launch call's start (lstart; int64 min when not linked), end, duration (-1) and kind (-1).
     if c_start.size and all_linked:
         lstart, lend, lkind = c_start[launch], c_end[launch], c_kind[launch]
@@ -224,66 +248,18 @@ def analyse(tl: Timeline, cfg: Config = Config()) -> dict:
 
     host = None
     devices = []
-    kw_ns = cfg.kernel_wait_cutoff_s * 1e9
-    dev_all = tl.op_device if sel is None else tl.op_device[sel]
-    dmin, dmax = (int(dev_all.min()), int(dev_all.max())) if dev_all.size else (0, -1)
-    dev_ids = [dmin] if dmin == dmax else np.unique(dev_all).tolist()
-    idx_sel = None if sel is None else np.flatnonzero(sel)
-    for d in dev_ids:
-        # di: this device's op indices in start order (None: every op, already in start order)
-        if len(dev_ids) == 1:
-            di = idx_sel
-        else:
-            di = np.flatnonzero(tl.op_device == d) if sel is None else idx_sel[dev_all == d]
-        s = start if di is None else start[di]
-        if s.size > 1 and not (s[1:] >= s[:-1]).all():
-            o = np.argsort(s, kind="stable")
-            di = o if di is None else di[o]
-            s = s[o]
-            del o
-
+    sync = (s_idx.size, sync_starts, sync_cmend)
+    for d, di, dw in work:
         def take(a: np.ndarray) -> np.ndarray:
-            return a if di is None else a[di]
+            return a if di is None else a[di]  # noqa: B023 -- used within this iteration
 
-        e, kd = take(end), take(tl.op_kind)
         fd, dd, sk, ss = take(first_of_launch), take(delay), take(short_ok), take(is_short)
-        pid, sid, ls = take(tl.op_pid), take(tl.op_stream), take(lstart)
-
-        # The per-stream figures and the device's own are independent. On a large device a second thread
-        # groups the ops by stream and starts on the streams; this thread computes the device's figures,
-        # then takes streams too (numpy releases the GIL on large arrays). The result is the same.
-        streams_job = _Streams(s, e, ls, kd, fd, dd, sk, ss, pid, sid, cfg, threaded=s.size >= _THREAD_MIN_OPS)
-        m = _merged(s, e, gap_starts=bool(s_idx.size))
-        comm_d = take(tl.op_comm)
-        if not comm_d.any() and bool((kd == KERNEL).all()):
-            comp_busy = m["busy_ns"]  # the same intervals
-        else:
-            compm = (kd == KERNEL) & ~comm_d
-            comp_busy = _merged(s[compm], e[compm])["busy_ns"] if compm.any() else 0
-        # Which gaps follow a synchronizing call? (before _interval_fields sorts the gap lengths)
-        sync_gap = 0
-        if s_idx.size and m["gap_starts"].size:
-            j = np.searchsorted(sync_starts, m["gap_starts"], side="right") - 1
-            ok = j >= 0
-            cov = np.zeros(j.size, dtype=bool)
-            cov[ok] = sync_cmend[j[ok]] + cfg.sync_tolerance_s * 1e9 >= m["gap_starts"][ok]
-            sync_gap = int(m["gap_lengths"][cov].sum())
-        m.pop("gap_starts", None)
-        dev = {"device": int(d), "ops": _op_counts(kd)}
-        dev.update(_interval_fields(m, cfg))
-        dev["compute_seconds"] = _sec(comp_busy)
-        dev["non_compute_seconds"] = _sec(m["span_ns"] - comp_busy - m["idle_ns"])
-        dev["sync_gap_ratio"] = (sync_gap / m["idle_ns"]) if m["idle_ns"] > 0 else None
-        del m
+        dw.set_launch(take(lstart), fd, dd, sk, ss, sync)
         dev_launch = _launch_fields(fd, dd, sk, ss, cfg)
-        if host is None and d == dev_ids[-1] and host_job is not None:
-            host = host_job()  # while the other thread works on streams
-        streams, waits = streams_job.result()
-        dev.update(_wait_fields(waits))
-        dev.update(dev_launch)
-        streams.sort(key=lambda x: -x["busy_seconds"])
-        dev["streams"] = streams
-        devices.append(dev)
+        if host is None and d == dev_ids[-1]:
+            host = host_job()  # while the worker works on streams
+        devices.append(dw.result(dev_launch))
+        del fd, dd, sk, ss
 
     if host is None:
         host = host_job()
@@ -306,21 +282,28 @@ def analyse(tl: Timeline, cfg: Config = Config()) -> dict:
 _THREAD_MIN_OPS = 200_000  # below this a second thread costs more than it saves
 
 
-class _Streams:
-    """Per-stream figures of one device's ops (arrays aligned, in start order): the stable grouping by
-    (process, stream), then each stream's figures from its gathered columns (a few full-length arrays
-    less alive at once). ``threaded``: a worker thread groups and starts on the streams, and
-    ``result()`` makes the calling thread take the remaining streams too. Streams come back in
-    grouping order, their idle breakdowns summed in that order (the same floats either way)."""
+class _Device:
+    """One device's figures, its own and per stream, from its ops' columns in start order. The device's
+    merged intervals and the grouping by (process, stream) need only the ops' times and streams; the rest
+    waits for the per-op launch columns (``set_launch``). With ``threaded`` a worker thread starts on the
+    former at once, then takes streams; ``result()`` makes the calling thread take streams too. Streams
+    come back in grouping order, their idle breakdowns summed in that order: the same floats as one
+    thread."""
 
-    def __init__(self, s, e, ls, kd, fd, dd, sk, ss, pid, sid, cfg: Config, threaded: bool) -> None:
-        self.cols = (s, e, ls, kd, fd, dd, sk, ss, pid, sid)
-        self.cfg = cfg
+    def __init__(self, d: int, s, e, kd, comm, pid, sid, cfg: Config, gap_starts: bool, threaded: bool) -> None:
+        self.d, self.s, self.e, self.kd, self.comm, self.pid, self.sid = d, s, e, kd, comm, pid, sid
+        self.cfg, self.gap_starts = cfg, gap_starts
+        self.launch: tuple = ()
+        self.sync: tuple = ()
+        self.launch_set = threading.Event()
         self.grouped = threading.Event()
         self.lock = threading.Lock()
         self.next = 0
         self.order: np.ndarray | None = None
         self.bounds: list[int] = [0]
+        self.m: dict = {}
+        self.comp_busy = 0
+        self.fields: dict = {}
         self.out: dict[int, tuple[dict, np.ndarray]] = {}
         self.errors: list[BaseException] = []
         self.thread = None
@@ -328,20 +311,56 @@ class _Streams:
             self.thread = threading.Thread(target=self._worker, daemon=True)
             self.thread.start()
 
+    def set_launch(self, ls, fd, dd, sk, ss, sync: tuple) -> None:
+        """The per-op launch columns (this device's, in its order) and the synchronizing calls."""
+        self.launch, self.sync = (ls, fd, dd, sk, ss), sync
+        self.launch_set.set()
+
     def _worker(self) -> None:
         try:
             self._group()
+            self._merged()
+            self.launch_set.wait()
+            self._fields()
             self._take()
         except BaseException as e:  # noqa: BLE001 -- re-raised by result()
             self.errors.append(e)
             self.grouped.set()
 
     def _group(self) -> None:
-        pid, sid = self.cols[8], self.cols[9]
-        pmin, pmax = (int(pid.min()), int(pid.max())) if pid.size else (0, 0)
-        key = sid if pmin == pmax else sid + (pid << 40)  # one process (or none known): by stream
+        pmin, pmax = (int(self.pid.min()), int(self.pid.max())) if self.pid.size else (0, 0)
+        key = self.sid if pmin == pmax else self.sid + (self.pid << 40)  # one process (or none known): by stream
         self.order, self.bounds = _group(key)
         self.grouped.set()
+
+    def _merged(self) -> None:
+        s, e, kd, comm = self.s, self.e, self.kd, self.comm
+        self.m = m = _merged(s, e, gap_starts=self.gap_starts)
+        if not comm.any() and bool((kd == KERNEL).all()):
+            self.comp_busy = m["busy_ns"]  # the same intervals
+        else:
+            compm = (kd == KERNEL) & ~comm
+            self.comp_busy = _merged(s[compm], e[compm])["busy_ns"] if compm.any() else 0
+
+    def _fields(self) -> None:
+        """The device's own figures but its launch and wait ones (after set_launch)."""
+        m, cfg = self.m, self.cfg
+        n_sync, sync_starts, sync_cmend = self.sync
+        # Which gaps follow a synchronizing call? (before _interval_fields sorts the gap lengths)
+        sync_gap = 0
+        if n_sync and m["gap_starts"].size:
+            j = np.searchsorted(sync_starts, m["gap_starts"], side="right") - 1
+            ok = j >= 0
+            cov = np.zeros(j.size, dtype=bool)
+            cov[ok] = sync_cmend[j[ok]] + cfg.sync_tolerance_s * 1e9 >= m["gap_starts"][ok]
+            sync_gap = int(m["gap_lengths"][cov].sum())
+        m.pop("gap_starts", None)
+        f = {"ops": _op_counts(self.kd)}
+        f.update(_interval_fields(m, cfg))
+        f["compute_seconds"] = _sec(self.comp_busy)
+        f["non_compute_seconds"] = _sec(m["span_ns"] - self.comp_busy - m["idle_ns"])
+        f["sync_gap_ratio"] = (sync_gap / m["idle_ns"]) if m["idle_ns"] > 0 else None
+        self.fields, self.m = f, {}
 
     def _take(self) -> None:
         n = len(self.bounds) - 1
@@ -350,11 +369,11 @@ class _Streams:
                 k, self.next = self.next, self.next + 1
             if k >= n:
                 return
-            self.out[k] = self._one(k)
+            self.out[k] = self._stream(k)
 
-    def _one(self, k: int) -> tuple[dict, np.ndarray]:
-        s, e, ls, kd, fd, dd, sk, ss, pid, sid = self.cols
-        cfg = self.cfg
+    def _stream(self, k: int) -> tuple[dict, np.ndarray]:
+        s, e, kd, pid, sid, cfg = self.s, self.e, self.kd, self.pid, self.sid, self.cfg
+        ls, fd, dd, sk, ss = self.launch
         a, b = self.bounds[k], self.bounds[k + 1]
         ix = slice(a, b) if self.order is None else self.order[a:b]
         s_, e_ = s[ix], e[ix]
@@ -370,9 +389,12 @@ class _Streams:
         st.update(_launch_fields(fd[ix], dd[ix], sk[ix], ss[ix], cfg))
         return st, w
 
-    def result(self) -> tuple[list[dict], np.ndarray]:
+    def result(self, dev_launch: dict) -> dict:
+        """The device's dict (after set_launch); ``dev_launch``: its launch figures."""
         if self.thread is None:
             self._group()
+            self._merged()
+            self._fields()
             self._take()
         else:
             self.grouped.wait()
@@ -388,7 +410,12 @@ class _Streams:
             st, w = self.out[k]
             waits += w
             streams.append(st)
-        return streams, waits
+        dev = {"device": int(self.d), **self.fields}
+        dev.update(_wait_fields(waits))
+        dev.update(dev_launch)
+        streams.sort(key=lambda x: -x["busy_seconds"])
+        dev["streams"] = streams
+        return dev
 
 
 def _group(key: np.ndarray) -> tuple[np.ndarray | None, list[int]]:
