@@ -127,7 +127,6 @@ def analyse(tl: Timeline, cfg: Config = Config()) -> dict:
     # Each device's ops in start order, and what needs only their times and streams (the device's merged
     # intervals, the grouping by stream): on a large device a worker thread starts on it now, while this
     # thread computes the per-op launch columns below.
-    maybe_sync = bool(((c_kind == SYNC) | (c_kind == MEMCPY_SYNC) | (c_kind == MEMCPY_ASYNC)).any())
     dev_all = tl.op_device if sel is None else tl.op_device[sel]
     dmin, dmax = (int(dev_all.min()), int(dev_all.max())) if dev_all.size else (0, -1)
     dev_ids = [dmin] if dmin == dmax else np.unique(dev_all).tolist()
@@ -146,7 +145,7 @@ def analyse(tl: Timeline, cfg: Config = Config()) -> dict:
             s = s[o]
             del o
         cols = [s] + [a if di is None else a[di] for a in (end, tl.op_kind, tl.op_comm, tl.op_pid, tl.op_stream)]
-        work.append((d, di, _Device(d, *cols, cfg=cfg, gap_starts=maybe_sync, threaded=s.size >= _THREAD_MIN_OPS)))
+        work.append((d, di, _Device(d, *cols, c_kind=c_kind, cfg=cfg, threaded=s.size >= _THREAD_MIN_OPS)))
 
     # Per op: its launch call's start (lstart; int64 min when not linked), end, duration (-1) and kind (-1).
     if c_start.size and all_linked:
@@ -254,11 +253,11 @@ def analyse(tl: Timeline, cfg: Config = Config()) -> dict:
             return a if di is None else a[di]  # noqa: B023 -- used within this iteration
 
         fd, dd, sk, ss = take(first_of_launch), take(delay), take(short_ok), take(is_short)
-        dw.set_launch(take(lstart), fd, dd, sk, ss, sync)
-        dev_launch = _launch_fields(fd, dd, sk, ss, cfg)
-        if host is None and d == dev_ids[-1]:
-            host = host_job()  # while the worker works on streams
-        devices.append(dw.result(dev_launch))
+        last = d == dev_ids[-1]
+        dw.set_launch(take(lstart), fd, dd, sk, ss, sync, extra=host_job if last else None)
+        devices.append(dw.result())
+        if last:
+            host = dw.extra_result
         del fd, dd, sk, ss
 
     if host is None:
@@ -283,27 +282,33 @@ _THREAD_MIN_OPS = 200_000  # below this a second thread costs more than it saves
 
 
 class _Device:
-    """One device's figures, its own and per stream, from its ops' columns in start order. The device's
-    merged intervals and the grouping by (process, stream) need only the ops' times and streams; the rest
-    waits for the per-op launch columns (``set_launch``). With ``threaded`` a worker thread starts on the
-    former at once, then takes streams; ``result()`` makes the calling thread take streams too. Streams
-    come back in grouping order, their idle breakdowns summed in that order: the same floats as one
-    thread."""
+    """One device's figures, its own and per stream, from its ops' columns in start order.
 
-    def __init__(self, d: int, s, e, kd, comm, pid, sid, cfg: Config, gap_starts: bool, threaded: bool) -> None:
+    The device's merged intervals and the grouping by (process, stream) need only the ops' times and
+    streams; the rest waits for the per-op launch columns (``set_launch``). With ``threaded`` a worker
+    thread starts on the former at once; then the worker and the thread calling ``result()`` share the
+    remaining tasks, largest first: the device's launch figures, each stream's figures, and an optional
+    ``extra`` task (the host figures). Streams come back in grouping order, their idle breakdowns summed
+    in that order: the same floats as one thread."""
+
+    def __init__(self, d: int, s, e, kd, comm, pid, sid, c_kind, cfg: Config, threaded: bool) -> None:
         self.d, self.s, self.e, self.kd, self.comm, self.pid, self.sid = d, s, e, kd, comm, pid, sid
-        self.cfg, self.gap_starts = cfg, gap_starts
+        self.c_kind, self.cfg = c_kind, cfg
         self.launch: tuple = ()
         self.sync: tuple = ()
+        self.extra = None
         self.launch_set = threading.Event()
         self.grouped = threading.Event()
         self.lock = threading.Lock()
+        self.tasks: list | None = None
         self.next = 0
         self.order: np.ndarray | None = None
         self.bounds: list[int] = [0]
         self.m: dict = {}
         self.comp_busy = 0
         self.fields: dict = {}
+        self.dev_launch: dict = {}
+        self.extra_result = None
         self.out: dict[int, tuple[dict, np.ndarray]] = {}
         self.errors: list[BaseException] = []
         self.thread = None
@@ -311,9 +316,10 @@ class _Device:
             self.thread = threading.Thread(target=self._worker, daemon=True)
             self.thread.start()
 
-    def set_launch(self, ls, fd, dd, sk, ss, sync: tuple) -> None:
-        """The per-op launch columns (this device's, in its order) and the synchronizing calls."""
-        self.launch, self.sync = (ls, fd, dd, sk, ss), sync
+    def set_launch(self, ls, fd, dd, sk, ss, sync: tuple, extra=None) -> None:
+        """The per-op launch columns (this device's, in its order), the synchronizing calls, and an
+        optional extra task to run among the device's."""
+        self.launch, self.sync, self.extra = (ls, fd, dd, sk, ss), sync, extra
         self.launch_set.set()
 
     def _worker(self) -> None:
@@ -334,8 +340,10 @@ class _Device:
         self.grouped.set()
 
     def _merged(self) -> None:
-        s, e, kd, comm = self.s, self.e, self.kd, self.comm
-        self.m = m = _merged(s, e, gap_starts=self.gap_starts)
+        s, e, kd, comm, ck = self.s, self.e, self.kd, self.comm, self.c_kind
+        # the gaps' start times are needed only to match them with synchronizing calls
+        maybe_sync = bool(((ck == SYNC) | (ck == MEMCPY_SYNC) | (ck == MEMCPY_ASYNC)).any())
+        self.m = m = _merged(s, e, gap_starts=maybe_sync)
         if not comm.any() and bool((kd == KERNEL).all()):
             self.comp_busy = m["busy_ns"]  # the same intervals
         else:
@@ -363,13 +371,24 @@ class _Device:
         self.fields, self.m = f, {}
 
     def _take(self) -> None:
-        n = len(self.bounds) - 1
+        """Run tasks until none is left: the device's launch figures (a sort of all its launch delays),
+        the streams, largest first, then the extra task."""
+        with self.lock:
+            if self.tasks is None:
+                sizes = np.diff(self.bounds)
+                self.tasks = [-1] + np.argsort(-sizes, kind="stable").tolist() + ([-2] if self.extra else [])
         while not self.errors:
             with self.lock:
-                k, self.next = self.next, self.next + 1
-            if k >= n:
+                i, self.next = self.next, self.next + 1
+            if i >= len(self.tasks):
                 return
-            self.out[k] = self._stream(k)
+            k = self.tasks[i]
+            if k == -1:
+                self.dev_launch = _launch_fields(*self.launch[1:], self.cfg)
+            elif k == -2:
+                self.extra_result = self.extra()
+            else:
+                self.out[k] = self._stream(k)
 
     def _stream(self, k: int) -> tuple[dict, np.ndarray]:
         s, e, kd, pid, sid, cfg = self.s, self.e, self.kd, self.pid, self.sid, self.cfg
@@ -389,8 +408,8 @@ class _Device:
         st.update(_launch_fields(fd[ix], dd[ix], sk[ix], ss[ix], cfg))
         return st, w
 
-    def result(self, dev_launch: dict) -> dict:
-        """The device's dict (after set_launch); ``dev_launch``: its launch figures."""
+    def result(self) -> dict:
+        """The device's dict (after set_launch); the extra task's result is in ``extra_result``."""
         if self.thread is None:
             self._group()
             self._merged()
@@ -412,7 +431,7 @@ class _Device:
             streams.append(st)
         dev = {"device": int(self.d), **self.fields}
         dev.update(_wait_fields(waits))
-        dev.update(dev_launch)
+        dev.update(self.dev_launch)
         streams.sort(key=lambda x: -x["busy_seconds"])
         dev["streams"] = streams
         return dev
