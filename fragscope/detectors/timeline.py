@@ -211,7 +211,8 @@ def analyse(tl: Timeline, cfg: Config = Config()) -> dict:
     small_h2d = np.zeros(c_start.size, dtype=bool)
     pageable_async = np.zeros(c_start.size, dtype=bool)
     # Only copies can be small host-to-device or pageable (kernels carry COPY_UNKNOWN, -1 bytes, not pageable).
-    if c_start.size and (tl.op_kind != KERNEL).any():
+    copies = bool(c_start.size) and bool((tl.op_kind != KERNEL).any())
+    if copies:
         call_op = np.full(c_start.size, -1, dtype=np.int64)
         if all_linked:
             call_op[launch] = np.arange(n_total)
@@ -226,7 +227,12 @@ def analyse(tl: Timeline, cfg: Config = Config()) -> dict:
             (tl.op_bytes[op_of] <= cfg.memcpy_sync_min_bytes)
         pageable_async[has_op] = tl.op_pageable[op_of]
         del call_op, has_op, op_of, cp
-    syncing = (c_kind == SYNC) | ((c_kind == MEMCPY_SYNC) & ~small_h2d) | ((c_kind == MEMCPY_ASYNC) & pageable_async)
+    syncing = c_kind == SYNC
+    if copies:
+        syncing |= (c_kind == MEMCPY_SYNC) & ~small_h2d
+        syncing |= (c_kind == MEMCPY_ASYNC) & pageable_async
+    else:  # (no small H2D copy to ignore, no pageable copy)
+        syncing |= c_kind == MEMCPY_SYNC
     s_idx = np.flatnonzero(syncing)
     s_idx = s_idx[np.argsort(c_start[s_idx], kind="stable")]
     sync_starts = c_start[s_idx]
