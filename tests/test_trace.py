@@ -456,13 +456,21 @@ def test_nsys_link_matches_kineto_link():
         ops = rng.integers(-2, 450, 800)
         assert np.array_equal(_link(ops, calls), _link_by_key(ops, calls))
     assert _link(np.array([1, 2]), np.zeros(0, dtype=np.int64)).tolist() == [-1, -1]
-    # large enough for the two-thread, block-by-block path: ops roughly in call order, repeated keys
+    # large enough for the two-thread, block-by-block path: ops roughly in call order; call keys with
+    # repeats (binary search), unique and dense (direct table), unique and sparse (binary search)
     n = 2 * _SCRATCH_ROWS + 12_345
-    for sort_calls in (True, False):
-        calls = np.sort(rng.integers(-1, 3 * n, n)) if sort_calls else rng.integers(-1, 3 * n, n)
-        ops = np.sort(rng.integers(-1, 3 * n, n + 77)) + rng.integers(-50, 50, n + 77)
-        got = _link(ops, calls)
-        assert np.array_equal(got, _link_by_key(ops, calls)) and (got >= 0).mean() > 0.2
+    for keys in ("repeats", "dense", "sparse"):
+        for sort_calls in (True, False):
+            spread = 30 if keys == "sparse" else 3
+            calls = rng.integers(-1, spread * n, n)
+            if keys != "repeats":
+                calls = rng.permutation(np.unique(calls))
+            if sort_calls:
+                calls.sort()
+            ops = np.sort(rng.integers(-1, spread * n, n + 77)) + rng.integers(-50, 50, n + 77)
+            got = _link(ops, calls)
+            assert np.array_equal(got, _link_by_key(ops, calls)), (keys, sort_calls)
+            assert (got >= 0).mean() > (0.02 if keys == "sparse" else 0.2)
 
 
 def test_quantiles_replay_numpy_percentile():
