@@ -12,16 +12,19 @@ Speed (bench/bench_trace.py, 2 M kernels + 2 M launches; figures in docs/trace.m
 builds one tuple per row (about 0.3 µs per value here), too slow for multi-million-kernel exports.
 
 - With ``connectorx`` installed its Rust SQLite reader fills numpy arrays (about 45 ns per value). Its
-  native ``read_sql`` is called directly: its public ``read_sql(return_type="pandas")`` wraps the same
-  arrays in a DataFrame, and importing pandas alone costs about 0.2 s here (on top of numpy), a sixth
-  of the whole run; ``return_type="arrow"`` needs pyarrow. If the native call fails, the public one
-  is tried, then the stdlib path.
+  native ``read_sql`` is called directly (see _cx_native): its public ``read_sql(return_type="pandas")``
+  wraps the same arrays in a DataFrame, and importing pandas alone costs about 0.2 s here (on top of
+  numpy), a sixth of the whole run; ``return_type="arrow"`` needs pyarrow. If the native call fails,
+  the public one is tried, then the stdlib path. connectorx scans each table twice (a ``COUNT(*)`` to
+  size its arrays, then the rows) and holds the GIL while it counts: the kernel table, the longest
+  read, is started first.
 - Without it, SQLite renders each column of a rowid range as one ``group_concat`` string (one scan per
   table for all its columns) that numpy parses (about 55 ns per value).
 - Both backends read the tables in parallel threads (SQLite and connectorx release the GIL), select
-  raw columns (SQLite evaluates packing expressions slower than it transfers values), filter runtime
-  rows with an ``OR`` chain when few API ids are wanted (see _OR_CHAIN_MAX), and join ops to their
-  launch calls in numpy.
+  the columns the analysis uses and no more (nameId only when several API ids are wanted), filter
+  runtime rows with an ``OR`` chain when few API ids are wanted (see _OR_CHAIN_MAX), post-process in
+  place (each new 16 MB array is page faults, 7 ms and more here) and join ops to their launch calls in
+  numpy (_link).
 
 ``FRAGSCOPE_SQLITE_READER=stdlib`` forces the fallback.
 """
