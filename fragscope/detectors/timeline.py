@@ -147,124 +147,129 @@ def analyse(tl: Timeline, cfg: Config = Config()) -> dict:
         cols = [s] + [a if di is None else a[di] for a in (end, tl.op_kind, tl.op_comm, tl.op_pid, tl.op_stream)]
         work.append((d, di, _Device(d, *cols, c_kind=c_kind, cfg=cfg, threaded=s.size >= _THREAD_MIN_OPS)))
 
-    # Per op: its launch call's start (lstart; int64 min when not linked), end, duration (-1) and kind (-1).
-    if c_start.size and all_linked:
-        lstart, lend, lkind = c_start[launch], c_end[launch], c_kind[launch]
-        ldur = lend - lstart
-    elif c_start.size:
-        li = np.maximum(launch, 0)
-        lstart = np.where(linked, c_start[li], np.iinfo(np.int64).min)
-        lend = np.where(linked, c_end[li], 0)
-        ldur = np.where(linked, lend - lstart, -1)
-        lkind = np.where(linked, c_kind[li], -1)
-        del li
-    else:
-        lstart = np.full(n_total, np.iinfo(np.int64).min, dtype=np.int64)
-        lend = np.zeros(n_total, dtype=np.int64)
-        ldur = np.full(n_total, -1, dtype=np.int64)
-        lkind = np.full(n_total, -1, dtype=np.int64)
-
-    # Launch delay (HTA) = queue time (nsys): first op start - launch call end, clipped at 0. For a
-    # CUDA-graph launch only its first op counts (the others queue behind it by construction).
-    is_lk = lkind == LAUNCH  # lkind is -1 when not linked
-    is_lk |= lkind == GRAPH_LAUNCH
-    is_lk |= lkind == MEMCPY_ASYNC
-    if sel is not None:
-        is_lk &= sel
-    if launch.size < 2 or bool((launch[1:] > launch[:-1]).all()):
-        first_of_launch = is_lk  # every call launched one op at most (then so did the launch calls)
-    else:
-        first_of_launch = np.zeros(n_total, dtype=bool)
-        lk = np.flatnonzero(is_lk)
-        lc = launch[lk]
-        if lc.size < 2 or bool((lc[1:] > lc[:-1]).all()):  # strictly increasing: one op per call
-            multi = np.zeros(lk.size, dtype=bool)
+    try:
+        # Per op: its launch call's start (lstart; int64 min when not linked), end, duration (-1) and kind (-1).
+        if c_start.size and all_linked:
+            lstart, lend, lkind = c_start[launch], c_end[launch], c_kind[launch]
+            ldur = lend - lstart
+        elif c_start.size:
+            li = np.maximum(launch, 0)
+            lstart = np.where(linked, c_start[li], np.iinfo(np.int64).min)
+            lend = np.where(linked, c_end[li], 0)
+            ldur = np.where(linked, lend - lstart, -1)
+            lkind = np.where(linked, c_kind[li], -1)
+            del li
         else:
-            multi = np.bincount(lc, minlength=c_start.size)[lc] > 1
-        if not multi.any():
-            first_of_launch[lk] = True
+            lstart = np.full(n_total, np.iinfo(np.int64).min, dtype=np.int64)
+            lend = np.zeros(n_total, dtype=np.int64)
+            ldur = np.full(n_total, -1, dtype=np.int64)
+            lkind = np.full(n_total, -1, dtype=np.int64)
+
+        # Launch delay (HTA) = queue time (nsys): first op start - launch call end, clipped at 0. For a
+        # CUDA-graph launch only its first op counts (the others queue behind it by construction).
+        is_lk = lkind == LAUNCH  # lkind is -1 when not linked
+        is_lk |= lkind == GRAPH_LAUNCH
+        is_lk |= lkind == MEMCPY_ASYNC
+        if sel is not None:
+            is_lk &= sel
+        if launch.size < 2 or bool((launch[1:] > launch[:-1]).all()):
+            first_of_launch = is_lk  # every call launched one op at most (then so did the launch calls)
         else:
-            first_of_launch[lk[~multi]] = True
-            lm = lk[multi]
-            o = lm[np.lexsort((start[lm], launch[lm]))]
-            firsts = np.ones(o.size, dtype=bool)
-            firsts[1:] = launch[o][1:] != launch[o][:-1]
-            first_of_launch[o[firsts]] = True
-        del lk, lc, multi
-    # HTA short kernels: launch call <= runtime cutoff and GPU time < launch time (plain launches)
-    short_ok = tl.op_kind == KERNEL
-    short_ok &= lkind == LAUNCH
-    del lkind
-    is_short = ldur <= cfg.runtime_cutoff_s * 1e9
-    is_short &= short_ok
-    # GPU time < launch time <=> ldur - (end - start) > 0, computed in ldur's buffer (no new array)
-    np.subtract(ldur, end, out=ldur)
-    np.add(ldur, start, out=ldur)
-    is_short &= ldur > 0
-    del ldur
-    delay = np.subtract(start, lend, out=lend)
-    np.maximum(delay, 0, out=delay)
-    del lend
+            first_of_launch = np.zeros(n_total, dtype=bool)
+            lk = np.flatnonzero(is_lk)
+            lc = launch[lk]
+            if lc.size < 2 or bool((lc[1:] > lc[:-1]).all()):  # strictly increasing: one op per call
+                multi = np.zeros(lk.size, dtype=bool)
+            else:
+                multi = np.bincount(lc, minlength=c_start.size)[lc] > 1
+            if not multi.any():
+                first_of_launch[lk] = True
+            else:
+                first_of_launch[lk[~multi]] = True
+                lm = lk[multi]
+                o = lm[np.lexsort((start[lm], launch[lm]))]
+                firsts = np.ones(o.size, dtype=bool)
+                firsts[1:] = launch[o][1:] != launch[o][:-1]
+                first_of_launch[o[firsts]] = True
+            del lk, lc, multi
+        # HTA short kernels: launch call <= runtime cutoff and GPU time < launch time (plain launches)
+        short_ok = tl.op_kind == KERNEL
+        short_ok &= lkind == LAUNCH
+        del lkind
+        is_short = ldur <= cfg.runtime_cutoff_s * 1e9
+        is_short &= short_ok
+        # GPU time < launch time <=> ldur - (end - start) > 0, computed in ldur's buffer (no new array)
+        np.subtract(ldur, end, out=ldur)
+        np.add(ldur, start, out=ldur)
+        is_short &= ldur > 0
+        del ldur
+        delay = np.subtract(start, lend, out=lend)
+        np.maximum(delay, 0, out=delay)
+        del lend
 
-    # Synchronizing host calls: sync APIs, synchronous copies/sets (H2D <= 64 KB ignored, as nsys),
-    # and async copies from/to pageable memory (they silently become synchronous).
-    small_h2d = np.zeros(c_start.size, dtype=bool)
-    pageable_async = np.zeros(c_start.size, dtype=bool)
-    # Only copies can be small host-to-device or pageable (kernels carry COPY_UNKNOWN, -1 bytes, not pageable).
-    copies = bool(c_start.size) and bool((tl.op_kind != KERNEL).any())
-    if copies:
-        call_op = np.full(c_start.size, -1, dtype=np.int64)
-        if all_linked:
-            call_op[launch] = np.arange(n_total)
+        # Synchronizing host calls: sync APIs, synchronous copies/sets (H2D <= 64 KB ignored, as nsys),
+        # and async copies from/to pageable memory (they silently become synchronous).
+        small_h2d = np.zeros(c_start.size, dtype=bool)
+        pageable_async = np.zeros(c_start.size, dtype=bool)
+        # Only copies can be small host-to-device or pageable (kernels carry COPY_UNKNOWN, -1 bytes, not pageable).
+        copies = bool(c_start.size) and bool((tl.op_kind != KERNEL).any())
+        if copies:
+            call_op = np.full(c_start.size, -1, dtype=np.int64)
+            if all_linked:
+                call_op[launch] = np.arange(n_total)
+            else:
+                linked_ops = np.flatnonzero(linked)
+                call_op[launch[linked_ops]] = linked_ops
+            has_op = np.flatnonzero(call_op >= 0)
+            op_of = call_op[has_op]
+            cp = tl.op_kind[op_of] != KERNEL
+            has_op, op_of = has_op[cp], op_of[cp]
+            small_h2d[has_op] = (tl.op_copy_kind[op_of] == COPY_HTOD) & (tl.op_bytes[op_of] >= 0) & \
+                (tl.op_bytes[op_of] <= cfg.memcpy_sync_min_bytes)
+            pageable_async[has_op] = tl.op_pageable[op_of]
+            del call_op, has_op, op_of, cp
+        syncing = c_kind == SYNC
+        if copies:
+            syncing |= (c_kind == MEMCPY_SYNC) & ~small_h2d
+            syncing |= (c_kind == MEMCPY_ASYNC) & pageable_async
+        else:  # (no small H2D copy to ignore, no pageable copy)
+            syncing |= c_kind == MEMCPY_SYNC
+        s_idx = np.flatnonzero(syncing)
+        s_idx = s_idx[np.argsort(c_start[s_idx], kind="stable")]
+        sync_starts = c_start[s_idx]
+        sync_cmend = np.maximum.accumulate(c_end[s_idx]) if s_idx.size else s_idx
+
+        w0 = int(start.min() if sel is None else start[sel].min())
+        w1 = int(end.max() if sel is None else end[sel].max())
+        # host window start: the first launch call of an analysed op (lstart of linked analysed ops)
+        if sel is None:
+            first_call = int(lstart.min()) if all_linked and lstart.size else \
+                (int(lstart[linked].min()) if linked.any() else None)
         else:
-            linked_ops = np.flatnonzero(linked)
-            call_op[launch[linked_ops]] = linked_ops
-        has_op = np.flatnonzero(call_op >= 0)
-        op_of = call_op[has_op]
-        cp = tl.op_kind[op_of] != KERNEL
-        has_op, op_of = has_op[cp], op_of[cp]
-        small_h2d[has_op] = (tl.op_copy_kind[op_of] == COPY_HTOD) & (tl.op_bytes[op_of] >= 0) & \
-            (tl.op_bytes[op_of] <= cfg.memcpy_sync_min_bytes)
-        pageable_async[has_op] = tl.op_pageable[op_of]
-        del call_op, has_op, op_of, cp
-    syncing = c_kind == SYNC
-    if copies:
-        syncing |= (c_kind == MEMCPY_SYNC) & ~small_h2d
-        syncing |= (c_kind == MEMCPY_ASYNC) & pageable_async
-    else:  # (no small H2D copy to ignore, no pageable copy)
-        syncing |= c_kind == MEMCPY_SYNC
-    s_idx = np.flatnonzero(syncing)
-    s_idx = s_idx[np.argsort(c_start[s_idx], kind="stable")]
-    sync_starts = c_start[s_idx]
-    sync_cmend = np.maximum.accumulate(c_end[s_idx]) if s_idx.size else s_idx
+            lsel = sel & linked
+            first_call = int(lstart[lsel].min()) if lsel.any() else None
 
-    w0 = int(start.min() if sel is None else start[sel].min())
-    w1 = int(end.max() if sel is None else end[sel].max())
-    # host window start: the first launch call of an analysed op (lstart of linked analysed ops)
-    if sel is None:
-        first_call = int(lstart.min()) if all_linked and lstart.size else \
-            (int(lstart[linked].min()) if linked.any() else None)
-    else:
-        lsel = sel & linked
-        first_call = int(lstart[lsel].min()) if lsel.any() else None
+        def host_job() -> dict:
+            return _host_fields(tl, cfg, w0, w1, first_call, syncing, small_h2d, pageable_async, sel)
 
-    def host_job() -> dict:
-        return _host_fields(tl, cfg, w0, w1, first_call, syncing, small_h2d, pageable_async, sel)
+        host = None
+        devices = []
+        sync = (s_idx.size, sync_starts, sync_cmend)
+        for d, di, dw in work:
+            def take(a: np.ndarray) -> np.ndarray:
+                return a if di is None else a[di]  # noqa: B023 -- used within this iteration
 
-    host = None
-    devices = []
-    sync = (s_idx.size, sync_starts, sync_cmend)
-    for d, di, dw in work:
-        def take(a: np.ndarray) -> np.ndarray:
-            return a if di is None else a[di]  # noqa: B023 -- used within this iteration
-
-        fd, dd, sk, ss = take(first_of_launch), take(delay), take(short_ok), take(is_short)
-        last = d == dev_ids[-1]
-        dw.set_launch(take(lstart), fd, dd, sk, ss, sync, extra=host_job if last else None)
-        devices.append(dw.result())
-        if last:
-            host = dw.extra_result
-        del fd, dd, sk, ss
+            fd, dd, sk, ss = take(first_of_launch), take(delay), take(short_ok), take(is_short)
+            last = d == dev_ids[-1]
+            dw.set_launch(take(lstart), fd, dd, sk, ss, sync, extra=host_job if last else None)
+            devices.append(dw.result())
+            if last:
+                host = dw.extra_result
+            del fd, dd, sk, ss
+    except BaseException:
+        for _, _, dw in work:
+            dw.abort()  # no worker thread is left waiting for launch columns
+        raise
 
     if host is None:
         host = host_job()
@@ -328,11 +333,18 @@ class _Device:
         self.launch, self.sync, self.extra = (ls, fd, dd, sk, ss), sync, extra
         self.launch_set.set()
 
+    def abort(self) -> None:
+        """The caller failed: let the worker stop (it would otherwise wait for set_launch)."""
+        self.errors.append(RuntimeError("analysis aborted"))
+        self.launch_set.set()
+
     def _worker(self) -> None:
         try:
             self._group()
             self._merged()
             self.launch_set.wait()
+            if self.errors:
+                return
             self._fields()
             self._take()
         except BaseException as e:  # noqa: BLE001 -- re-raised by result()
