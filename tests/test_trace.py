@@ -501,6 +501,33 @@ def test_analysis_threaded_equals_one_thread(tmp_path, monkeypatch):
     assert _analysis(tl) == ref
 
 
+def test_analysis_error_leaves_no_thread_waiting(tmp_path, monkeypatch):
+    """An error in the analysis reaches the caller, and no worker thread is left waiting (the agent's
+    captures run in a long-lived process)."""
+    import threading
+    import time
+
+    import fragscope.detectors.timeline as timeline
+
+    tl = read_nsys(str(make_nsys_mixed(tmp_path / "m.sqlite")), reader="stdlib")
+    monkeypatch.setattr(timeline, "_THREAD_MIN_OPS", 1)
+    before = threading.active_count()
+
+    def broken(*a, **k):
+        raise RuntimeError("boom")
+
+    for name in ("_host_fields", "_idle_breakdown"):  # in the calling thread's part / in a shared task
+        with monkeypatch.context() as m:
+            m.setattr(timeline, name, broken)
+            with pytest.raises(RuntimeError, match="boom"):
+                analyse(tl)
+    for _ in range(100):
+        if threading.active_count() <= before:
+            break
+        time.sleep(0.02)
+    assert threading.active_count() <= before
+
+
 def test_nsys_one_wanted_api(tmp_path):
     """Runtime rows of a single wanted API (the reader then skips nameId): other calls stay out, every
     call is a launch, and both readers give the same Timeline."""
