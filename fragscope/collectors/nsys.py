@@ -375,8 +375,10 @@ def _in_two(n: int, fn) -> None:
 
     t = threading.Thread(target=run, daemon=True)
     t.start()
-    fn(half, n)
-    t.join()
+    try:
+        fn(half, n)
+    finally:
+        t.join()
     if errors:
         raise errors[0]
 
