@@ -508,6 +508,24 @@ class TestTorchCollector:
         assert ("12", Reason.PARSE_ERROR) in reasons and ("13", Reason.PARSE_ERROR) in reasons
         assert len(caplog.records) == 3  # one line per bad file, not per tick
 
+    def test_unchanged_file_is_not_decoded_again(self, tmp_path, monkeypatch):
+        import fragscope.collectors.torch as T
+
+        d = str(tmp_path)
+        calls = []
+        real = T.parse_record
+        monkeypatch.setattr(T, "parse_record", lambda raw: calls.append(1) or real(raw))
+        _publish(d, _record(10, 100.0))
+        c = TorchProbeCollector(d, stale_after_s=30)
+        r1, r2 = c.collect(101.0), c.collect(102.0)
+        assert len(calls) == 1  # second tick: one stat, same inode/size/mtime
+        assert r1.samples == r2.samples and r2.up
+        _publish(d, _record(10, 103.0))  # the probe publishes again (atomic rename: a new inode)
+        r3 = c.collect(104.0)
+        assert len(calls) == 2 and {s.ts for s in r3.samples} == {103.0}
+        os.remove(os.path.join(d, "torch-10.json"))  # the process exited and cleaned up
+        assert not c.collect(105.0).up and not c._records
+
     def test_missing_dir_empty_dir_all_stale(self, tmp_path):
         r = TorchProbeCollector(str(tmp_path / "nope")).collect(1.0)
         assert not r.up and "does not exist" in r.error and r.missing[0].reason is Reason.NOT_COLLECTED

@@ -81,6 +81,10 @@ class TorchProbeCollector:
         self.stale_after_s = float(stale_after_s)
         self._dir_log = LogOnce(log, f"torch probe dir {probe_dir}")
         self._file_logs: dict[str, LogOnce] = {}
+        # file name -> ((inode, size, mtime_ns), record): the probe publishes every few seconds by
+        # an atomic rename (a new inode each time), the agent may read every second; an unchanged
+        # file costs one stat instead of open + read + JSON decode.
+        self._records: dict[str, tuple[tuple[int, int, int], dict]] = {}
 
     def _file_log(self, fname: str) -> LogOnce:
         lg = self._file_logs.get(fname)
@@ -115,6 +119,7 @@ class TorchProbeCollector:
             return self._down(now, Reason.NO_PERMISSION, f"probe directory {d}: permission denied")
         files = [n for n in names if n.startswith(FILE_PREFIX) and n.endswith(FILE_SUFFIX)]
         if not files:
+            self._records.clear()
             return self._down(now, Reason.NOT_COLLECTED,
                               f"no {FILE_PREFIX}<pid>{FILE_SUFFIX} in {d}: the engine is not running under "
                               "fragscope-probe, or has not initialised CUDA yet")
@@ -126,9 +131,16 @@ class TorchProbeCollector:
             plab = make_labels({"pid": pid_part}) if pid_part.isdigit() else ()
             path = os.path.join(d, fname)
             try:
-                with open(path, "rb") as fh:
-                    raw = fh.read(MAX_RECORD_BYTES + 1)
-                rec = parse_record(raw)
+                st = os.stat(path)
+                sig = (st.st_ino, st.st_size, st.st_mtime_ns)
+                known = self._records.get(fname)
+                if known is not None and known[0] == sig:
+                    rec = known[1]
+                else:
+                    with open(path, "rb") as fh:
+                        raw = fh.read(MAX_RECORD_BYTES + 1)
+                    rec = parse_record(raw)
+                    self._records[fname] = (sig, rec)
             except FileNotFoundError:
                 continue  # removed between listdir and open: the process exited
             except (OSError, RecordError) as e:
@@ -150,6 +162,8 @@ class TorchProbeCollector:
             res.missing.extend(missing)
             fresh += 1
             flog.ok()
+        for gone in set(self._records) - set(files):
+            del self._records[gone]
         if fresh == 0:
             msg = f"no live probe in {d} ({len(files)} stale or unreadable file(s))"
             self._dir_log.problem(msg)
