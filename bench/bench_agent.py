@@ -1,8 +1,10 @@
 """Agent overhead: CPU % of one core, RSS and /metrics scrape latency at 1 s sampling with the vllm,
-dcgm, torch, process and logs collectors on, against a bare prometheus_client exporter process
-measured in the same run (the baseline: what any Python exporter costs).
+dcgm, torch, process and logs collectors on, against two baselines measured over the same seconds:
+a bare prometheus_client exporter process (what any Python exporter costs) and a minimal 1 s sampler
+doing the same I/O and nothing else (what any 1 s sampler of this pod costs on this machine). Also
+prints the machine's cold-tick factor (a fixed workload back to back vs once a second).
 
-    python bench/bench_agent.py [--seconds 60]
+    python bench/bench_agent.py [--seconds 30] [--rounds 3] [--interval 1]
 
 The serving pod is tests/data/agent/replay.py on 127.0.0.1 (real HTTP, recorded vLLM and DCGM
 scrapes, a probe publisher, a growing engine log), in its own process so its CPU is not counted.
@@ -41,6 +43,7 @@ while True:
 # fragscope's own; this line itself is the platform's price for 1 s sampling.
 MINIMAL = """
 import glob, http.client, json, os, sys, time
+every = float(os.environ.get("MINIMAL_INTERVAL", "1"))
 from urllib.parse import urlsplit
 import psutil
 urls, probe, logf, pids = sys.argv[1:3], sys.argv[3], sys.argv[4], sys.argv[5:]
@@ -54,7 +57,7 @@ pos = os.path.getsize(logf) if os.path.exists(logf) else 0
 procs = [psutil.Process(int(p)) for p in pids]
 due = time.monotonic()
 while True:
-    due += 1.0
+    due += every
     time.sleep(max(0.0, due - time.monotonic()))
     for u in urls:
         get(u).decode()
@@ -185,9 +188,11 @@ def scrape_latency(port: int, n: int = 200) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seconds", type=float, default=60.0, help="measurement period per process")
+    ap.add_argument("--seconds", type=float, default=30.0, help="length of one measurement round")
     ap.add_argument("--warmup", type=float, default=10.0)
     ap.add_argument("--rounds", type=int, default=3, help="measurement rounds (the median is reported)")
+    ap.add_argument("--interval", type=float, default=1.0,
+                    help="sampling interval of the agent and the minimal sampler (the target is stated at 1 s)")
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="fragscope-bench-")
     procs: list[subprocess.Popen] = []
@@ -205,7 +210,7 @@ def main() -> None:
         aport, bport = free_port(), free_port()
         agent = subprocess.Popen([sys.executable, "-c", "from fragscope.cli import main; main()", "agent",
                                   "--listen", f"127.0.0.1:{aport}", "--data-dir", os.path.join(tmp, "data"),
-                                  "--interval", "1s", "--vllm", base + "/vllm/metrics", "--dcgm", base + "/dcgm/metrics",
+                                  "--interval", f"{args.interval:g}s", "--vllm", base + "/vllm/metrics", "--dcgm", base + "/dcgm/metrics",
                                   "--probe-dir", os.path.join(tmp, "probe"), "--log-file",
                                   os.path.join(tmp, "engine.log"), "--log-level", "warning"],
                                  stdout=subprocess.DEVNULL, stderr=open(os.path.join(tmp, "agent.log"), "w"))
@@ -216,13 +221,15 @@ def main() -> None:
         minimal = subprocess.Popen([sys.executable, "-c", MINIMAL, base + "/vllm/metrics", base + "/dcgm/metrics",
                                     os.path.join(tmp, "probe"), os.path.join(tmp, "engine.log"), str(replay.pid),
                                     str(bare.pid)],
-                                   stderr=open(os.path.join(tmp, "minimal.log"), "w"))
+                                   stderr=open(os.path.join(tmp, "minimal.log"), "w"),
+                                   env=dict(os.environ, MINIMAL_INTERVAL=str(args.interval)))
         procs.append(minimal)
         wait_http(aport, "/readyz")
         wait_http(bport, "/metrics")
         time.sleep(args.warmup)
-        print(f"measuring {args.rounds} rounds of {args.seconds:g} s at 1 s sampling (vllm, dcgm, torch, process, "
-              "logs), agent and bare exporter over the same seconds; a scrape of each every 15 s", flush=True)
+        print(f"measuring {args.rounds} rounds of {args.seconds:g} s at {args.interval:g} s sampling (vllm, dcgm, "
+              "torch, process, logs): agent, bare exporter and minimal sampler over the same seconds; a scrape "
+              "of each every 15 s", flush=True)
         watched = {"agent": psutil.Process(agent.pid), "bare": psutil.Process(bare.pid),
                    "minimal": psutil.Process(minimal.pid)}
         rounds = []
