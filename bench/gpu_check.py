@@ -12,6 +12,12 @@
    requested through the file protocol (history recording on).
 3. Probe through the launcher: a child Python under fragscope-probe allocates on the GPU and its
    record must appear, then disappear at exit.
+4. OOM replay on a real trace: with memory history on and the process capped at a small share of
+   the GPU, 6 MiB blocks are allocated and every other one freed, an 18 MiB allocation is attempted (a real OutOfMemoryError), then everything is freed and empty_cache() runs
+   before the snapshot is taken (so the dump-time state is nothing like the OOM instant). The
+   analysis must replay the real trace entries back to the OOM without a problem (state_at "oom"),
+   find the freed-every-other-block pattern there (free bytes >= the request, no block large enough),
+   and, on torch >= 2.14 with pinned-memory recording, read the host section's layout.
 Prints "GPU CHECK: PASS" or "GPU CHECK: FAIL (n)" and exits 0 / 1.
 """
 from __future__ import annotations
@@ -172,12 +178,77 @@ def launcher_section() -> None:
     check(not [n for n in os.listdir(d) if n.startswith("torch-")], "child removed its record at exit")
 
 
+def oom_replay_section() -> None:
+    print("== OOM replay on a real snapshot (history on, capped process)")
+    import torch
+
+    from fragscope.detectors.snapshot import analyse_snapshot_obj
+
+    MiB = 1 << 20
+    torch.cuda.empty_cache()
+    total = torch.cuda.get_device_properties(0).total_memory
+    host_kw = {}
+    try:  # torch >= 2.14: pinned host memory in the snapshot (unverified layout in fragscope)
+        torch.cuda.memory._record_memory_history(max_entries=200_000, record_pinned_host_memory=True)
+        host_kw = {"pinned": True}
+    except TypeError:
+        torch.cuda.memory._record_memory_history(max_entries=200_000)
+    cap = 2 * 1024 * MiB  # this process may use 2 GiB of the GPU
+    torch.cuda.set_per_process_memory_fraction(cap / total, 0)
+    pinned = torch.empty(64 * MiB, dtype=torch.uint8).pin_memory() if host_kw else None
+    blocks = []
+    try:
+        while True:  # 6 MiB blocks (three share each 20 MiB segment) until the cap refuses
+            blocks.append(torch.empty(6 * MiB, dtype=torch.uint8, device="cuda"))
+    except torch.cuda.OutOfMemoryError:
+        pass
+    held = blocks[1::2]
+    # every other block freed: 6-8 MiB holes between live blocks, and no segment entirely free (so
+    # the allocator's release-and-retry on OOM cannot help)
+    del blocks
+    request = 18 * MiB  # > 10 MiB: needs a block of its own size; the cap refuses a new segment
+    oom = False
+    try:
+        torch.empty(request, dtype=torch.uint8, device="cuda")
+    except torch.cuda.OutOfMemoryError:
+        oom = True
+    check(oom, "an 18 MiB allocation failed with only 6-8 MiB holes free")
+    del held, pinned
+    torch.cuda.empty_cache()  # the dump-time state: nearly empty
+    snap = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    torch.cuda.set_per_process_memory_fraction(1.0, 0)
+    doc, findings = analyse_snapshot_obj(snap, source="gpu_check", device_total_bytes=total)
+    dev = next((d for d in doc.get("devices", []) if d.get("ooms")), None)
+    check(dev is not None, "the snapshot's trace holds the OOM")
+    if dev is None:
+        return
+    o = dev["ooms"][-1]
+    print("  " + json.dumps({k: o.get(k) for k in ("classification", "state_at", "replayed_entries", "replay_problem",
+                                                    "reserved_bytes", "allocated_bytes", "size_bytes",
+                                                    "same_stream_inactive_bytes",
+                                                    "same_stream_largest_free_block_bytes")}, default=str))
+    print("  at dump: " + json.dumps(o.get("at_dump"), default=str)[:400])
+    check(o.get("state_at") == "oom" and not o.get("replay_problem"),
+          "the real trace entries after the OOM replay without a problem")
+    check((o.get("same_stream_inactive_bytes") or 0) >= request
+          and (o.get("same_stream_largest_free_block_bytes") or 0) < request,
+          "at the OOM: free bytes >= the request, no free block as large")
+    # the driver had room (the cap refused), so memory-cap is as right as fragmentation here
+    check(o.get("classification") in ("fragmentation", "memory-cap"),
+          f"classified fragmentation or memory-cap (got {o.get('classification')})")
+    if host_kw:
+        host = doc.get("host") or {}
+        print("  host: " + json.dumps(host, default=str)[:400])
+        check(host.get("reserved_bytes") is not None, "torch >= 2.14: the pinned host section's layout was read")
+
+
 def main() -> int:
     why = gpu_present()
     if why is not None:
         print(f"gpu_check: no NVIDIA GPU here ({why}); nothing to check. Run it on a machine with a GPU.")
         return 0
-    for section in (nvml_section, probe_section, launcher_section):
+    for section in (nvml_section, probe_section, launcher_section, oom_replay_section):
         try:
             section()
         except Exception as e:
