@@ -21,7 +21,7 @@ MIB = 1024 * 1024
 
 
 def fake_torch(stats_by_device: dict[int, dict], initialized=True, history=None, current=0, dump=None,
-               raise_in_stats: Exception | None = None) -> dict:
+               raise_in_stats: Exception | None = None, host: dict | Exception | None = None) -> dict:
     """A stand-in for the engine's imported torch (CUDA cannot run here), shaped like the real API."""
     def memory_stats(i):
         if raise_in_stats is not None:
@@ -39,6 +39,12 @@ def fake_torch(stats_by_device: dict[int, dict], initialized=True, history=None,
         current_device=lambda: current, memory_stats=memory_stats, get_allocator_backend=lambda: "native",
         get_device_properties=lambda i: types.SimpleNamespace(uuid=f"0000000{i}-1111-2222-3333-444444444444"),
         memory=types.SimpleNamespace(_dump_snapshot=dump_snapshot))
+    if host is not None:
+        def host_memory_stats():
+            if isinstance(host, Exception):
+                raise host
+            return dict(host)
+        cuda.host_memory_stats = host_memory_stats
     C = types.SimpleNamespace()
     if history is not None:
         C._cuda_isHistoryEnabled = lambda: history
@@ -51,6 +57,27 @@ def fake_torch(stats_by_device: dict[int, dict], initialized=True, history=None,
 
 
 ZERO = {k: 0 for k in STATS}
+
+
+def test_pinned_host_stats_published_and_read(tmp_path):
+    # keys as torch 2.13's host_memory_stats() names them (its docstring); 3 blocks of 2 MiB pinned,
+    # 1 handed out
+    host = {"allocated_bytes.current": 6 * MIB, "active_bytes.current": 2 * MIB, "allocations.current": 3,
+            "num_host_alloc": 3, "num_host_free": 0, "host_alloc_time.avg": 12.5}
+    p = core.Probe(str(tmp_path / "d"), 5.0, modules=fake_torch({0: STATS}, host=host), clock=lambda: 100.0)
+    assert p.tick() is True
+    rec = core.parse_record((tmp_path / "d" / f"torch-{os.getpid()}.json").read_bytes())
+    assert rec["host"] == {k: host[k] for k in core.Probe.HOST_KEYS}
+    r = TorchProbeCollector(str(tmp_path / "d")).collect(101.0)
+    got = {s.name: s.value for s in r.samples if "host" in s.name}
+    assert got == {"fragscope_torch_host_pinned_bytes": 6 * MIB, "fragscope_torch_host_pinned_active_bytes": 2 * MIB,
+                   "fragscope_torch_host_pinned_allocs_total": 3}
+    # an older torch without the call, or one whose call fails: no host section, no host samples
+    for modules in (fake_torch({0: STATS}), fake_torch({0: STATS}, host=RuntimeError("no pinned allocator"))):
+        d = tmp_path / f"d{id(modules)}"
+        assert core.Probe(str(d), 5.0, modules=modules, clock=lambda: 100.0).tick() is True
+        assert "host" not in core.parse_record((d / f"torch-{os.getpid()}.json").read_bytes())
+        assert not [s for s in TorchProbeCollector(str(d)).collect(101.0).samples if "host" in s.name]
 
 
 def test_select_stats_uses_real_key_names():

@@ -37,6 +37,13 @@ EXTRA: tuple[tuple[str, str], ...] = (
     ("fragscope_torch_oom_rejections_total", "num_oom_rejections"),
 )
 CORE_NAMES = tuple(n for n, _ in CORE)
+# torch.cuda.host_memory_stats() keys the probe publishes under "host": the pinned (page-locked) host
+# allocator, which a snapshot of torch <= 2.13 does not show (docs/snapshot.md#pinned-host-memory).
+HOST = (
+    ("fragscope_torch_host_pinned_bytes", "allocated_bytes.current"),  # owned: active + cached
+    ("fragscope_torch_host_pinned_active_bytes", "active_bytes.current"),  # handed out to callers
+    ("fragscope_torch_host_pinned_allocs_total", "num_host_alloc"),  # blocks created to grow the pool
+)
 
 
 def record_samples(rec: dict, ts: float) -> tuple[list[Sample], list[Missing]]:
@@ -58,6 +65,12 @@ def record_samples(rec: dict, ts: float) -> tuple[list[Sample], list[Missing]]:
                 missing.append(Missing(name, lab, ts, Reason.NOT_EXPOSED,
                                        f"memory_stats() of torch {rec.get('torch_version') or '?'} has no {key}"))
     plab = make_labels({"pid": pid})
+    host = rec.get("host")
+    if isinstance(host, dict):  # pinned host memory (torch.cuda.host_memory_stats(), per process)
+        for name, key in HOST:
+            v = host.get(key)
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                samples.append(Sample(name, plab, ts, float(v)))
     if isinstance(rec.get("errors"), int):
         samples.append(Sample("fragscope_torch_probe_errors_total", plab, ts, float(rec["errors"])))
     su = rec.get("sample_us")

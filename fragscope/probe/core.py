@@ -236,6 +236,23 @@ class Probe:
                         "stats": select_stats(stats)})
         return out
 
+    HOST_KEYS = ("allocated_bytes.current", "active_bytes.current", "allocations.current", "num_host_alloc",
+                 "num_host_free")
+
+    def host(self, torch) -> dict | None:
+        """The pinned (host) allocator's counters, where torch has ``cuda.host_memory_stats()``
+        (2.13 has it); None where it does not (absent, not zero)."""
+        fn = getattr(torch.cuda, "host_memory_stats", None)
+        if fn is None:
+            return None
+        try:
+            stats = fn()
+        except Exception:
+            return None
+        out = {k: stats[k] for k in self.HOST_KEYS
+               if isinstance(stats.get(k), (int, float)) and not isinstance(stats.get(k), bool)}
+        return out or None
+
     # -- one round ---------------------------------------------------------------------------
     def tick(self) -> bool:
         """Sample and publish once. Returns True when a record was published. May raise."""
@@ -253,6 +270,9 @@ class Probe:
                "history_enabled": self._history_enabled(torch), "snapshots": self.snapshots}
         rec.update(self._static_info(torch))
         rec["devices"] = devs
+        host = self.host(torch)
+        if host is not None:
+            rec["host"] = host
         self.publish(rec)
         self.seq += 1
         self.last_sample_us = round((time.perf_counter() - t0) * 1e6, 1)
