@@ -187,15 +187,15 @@ def oom_replay_section() -> None:
     MiB = 1 << 20
     torch.cuda.empty_cache()
     total = torch.cuda.get_device_properties(0).total_memory
-    host_kw = {}
+    record_host = True
     try:  # torch >= 2.14: pinned host memory in the snapshot (unverified layout in fragscope)
         torch.cuda.memory._record_memory_history(max_entries=200_000, record_pinned_host_memory=True)
-        host_kw = {"pinned": True}
     except TypeError:
+        record_host = False
         torch.cuda.memory._record_memory_history(max_entries=200_000)
     cap = 2 * 1024 * MiB  # this process may use 2 GiB of the GPU
     torch.cuda.set_per_process_memory_fraction(cap / total, 0)
-    pinned = torch.empty(64 * MiB, dtype=torch.uint8).pin_memory() if host_kw else None
+    pinned = torch.empty(64 * MiB, dtype=torch.uint8).pin_memory() if record_host else None
     blocks = []
     try:
         while True:  # 6 MiB blocks (three share each 20 MiB segment) until the cap refuses
@@ -237,7 +237,7 @@ def oom_replay_section() -> None:
     # the driver had room (the cap refused), so memory-cap is as right as fragmentation here
     check(o.get("classification") in ("fragmentation", "memory-cap"),
           f"classified fragmentation or memory-cap (got {o.get('classification')})")
-    if host_kw:
+    if record_host:
         host = doc.get("host") or {}
         print("  host: " + json.dumps(host, default=str)[:400])
         check(host.get("reserved_bytes") is not None, "torch >= 2.14: the pinned host section's layout was read")

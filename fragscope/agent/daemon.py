@@ -250,10 +250,10 @@ class Agent:
         self._capture_wake = threading.Event()
         self._wall_offset = time.time() - time.monotonic()
         self._clock_lock = threading.Lock()
-        # One time grid for every loop (collectors, housekeeping, detectors): threads due at the
-        # same instant wake together. On the 2-core VM, five collectors staggered over the second
-        # cost 1.6-4.6 % of a core against 0.8-1.7 % aligned (same work; each separate wake-up of an
-        # idle thread is what costs: bench/bench_agent.py, and /tmp experiments noted in docs/agent.md).
+        # One time grid for every loop (collectors, housekeeping, detectors), reset by start():
+        # threads due at the same instant wake together. On the 2-core VM, five collectors staggered
+        # over the second cost 1.6-4.6 % of a core against 0.8-1.7 % aligned (same work; each
+        # separate wake-up of an idle thread is what costs; docs/agent.md#performance).
         self._base = time.monotonic()
 
     # --- setup --------------------------------------------------------------------------------

@@ -94,10 +94,11 @@ class TorchProbeCollector:
         self.stale_after_s = float(stale_after_s)
         self._dir_log = LogOnce(log, f"torch probe dir {probe_dir}")
         self._file_logs: dict[str, LogOnce] = {}
-        # file name -> ((inode, size, mtime_ns), record): the probe publishes every few seconds by
-        # an atomic rename (a new inode each time), the agent may read every second; an unchanged
-        # file costs one stat instead of open + read + JSON decode.
-        self._records: dict[str, tuple[tuple[int, int, int], dict]] = {}
+        # file name -> [(inode, size, mtime_ns), record, (ts, samples, missing) or None]: the probe
+        # publishes every few seconds by an atomic rename (a new inode each time), the agent may read
+        # every second; an unchanged file costs one stat instead of open + read + JSON decode, and
+        # its samples are reused rather than rebuilt.
+        self._records: dict[str, list] = {}
 
     def _file_log(self, fname: str) -> LogOnce:
         lg = self._file_logs.get(fname)
@@ -146,14 +147,12 @@ class TorchProbeCollector:
             try:
                 st = os.stat(path)
                 sig = (st.st_ino, st.st_size, st.st_mtime_ns)
-                known = self._records.get(fname)
-                if known is not None and known[0] == sig:
-                    rec = known[1]
-                else:
+                memo = self._records.get(fname)
+                if memo is None or memo[0] != sig:
                     with open(path, "rb") as fh:
                         raw = fh.read(MAX_RECORD_BYTES + 1)
-                    rec = parse_record(raw)
-                    self._records[fname] = (sig, rec)
+                    memo = self._records[fname] = [sig, parse_record(raw), None]
+                rec = memo[1]
             except FileNotFoundError:
                 continue  # removed between listdir and open: the process exited
             except (OSError, RecordError) as e:
@@ -170,7 +169,9 @@ class TorchProbeCollector:
                 continue
             # the probe's sampling time, unless the clocks disagree (clock jump): then now
             ts = float(rec["ts"]) if age >= -5.0 else now
-            samples, missing = record_samples(rec, ts)
+            if memo[2] is None or memo[2][0] != ts:
+                memo[2] = (ts, *record_samples(rec, ts))
+            _, samples, missing = memo[2]
             res.samples.extend(samples)
             res.missing.extend(missing)
             fresh += 1

@@ -52,10 +52,11 @@ STAT_KEYS: tuple[str, ...] = tuple(
 )
 
 
-def select_stats(stats: dict) -> dict:
-    """Keep the published subset of a ``memory_stats()`` dict (ints only; absent keys stay absent)."""
+def select_stats(stats: dict, keys: tuple[str, ...] = STAT_KEYS) -> dict:
+    """Keep the published subset of a ``memory_stats()`` (or ``host_memory_stats()``) dict: ``keys``,
+    ints only; absent keys stay absent."""
     out = {}
-    for k in STAT_KEYS:
+    for k in keys:
         v = stats.get(k)
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             out[k] = int(v)
@@ -249,9 +250,7 @@ class Probe:
             stats = fn()
         except Exception:
             return None
-        out = {k: stats[k] for k in self.HOST_KEYS
-               if isinstance(stats.get(k), (int, float)) and not isinstance(stats.get(k), bool)}
-        return out or None
+        return select_stats(stats, self.HOST_KEYS) or None
 
     # -- one round ---------------------------------------------------------------------------
     def tick(self) -> bool:
