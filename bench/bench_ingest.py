@@ -51,7 +51,7 @@ def main() -> int:
     print(f"recording: {a.kind}, 8 h at 15 s: {lines:,} lines, {os.path.getsize(om) / 1e6:.1f} MB "
           f"(generated in {time.perf_counter() - t:.2f} s) -> {om}")
 
-    from fragscope.playbooks import diagnose
+    from fragscope.pipeline import diagnose
 
     t_read, w = best_of(lambda: read_recording(om), a.repeat)
 

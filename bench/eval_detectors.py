@@ -32,14 +32,14 @@ import numpy as np
 from scipy.special import ndtr
 
 from fragscope.model import SeriesKey, Window, make_labels
-from fragscope.playbooks import diagnose
+from fragscope.pipeline import diagnose
+from fragscope.playbooks import REGISTRY
 
 GiB = 1024 ** 3
 MiB = 1024 ** 2
 T0 = 1767225600.0  # 2026-01-01 00:00 UTC
 
-IDS = ("allocator-fragmentation", "kv-cache-pressure", "memory-leak", "clock-throttling",
-       "launch-bound", "capacity-saturation", "kv-block-size-mismatch")
+IDS = REGISTRY.ids("window")  # the registered window diagnoses (fragscope/playbooks)
 
 # vLLM's own bucket boundaries (V1 metrics.py): TTFT, and build_1_2_5 for token-count histograms
 TTFT_LE = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,

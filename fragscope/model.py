@@ -251,8 +251,11 @@ class Finding:
     evidence: list[Evidence] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)  # signals that would confirm it
     subject: dict[str, str] = field(default_factory=dict)  # e.g. {"gpu": "0"}, {"pod": ...}
-    playbook: dict | None = None
+    playbook: dict | None = None  # the built playbook (Playbook.to_dict() + "actions"), attached by fragscope.playbooks
     attachments: list[dict] = field(default_factory=list)  # deep-evidence verdicts (snapshots, traces)
+    # What the detector measured for the playbook's computed actions (never serialised): e.g.
+    # {"slack_bytes": ..., "_config": {...}}. fragscope.playbooks.attach_playbooks reads it.
+    context: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return {
@@ -281,6 +284,31 @@ class Inconclusive:
     def to_dict(self) -> dict:
         return {"id": self.id, "missing": list(self.missing), "reason": self.reason,
                 "subject": dict(self.subject)}
+
+
+@dataclass
+class Action:
+    """One durable fix, with when it applies and when it must not be applied."""
+
+    text: str
+    preconditions: list[str] = field(default_factory=list)
+    contraindications: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Playbook:
+    """What to do about a diagnosis: now, for good (with preconditions), and how to verify it worked."""
+
+    id: str
+    title: str
+    meaning: str
+    immediate: list[str]
+    durable: list[Action]
+    verify: list[str]
+    references: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
 
 
 def rank_findings(findings: Iterable[Finding]) -> list[Finding]:

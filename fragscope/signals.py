@@ -126,6 +126,30 @@ TARGET_LABELS = ("namespace", "pod")
 DCGM_BLANK_THRESHOLD = 9.0e18
 
 
+# Exporter metrics the frame reads beside the table (not canonical signals of their own).
+DCGM_FB_RESERVED = "DCGM_FI_DEV_FB_RESERVED"  # MiB, added to used + free for the total
+DCGM_REASON_BITMASKS = ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS")  # new, old name
+# DCGM violation counters (ns of throttling) -> the NVML reason they stand for
+DCGM_VIOLATION_REASONS = {"DCGM_FI_DEV_POWER_VIOLATION": "sw_power_cap",
+                          "DCGM_FI_DEV_THERMAL_VIOLATION": "sw_thermal_slowdown"}
+# What tells vLLM's engine generations apart (V1 renamed the KV gauge and added the `engine` label).
+VLLM_V1_KV = "vllm:kv_cache_usage_perc"
+VLLM_V0_KV = "vllm:gpu_cache_usage_perc"
+VLLM_RUNNING = "vllm:num_requests_running"
+
+
+def primary(sig_id: str) -> str:
+    """The first raw metric a canonical signal is read from (what a "missing" list names)."""
+    return SIGNALS[sig_id].sources[0].metric
+
+
+def any_of(sig_id: str, engine_only: bool = True) -> str:
+    """Every raw name of a signal as one "missing" entry: "vllm:a or vllm:b or sglang:c"."""
+    names = [s.metric for s in SIGNALS[sig_id].sources
+             if not (engine_only and s.metric.startswith("fragscope_log_"))]
+    return " or ".join(names)
+
+
 def normalise_name(name: str) -> str:
     for old, new in PREFIX_ALIASES:
         if name.startswith(old):

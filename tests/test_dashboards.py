@@ -10,14 +10,15 @@ import subprocess
 
 import pytest
 
+from fragscope.playbooks import REGISTRY
+
 from test_fleet_harness import PROMTOOL, ROOT, needs_prometheus
 
 DASH_DIR = os.path.join(ROOT, "dashboards")
 DASHBOARD = os.path.join(DASH_DIR, "fragscope.json")
 RULES = os.path.join(DASH_DIR, "rules", "fragscope-alerts.yml")
 RULE_TESTS = os.path.join(DASH_DIR, "rules", "tests")
-DIAGNOSES = ("allocator-fragmentation", "kv-cache-pressure", "memory-leak", "clock-throttling", "launch-bound",
-             "capacity-saturation", "kv-block-size-mismatch")
+DIAGNOSES = REGISTRY.alerting()  # every alerting diagnosis needs a rule and its promtool test
 
 
 def _dashboard() -> dict:

@@ -10,14 +10,14 @@ import math
 import numpy as np
 import pytest
 
-from fragscope.playbooks import diagnose
+from fragscope.pipeline import diagnose
+from fragscope.playbooks import REGISTRY
 from fragscope.detectors.block_size import expected_waste, recommend_block_size
 from fragscope.detectors.frame import build_frame, counter_increases, histogram_quantile
 from fragscope.model import SeriesKey, Severity, Window
 from fragscope.scenarios import Scenario, to_window
 
-PATHOLOGIES = ["allocator-fragmentation", "kv-cache-pressure", "memory-leak", "clock-throttling",
-               "launch-bound", "capacity-saturation", "kv-block-size-mismatch"]
+PATHOLOGIES = list(REGISTRY.ids("window"))
 CONFOUNDERS = ["healthy", "traffic-surge", "traffic-drop", "stable-slack"]
 
 

@@ -413,7 +413,7 @@ class Agent:
             if self._detect is not None:
                 report = self._detect(w)
             else:
-                from ..playbooks import diagnose
+                from ..pipeline import diagnose
 
                 report = diagnose(w)
             if self._capture is not None:

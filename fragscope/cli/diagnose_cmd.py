@@ -16,7 +16,7 @@ FAIL_ON = click.Choice(["info", "warning", "critical", "never"])
 
 def _diagnose_file(path: str):
     from ..collectors.exposition import ParseError, read_recording
-    from ..playbooks import diagnose
+    from ..pipeline import diagnose
 
     try:
         window = read_recording(path)
@@ -48,7 +48,7 @@ def run_cmd(ctx: click.Context, file: str | None, fmt: str, fail_on: str, **opts
         if window is None:
             fail("nothing to diagnose: give a recording FILE, --agent URL, --vllm URL or --prometheus URL "
                  "(see diagnose --help)")
-        from ..playbooks import diagnose
+        from ..pipeline import diagnose
 
         report = diagnose(window)
     print_report(report, fmt)

@@ -1,5 +1,4 @@
-"""Detectors: pure functions from a Window (through a Frame) to findings.
-
-``engine.run_detectors(window)`` runs them all. Callers use :func:`fragscope.playbooks.diagnose`,
-which also attaches each finding's playbook (playbooks sit above detectors in the layering).
+"""Detectors: pure functions (no I/O) from a Frame built from a Window to findings or an inconclusive
+entry. Each module declares ID, REQUIRES, CORROBORATES, Config and detect(); the registry
+(fragscope.playbooks) lists them and fragscope.pipeline runs them.
 """

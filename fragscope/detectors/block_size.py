@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..signals import primary
 from ..model import Evidence, Finding, Inconclusive, Severity
 from .frame import Frame
 
@@ -44,11 +45,10 @@ def detect(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive:
     missing = []
     bs = f.config.get("block_size")
     if bs is None:
-        missing.append("vllm:cache_config_info{block_size}")
-    for sig, name in (("request_prompt_tokens", "vllm:request_prompt_tokens"),
-                      ("request_generation_tokens", "vllm:request_generation_tokens")):
+        missing.append(primary("cache_config_info") + "{block_size}")
+    for sig in ("request_prompt_tokens", "request_generation_tokens"):
         if sig not in f.hist_avg:
-            missing.append(name)
+            missing.append(primary(sig))
     if missing:
         return Inconclusive(ID, missing, "block size or sequence lengths not available")
     try:

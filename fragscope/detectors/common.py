@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..model import Evidence
+from ..units import fmt_bytes, fmt_clock as fmt_time, fmt_pct, fmt_seconds  # noqa: F401  (detectors format through common)
 from . import stats
 from .frame import SLOWDOWN_REASONS, Frame
 from .stats import Change, Spans
@@ -221,34 +222,6 @@ def any_frag_rising(f: Frame, sp: Spans, rise: float = 0.05) -> bool:
         if ch is not None and ch.known and (ch.delta >= rise or ch.recent >= 0.25):
             return True
     return False
-
-
-def fmt_pct(x: float) -> str:
-    return "n/a" if not math.isfinite(x) else f"{x * 100:.0f} %"
-
-
-def fmt_bytes(x: float) -> str:
-    if not math.isfinite(x):
-        return "n/a"
-    return f"{x / 1024**3:.1f} GiB" if abs(x) >= 1024**3 else f"{x / 1024**2:.0f} MiB"
-
-
-def fmt_time(ts: float | None) -> str:
-    if ts is None or not math.isfinite(ts):
-        return "?"
-    import datetime as _dt
-
-    return _dt.datetime.fromtimestamp(ts, tz=_dt.timezone.utc).strftime("%H:%M")
-
-
-def fmt_seconds(x: float) -> str:
-    if not math.isfinite(x):
-        return "n/a"
-    if x < 1e-3:
-        return f"{x * 1e6:.0f} µs"
-    if x < 1:
-        return f"{x * 1e3:.1f} ms"
-    return f"{x:.1f} s"
 
 
 def earliest(*ts: float | None) -> float | None:

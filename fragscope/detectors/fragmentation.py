@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..signals import primary
 from ..model import Evidence, Finding, Inconclusive, Severity
 from . import common, stats
 from .frame import Frame
@@ -192,8 +193,8 @@ def _detect_gpu(f: Frame, g: str, sp: stats.Spans, cfg: Config, tput, demand, ba
     missing = [m for m, have in (
         ("fragscope_torch_inactive_split_bytes", ich is not None and ich.known),
         ("fragscope_torch_alloc_retries_total", retries is not None),
-        ("vllm:generation_tokens_total", tput.evidence is not None),
-        ("vllm:num_preemptions_total", pre.evidence is not None),
+        (primary("generation_tokens_total"), tput.evidence is not None),
+        (primary("preemptions_total"), pre.evidence is not None),
         ("fragscope_kernel_gap_seconds", gap.evidence is not None),
         ("gpu utilization (fragscope_gpu_utilization_ratio or DCGM_FI_DEV_GPU_UTIL)", busy.evidence is not None),
     ) if not have]
@@ -223,7 +224,7 @@ def _detect_gpu(f: Frame, g: str, sp: stats.Spans, cfg: Config, tput, demand, ba
     ctx = {"slack_bytes": slack_r, "reserved_bytes": res_r, "fragmentation_ratio": ch.recent,
            "throughput_drop_ratio": tput_drop, "gpu_memory_total_bytes": stats.nanmedian(
                sig.get("gpu_memory_total_bytes", np.full(f.t.size, np.nan)))}
-    return Finding(ID, sev, conf, summary, onset, evidence, missing, {"gpu": g}, playbook={"context": ctx})
+    return Finding(ID, sev, conf, summary, onset, evidence, missing, {"gpu": g}, context=ctx)
 
 
 def _suspect_without_probe(f: Frame, sp: stats.Spans) -> Finding | None:
@@ -278,4 +279,4 @@ def _suspect_without_probe(f: Frame, sp: stats.Spans) -> Finding | None:
     if not clocks_known:
         missing.append("SM clock (clock throttling not ruled out)")
     ctx = {"throughput_drop_ratio": tput.value}
-    return Finding(ID, Severity.WARNING, conf, summary, onset, evidence, missing, {}, playbook={"context": ctx})
+    return Finding(ID, Severity.WARNING, conf, summary, onset, evidence, missing, {}, context=ctx)

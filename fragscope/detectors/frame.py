@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..model import Series, Window
-from ..signals import SIGNALS
+from ..signals import (DCGM_FB_RESERVED, DCGM_REASON_BITMASKS, DCGM_VIOLATION_REASONS, SIGNALS, VLLM_RUNNING,
+                       VLLM_V0_KV, VLLM_V1_KV)
 
 # Prometheus' default lookback for instant vectors is 5 min; we use a tighter one tied to the
 # scrape interval so a dead source shows as a gap, not as a flat line.
@@ -313,7 +314,7 @@ def build_frame(window: Window) -> Frame:
         if "gpu_memory_total_bytes" not in sigs and "gpu_memory_used_bytes" in sigs \
                 and "gpu_memory_free_bytes" in sigs:
             total = sigs["gpu_memory_used_bytes"] + sigs["gpu_memory_free_bytes"]
-            res = [s for s in by_name.get("DCGM_FI_DEV_FB_RESERVED", []) if _gpu_id(s) == g]
+            res = [s for s in by_name.get(DCGM_FB_RESERVED, []) if _gpu_id(s) == g]
             if res:
                 total = total + _sample_gauge(res[0], grid, lookback) * 1024.0 * 1024.0
             sigs["gpu_memory_total_bytes"] = total
@@ -328,10 +329,10 @@ def build_frame(window: Window) -> Frame:
                         r > 0, np.clip(sigs["torch_inactive_split_bytes"] / r, 0.0, 1.0), np.nan)
 
     f.restarts = _dedupe_times(f.restarts, tol=max(60.0, 4 * step))
-    if "vllm:kv_cache_usage_perc" in by_name or any(
-            s.key.label("engine") is not None for s in by_name.get("vllm:num_requests_running", [])):
+    if VLLM_V1_KV in by_name or any(
+            s.key.label("engine") is not None for s in by_name.get(VLLM_RUNNING, [])):
         f.engine_generation = "v1"
-    elif "vllm:gpu_cache_usage_perc" in by_name:
+    elif VLLM_V0_KV in by_name:
         f.engine_generation = "v0"
     return f
 
@@ -342,14 +343,13 @@ NVML_REASON_BITS = {0x1: "gpu_idle", 0x2: "applications_clocks_setting", 0x4: "s
                     0x8: "hw_slowdown", 0x10: "sync_boost", 0x20: "sw_thermal_slowdown",
                     0x40: "hw_thermal_slowdown", 0x80: "hw_power_brake_slowdown", 0x100: "display_clock_setting"}
 # DCGM violation counters (ns of throttling): throttled for most of the time = the reason is active.
-_VIOLATION_REASONS = {"DCGM_FI_DEV_POWER_VIOLATION": "sw_power_cap",
-                      "DCGM_FI_DEV_THERMAL_VIOLATION": "sw_thermal_slowdown"}
+_VIOLATION_REASONS = DCGM_VIOLATION_REASONS
 
 
 def _dcgm_throttle(f: Frame, by_name: dict[str, list[Series]], grid: np.ndarray, lookback: float, w: int) -> None:
     """Throttle reasons from dcgm-exporter, for GPUs without fragscope's NVML reasons."""
     have = set(f.throttle)
-    for name in ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"):
+    for name in DCGM_REASON_BITMASKS:
         for s in by_name.get(name, []):
             g = _gpu_id(s)
             if g in have:

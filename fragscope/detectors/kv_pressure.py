@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..signals import any_of, primary
 from ..model import Evidence, Finding, Inconclusive, Severity
 from . import common, stats
 from .frame import Frame
@@ -37,10 +38,10 @@ class Config:
 
 def detect(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive:
     if not f.has_engine("kv_cache_usage_ratio"):
-        return Inconclusive(ID, ["vllm:kv_cache_usage_perc (V1) or vllm:gpu_cache_usage_perc (V0)"],
+        return Inconclusive(ID, [any_of("kv_cache_usage_ratio")],
                             "KV-cache usage not available")
     if not f.has_engine("preemptions_total") and not f.has_engine("requests_waiting"):
-        return Inconclusive(ID, ["vllm:num_preemptions_total", "vllm:num_requests_waiting"],
+        return Inconclusive(ID, [primary("preemptions_total"), primary("requests_waiting")],
                             "neither preemptions nor the queue are available")
     sp = stats.spans(f)
     kv = common.kv_fact(f, sp, cfg.kv_high)
@@ -108,9 +109,9 @@ def detect(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive:
     conf = stats.confidence(agree, base=0.45, against=against)
     onset = common.earliest(kv.onset, pre.onset)
     missing = [m for m, have in (
-        ("vllm:num_requests_waiting", wait is not None),
-        ("vllm:time_to_first_token_seconds", p99 is not None),
-        ("vllm:request_prompt_tokens", "request_prompt_tokens_mean" in f.engine),
+        (primary("requests_waiting"), wait is not None),
+        (primary("ttft_seconds"), p99 is not None),
+        (primary("request_prompt_tokens"), "request_prompt_tokens_mean" in f.engine),
     ) if not have]
     p90 = kv.extra.get("p90", math.nan)
     if math.isfinite(kv.value) and kv.value >= cfg.kv_high:
@@ -133,4 +134,4 @@ def detect(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive:
            "avg_generation_tokens": f.hist_avg.get("request_generation_tokens"),
            "running": stats.nanmedian(f.engine.get("requests_running", np.full(f.t.size, np.nan))[
                stats.mask(f, sp.recent)])}
-    return [Finding(ID, sev, conf, summary, onset, evidence, missing, {}, playbook={"context": ctx})]
+    return [Finding(ID, sev, conf, summary, onset, evidence, missing, {}, context=ctx)]

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..signals import primary
 from ..model import Evidence, Finding, Inconclusive, Severity
 from . import common, stats
 from .frame import Frame
@@ -48,7 +49,7 @@ def detect(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive:
         return Inconclusive(ID, ["fragscope_kernel_gap_seconds", "fragscope_gpu_idle_ratio",
                                  "gpu utilization"], "no kernel-timeline or utilization signal")
     if not f.has_engine("requests_running"):
-        return Inconclusive(ID, ["vllm:num_requests_running"],
+        return Inconclusive(ID, [primary("requests_running")],
                             "cannot tell an idle server from a host-bound one without the running batch")
     sp = stats.spans(f)
     run = f.engine["requests_running"]
@@ -144,7 +145,7 @@ def detect(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive:
                                      ("fragscope_gpu_idle_ratio", math.isfinite(i)),
                                      ("gpu utilization", math.isfinite(u))) if not have]
         ctx = {"gap_p50_s": g50, "gap_p99_s": g99, "util": u, "idle": i}
-        out.append(Finding(ID, sev, conf, summary, onset, evidence, missing, {"gpu": g}, playbook={"context": ctx}))
+        out.append(Finding(ID, sev, conf, summary, onset, evidence, missing, {"gpu": g}, context=ctx))
     if not out and suspects:
         return Inconclusive(ID, ["fragscope_kernel_gap_seconds", "fragscope_gpu_idle_ratio"],
                             f"GPU {', '.join(suspects)} utilization is low while requests run; a kernel "

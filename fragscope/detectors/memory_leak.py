@@ -174,4 +174,4 @@ def _detect_gpu(f: Frame, g: str, sp: stats.Spans, cfg: Config) -> Finding | Non
         summary += f"; at this rate memory is exhausted in ~{hours_to_full:.1f} h"
     summary += "."
     ctx = {"slope_bytes_per_hour": slope, "hours_to_full": hours_to_full, "total_bytes": total}
-    return Finding(ID, sev, conf, summary, onset, evidence, missing, {"gpu": g}, playbook={"context": ctx})
+    return Finding(ID, sev, conf, summary, onset, evidence, missing, {"gpu": g}, context=ctx)

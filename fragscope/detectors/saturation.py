@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..signals import primary
 from ..model import Evidence, Finding, Inconclusive, Severity
 from . import common, stats
 from .frame import Frame
@@ -32,9 +33,9 @@ class Config:
 
 def detect(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive:
     if not f.has_engine("generation_tokens_total"):
-        return Inconclusive(ID, ["vllm:generation_tokens_total"], "throughput not available")
+        return Inconclusive(ID, [primary("generation_tokens_total")], "throughput not available")
     if not f.has_engine("requests_waiting") and not f.has_engine("kv_cache_usage_ratio"):
-        return Inconclusive(ID, ["vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"], "load not observable")
+        return Inconclusive(ID, [primary("requests_waiting"), primary("kv_cache_usage_ratio")], "load not observable")
     sp = stats.spans(f)
     evidence: list[Evidence] = []
     agree = 0
@@ -120,4 +121,4 @@ def detect(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive:
             summary += f", KV cache {e.observed * 100:.0f} % full"
     summary += f"; no preemption storm, allocator and clocks healthy{ttft_note}."
     ctx = {"tokens_per_s": t_recent, "running": rr}
-    return [Finding(ID, sev, conf, summary, onset, evidence, [], {}, playbook={"context": ctx})]
+    return [Finding(ID, sev, conf, summary, onset, evidence, [], {}, context=ctx)]

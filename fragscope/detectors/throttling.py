@@ -134,4 +134,4 @@ def _detect_gpu(f: Frame, g: str, sp: stats.Spans, cfg: Config, tput) -> Finding
         summary += f" at {busy.value * 100:.0f} % utilization"
     summary += "."
     ctx = {"reason": why, "clock_drop_ratio": drop}
-    return Finding(ID, sev, conf, summary, onset, evidence, missing, {"gpu": g}, playbook={"context": ctx})
+    return Finding(ID, sev, conf, summary, onset, evidence, missing, {"gpu": g}, context=ctx)

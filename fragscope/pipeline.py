@@ -1,25 +1,18 @@
-"""Runs every detector over a window: one frame, findings merged across GPUs, playbooks attached."""
+"""The pipeline: a window -> one frame -> every registered window detector -> findings merged across
+GPUs -> playbooks attached. :func:`diagnose` is the one entry point for callers (CLI, agent, fleet).
+"""
 from __future__ import annotations
 
 import math
-from typing import Callable
 
 import numpy as np
 
-from ..model import Finding, Inconclusive, Report, Severity, Window, rank_findings
-from . import block_size, fragmentation, kv_pressure, launch_bound, memory_leak, saturation, throttling
-from . import stats
-from .frame import Frame, build_frame
-
-DETECTORS: dict[str, Callable[[Frame], list[Finding] | Inconclusive]] = {
-    fragmentation.ID: fragmentation.detect,
-    kv_pressure.ID: kv_pressure.detect,
-    memory_leak.ID: memory_leak.detect,
-    throttling.ID: throttling.detect,
-    launch_bound.ID: launch_bound.detect,
-    saturation.ID: saturation.detect,
-    block_size.ID: block_size.detect,
-}
+from .detectors import stats
+from .detectors.frame import Frame, build_frame
+from .model import Finding, Inconclusive, Report, Severity, Window, rank_findings
+from .playbooks import REGISTRY, attach_playbooks
+from .playbooks.registry import Diagnosis
+from .units import iso as _iso
 
 # Too short a window cannot separate a baseline from the present.
 MIN_SPAN_S = 5 * 60.0
@@ -30,18 +23,20 @@ MIN_SEGMENT_S = 30 * 60.0  # a segment between restarts shorter than this has no
 def run_detectors(window: Window) -> Report:
     report = Report(window=(window.start, window.end), source=window.source)
     if not len(window) or not math.isfinite(window.start):
-        report.inconclusive = [Inconclusive(i, [], "no data") for i in DETECTORS]
+        report.inconclusive = [Inconclusive(d.id, [], "no data") for d in REGISTRY.window()]
         return report
     frame = build_frame(window)
     report.signals = signal_summary(frame, window)
     span = window.end - window.start
     if span < MIN_SPAN_S or frame.t.size < MIN_POINTS:
         # Only the static check can judge a single scrape or a very short recording.
-        report.inconclusive = [Inconclusive(i, [], f"window of {span:.0f} s is too short to compare a baseline "
-                                            f"with the present (need >= {MIN_SPAN_S:.0f} s)")
-                               for i in DETECTORS if i != block_size.ID]
-        res = block_size.detect(frame)
-        _collect(report, block_size.ID, res, frame)
+        for d in REGISTRY.window():
+            if d.runs_on_short_windows:
+                _run_one(report, d, frame)
+            else:
+                report.inconclusive.append(Inconclusive(
+                    d.id, [], f"window of {span:.0f} s is too short to compare a baseline with the present "
+                    f"(need >= {MIN_SPAN_S:.0f} s)"))
         return report
     restarts = [t for t in frame.restarts if window.start + MIN_SEGMENT_S <= t]
     if not restarts:
@@ -73,25 +68,46 @@ def run_detectors(window: Window) -> Report:
     return report
 
 
+def diagnose(window: Window) -> Report:
+    """Run every registered window detector over ``window`` and attach playbooks."""
+    return attach_playbooks(run_detectors(window))
+
+
 def _run_all(report: Report, frame: Frame) -> None:
-    for did, fn in DETECTORS.items():
-        try:
-            res = fn(frame)
-        except Exception as e:  # a detector bug must not hide the other findings
-            res = Inconclusive(did, [], f"detector failed: {type(e).__name__}: {e}")
-        _collect(report, did, res, frame)
+    for d in REGISTRY.window():
+        _run_one(report, d, frame)
 
 
-def _collect(report: Report, did: str, res, frame: Frame) -> None:
-    # Findings leave here with ``playbook={"context": ...}``; fragscope.playbooks.diagnose turns the
-    # context into the full playbook (playbooks sit above detectors in the layering).
+def unmet_requirements(d: Diagnosis, frame: Frame) -> list[str]:
+    """The registered required signals (``a|b``: either) the frame has no data for."""
+    return [req for req in d.requires if not any(has_signal(frame, alt) for alt in req.split("|"))]
+
+
+def has_signal(f: Frame, sig_id: str) -> bool:
+    """Whether the frame holds data read for a canonical signal (signals.py)."""
+    if sig_id == "gpu_throttle_reason_active":
+        return bool(f.throttle)
+    if sig_id == "cache_config_info":
+        return bool(f.config)
+    return sig_id in f.sources
+
+
+def _run_one(report: Report, d: Diagnosis, frame: Frame) -> None:
+    try:
+        res = d.detect(frame)
+    except Exception as e:  # a detector bug must not hide the other findings
+        res = Inconclusive(d.id, [], f"detector failed: {type(e).__name__}: {e}")
     if isinstance(res, Inconclusive):
+        if not res.missing:
+            # Name what is missing from the registered requirements, in raw metric names.
+            from .playbooks import raw_names
+
+            res.missing = [" or ".join(n for alt in req.split("|") for n in raw_names(alt))
+                           for req in unmet_requirements(d, frame)]
         report.inconclusive.append(res)
         return
     for f in res:
-        ctx = dict((f.playbook or {}).get("context", {}))
-        ctx["_config"] = dict(frame.config)
-        f.playbook = {"context": ctx}
+        f.context["_config"] = dict(frame.config)
         report.findings.append(f)
 
 
@@ -119,12 +135,6 @@ def _merge_gpus(findings: list[Finding]) -> list[Finding]:
             top.onset = min(onsets)
         out.append(top)
     return out
-
-
-def _iso(ts: float) -> str:
-    import datetime as _dt
-
-    return _dt.datetime.fromtimestamp(ts, tz=_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def signal_summary(f: Frame, window: Window) -> dict:

@@ -27,8 +27,9 @@ from typing import Callable, Iterable, Mapping
 
 import numpy as np
 
-from .model import Report, SeriesKey, Window, rank_findings
-from .signals import SIGNALS
+from ..model import Report, SeriesKey, Window, rank_findings
+from ..signals import SIGNALS
+from ..units import iso as _iso
 
 # Signals whose absence a target's summary names (the detectors' inputs; optional DCGM extras such
 # as power or violation counters are left out).
@@ -364,7 +365,7 @@ def build_targets(cols: Mapping[SeriesKey, tuple[np.ndarray, np.ndarray]], types
 def diagnose_targets(targets: list[FleetTarget], diagnose: Callable[[Window], Report] | None = None) -> float:
     """Run the detectors on each target; a failure is kept on its target, never stops the fleet."""
     if diagnose is None:
-        from .playbooks import diagnose as diagnose  # noqa: PLC0415
+        from ..pipeline import diagnose as diagnose  # noqa: PLC0415
     t0 = time.perf_counter()
     for t in targets:
         try:
@@ -377,7 +378,7 @@ def diagnose_targets(targets: list[FleetTarget], diagnose: Callable[[Window], Re
 def diagnose_fleet(client, start: float, end: float, selector: str | None = None, step: float | None = None,
                    diagnose: Callable[[Window], Report] | None = None) -> FleetReport:
     """Fetch, group, diagnose and compare. Raises PrometheusError (one line) when nothing matches."""
-    from .collectors.prometheus import PrometheusError, fetch  # noqa: PLC0415
+    from ..collectors.prometheus import PrometheusError, fetch  # noqa: PLC0415
 
     fr = fetch(client, start, end, selector=selector, step=step)
     if not fr.cols:
@@ -399,9 +400,3 @@ def diagnose_fleet(client, start: float, end: float, selector: str | None = None
     return FleetReport(client.base, (start, end), selector, fr.mode, fr.step, targets, find_outliers(targets),
                        fr.queries, fr.seconds, dsec, len(fr.cols), [s for s in CORE_SIGNALS if s in everywhere],
                        notes)
-
-
-def _iso(ts: float) -> str:
-    from datetime import datetime, timezone
-
-    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -1,0 +1,80 @@
+"""Diagnoses judged on deep evidence (memory snapshots, kernel timelines, engine logs): their
+playbooks, registered without a window detector (docs/snapshot.md, docs/trace.md, docs/logs.md)."""
+from __future__ import annotations
+
+from ..model import Action, Playbook
+from .fixes import expandable_segments
+from .registry import Diagnosis
+
+
+def _deep(source: str, pb: Playbook, **kw) -> Diagnosis:
+    return Diagnosis(pb.id, pb, source=source, alerting=False, **kw)
+
+
+DIAGNOSES = [
+    _deep("snapshot", Playbook(
+        "oom-capacity", "Out of memory: plain capacity",
+        "The allocator had no free memory worth the name: the workload needs more than the GPU holds.",
+        ["Reduce the memory the failing step needs (smaller batch / max_num_seqs, shorter max_model_len)."],
+        [Action("Lower gpu_memory_utilization's KV share or max_num_batched_tokens so activations fit.",
+                ["the OOM happens in a forward pass, not at startup"], []),
+         Action("Quantise weights or the KV cache, or shard across more GPUs (tensor parallelism).",
+                ["accuracy validated for the quantised format"], [])],
+        ["no OOM at the same load; peak reserved below the GPU's memory"], []), also_from=("log",)),
+    _deep("snapshot", Playbook(
+        "oom-outside-pytorch", "Out of memory: memory held outside PyTorch",
+        "PyTorch's own pool was small; the GPU's memory was held by something else (NCCL buffers, CUDA "
+        "graphs' private pools, another process, a leak in a native library).",
+        ["Find the holder: nvidia-smi --query-compute-apps, per-process NVML memory (fragscope agent)."],
+        [Action("Account for non-torch memory in gpu_memory_utilization (vLLM profiles it at startup).",
+                [], ["another tenant shares the GPU: isolate it (MIG, separate GPUs) instead"])],
+        ["per-process GPU memory adds up to NVML used; no OOM at the same load"], []), also_from=("log",)),
+    _deep("snapshot", Playbook(
+        "oom-cross-stream", "Out of memory: free memory stranded on another stream",
+        "Enough memory was free, but cached on another CUDA stream's blocks, which this stream cannot reuse.",
+        ["torch.cuda.empty_cache() at a quiet point returns whole free segments (not split ones)."],
+        [expandable_segments("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (one growable segment per stream)."),
+         Action("Avoid allocating on side streams, or record_stream / synchronise so blocks return.", [], [])],
+        ["next snapshot shows little inactive memory on idle streams"], [])),
+    _deep("snapshot", Playbook(
+        "oom-private-pool", "Out of memory: memory pinned in a private pool",
+        "Free memory sat in a private pool (CUDA graphs' memory pool, a MemPool) that ordinary allocations cannot use.",
+        ["Capture fewer CUDA graph batch sizes, or release graphs no longer used."],
+        [Action("Reduce vLLM's captured graph sizes (compilation_config cudagraph_capture_sizes / max_num_seqs).",
+                [], ["fewer graphs mean more eager (launch-bound) steps at uncaptured sizes"])],
+        ["private-pool bytes in the snapshot shrink; no OOM at the same load"], [])),
+    _deep("snapshot", Playbook(
+        "oom-memory-cap", "Out of memory: per-process memory cap",
+        "The device still had room, but a per-process limit (set_per_process_memory_fraction or the "
+        "allocator's memory-fraction policy) refused the request.",
+        ["Check torch.cuda.set_per_process_memory_fraction / the engine's memory fraction settings."],
+        [Action("Raise the cap to what the process needs, or lower the workload.",
+                ["no other process relies on the memory the cap protects"], [])],
+        ["no OOM rejections (num_oom_rejections flat)"], []), also_from=("log",)),
+    _deep("log", Playbook(
+        "kv-capacity-gap", "KV-cache capacity below the estimate",
+        "The engine allocated fewer KV tokens than the kv-budget estimate for this model and GPU: memory went "
+        "elsewhere (CUDA graphs, NCCL buffers, activation peak, another process) or the config differs.",
+        ["Read the startup log's memory profile lines (diagnose logs) to see where memory went."],
+        [Action("If CUDA graphs take the gap: capture fewer sizes, or accept it (graphs pay back in speed).",
+                [], []),
+         Action("If another process holds memory: isolate the GPU.", [], [])],
+        ["logged KV capacity within ~10 % of `fragscope kv-budget`"], [])),
+    _deep("trace", Playbook(
+        "sync-bound", "Host synchronisation stalls",
+        "The host blocks on the GPU (cudaDeviceSynchronize / cudaStreamSynchronize / synchronous copies), "
+        "so it cannot queue the next work in time.",
+        ["Find the synchronising call sites in the trace (diagnose trace lists them)."],
+        [Action("Replace synchronous copies with pinned-memory *Async copies; avoid .item()/.cpu() in the hot loop.",
+                [], []),
+         Action("Use events (cudaStreamWaitEvent) instead of full synchronisation.", [], [])],
+        ["synchronous API time share falls; GPU idle share falls"], ["nsys analyze cuda_api_sync"])),
+    _deep("trace", Playbook(
+        "allocator-stalls", "Allocator stalls in the timeline",
+        "cudaMalloc/cudaFree calls in steady state: the caching allocator is flushing and re-allocating "
+        "(allocation retries), each a device synchronisation.",
+        ["Check the allocator: fragscope_torch_alloc_retries_total, a memory snapshot (diagnose snapshot)."],
+        [Action("See allocator-fragmentation's fixes (headroom, expandable_segments).", [],
+                list(expandable_segments().contraindications))],
+        ["no cudaMalloc/cudaFree between warm-up and the end of the trace"], [])),
+]

@@ -1,0 +1,99 @@
+"""The diagnosis registry: every diagnosis fragscope can report, declared once.
+
+A :class:`Diagnosis` names its id (a contract, docs/diagnoses.md), where its verdict comes from
+(``window``: a detector over metrics; ``snapshot``, ``trace``, ``log``: deep evidence), its detector
+and config for window diagnoses, the canonical signals it requires and those that corroborate
+(ids from :mod:`fragscope.signals`), its playbook and the function that computes concrete actions
+from the detector's context. The pipeline, ``diagnose explain``, the agent's exporter, the docs
+and alert-rule checks, the scenario families and the evaluation all read their lists from here.
+Adding a diagnosis: docs/diagnoses.md "Adding a diagnosis".
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..model import Finding, Inconclusive, Playbook
+from ..signals import SIGNALS
+
+SOURCES = ("window", "snapshot", "trace", "log")
+
+ActionsFn = Callable[[dict, dict], list[str]]
+
+
+def _no_actions(ctx: dict, config: dict) -> list[str]:
+    return []
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    id: str
+    playbook: Playbook
+    source: str = "window"  # window | snapshot | trace | log (the first place it is judged)
+    detect: Callable[..., "list[Finding] | Inconclusive"] | None = None  # window diagnoses
+    config: Any = None  # the detector's Config class (thresholds, documented in docs/diagnoses.md)
+    requires: tuple[str, ...] = ()  # canonical signal ids; "a|b" = either
+    corroborates: tuple[str, ...] = ()
+    actions: ActionsFn = _no_actions  # concrete actions from the finding's context and the engine config
+    also_from: tuple[str, ...] = ()  # other evidence kinds that report the same id
+    # Window diagnoses are exported by the agent (fragscope_diagnosis_active) and need an alert rule,
+    # a promtool rule test and a scenario family; deep-evidence ones are reported by diagnose only.
+    alerting: bool = True
+    runs_on_short_windows: bool = False  # judged even when the window cannot hold a baseline
+
+    def __post_init__(self) -> None:
+        if self.source not in SOURCES:
+            raise ValueError(f"{self.id}: source must be one of {SOURCES}")
+        if self.playbook.id != self.id:
+            raise ValueError(f"{self.id}: playbook id {self.playbook.id!r} differs")
+        if self.source == "window" and self.detect is None:
+            raise ValueError(f"{self.id}: a window diagnosis needs a detector")
+        for req in self.requires + self.corroborates:
+            for alt in req.split("|"):
+                if alt not in SIGNALS:
+                    raise ValueError(f"{self.id}: unknown signal {alt!r} (fragscope/signals.py)")
+
+    @property
+    def title(self) -> str:
+        return self.playbook.title
+
+
+@dataclass
+class Registry:
+    _items: dict[str, Diagnosis] = field(default_factory=dict)
+
+    def add(self, d: Diagnosis) -> Diagnosis:
+        if d.id in self._items:
+            raise ValueError(f"diagnosis {d.id!r} registered twice")
+        self._items[d.id] = d
+        return d
+
+    def get(self, did: str) -> Diagnosis | None:
+        return self._items.get(did)
+
+    def __getitem__(self, did: str) -> Diagnosis:
+        return self._items[did]
+
+    def __contains__(self, did: object) -> bool:
+        return did in self._items
+
+    def __iter__(self):
+        return iter(self._items.values())
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def ids(self, source: str | None = None) -> tuple[str, ...]:
+        return tuple(d.id for d in self if source is None or d.source == source)
+
+    def window(self) -> list[Diagnosis]:
+        """Window diagnoses in run order."""
+        return [d for d in self if d.source == "window"]
+
+    def alerting(self) -> tuple[str, ...]:
+        return tuple(d.id for d in self if d.alerting)
+
+
+def raw_names(signal_id: str) -> list[str]:
+    """The raw metric names a canonical signal is read from (signals.py), for "missing" lists."""
+    return [s.metric for s in SIGNALS[signal_id].sources]

@@ -1,0 +1,87 @@
+"""Units and their formatting: the one place for byte multiples, percentages, durations and times.
+
+Values inside fragscope are SI base units (bytes, seconds, hertz, ratios 0-1); these helpers turn
+them into the short texts findings and reports print. A value that is not available prints "n/a",
+never 0.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import math
+
+KiB = 1024
+MiB = 1024 * 1024
+GiB = 1024 * 1024 * 1024
+
+
+def _finite(x) -> bool:
+    try:
+        return x is not None and math.isfinite(float(x))
+    except (TypeError, ValueError, OverflowError):
+        return False
+
+
+def fmt_bytes(x: float | None) -> str:
+    """1.5 GiB, 300 MiB, 12 KiB, 10 B (binary multiples, as nvidia-smi and PyTorch print them)."""
+    if not _finite(x):
+        return "n/a"
+    x = float(x)
+    a = abs(x)
+    if a >= GiB:
+        return f"{x / GiB:.1f} GiB"
+    if a >= MiB:
+        return f"{x / MiB:.0f} MiB"
+    if a >= KiB:
+        return f"{x / KiB:.0f} KiB"
+    return f"{x:.0f} B"
+
+
+def fmt_pct(x: float | None) -> str:
+    """A ratio 0-1 as a whole percentage."""
+    return f"{float(x) * 100:.0f} %" if _finite(x) else "n/a"
+
+
+def fmt_seconds(x: float | None) -> str:
+    if not _finite(x):
+        return "n/a"
+    x = float(x)
+    if x < 1e-3:
+        return f"{x * 1e6:.0f} µs"
+    if x < 1:
+        return f"{x * 1e3:.1f} ms"
+    return f"{x:.1f} s"
+
+
+def fmt_count(n: float, singular: str, plural: str | None = None) -> str:
+    """'1 request', '3 requests', '1,234 preemptions'."""
+    word = singular if n == 1 else (plural or singular + "s")
+    v = float(n)
+    return f"{int(v):,} {word}" if v.is_integer() else f"{v:,.1f} {word}"
+
+
+def _dt_utc(ts: float | None) -> _dt.datetime | None:
+    if not _finite(ts):
+        return None
+    try:
+        return _dt.datetime.fromtimestamp(float(ts), tz=_dt.timezone.utc)
+    except (OverflowError, OSError, ValueError):  # beyond year 9999 or the platform's range
+        return None
+
+
+def fmt_clock(ts: float | None) -> str:
+    """HH:MM (UTC) of a unix time; '?' when unknown or out of range."""
+    d = _dt_utc(ts)
+    return d.strftime("%H:%M") if d else "?"
+
+
+def iso(ts: float | None) -> str:
+    """RFC 3339 UTC to the second; '?' when unknown or out of range."""
+    d = _dt_utc(ts)
+    return d.strftime("%Y-%m-%dT%H:%M:%SZ") if d else "?"
+
+
+def one_line(e: BaseException | str, limit: int = 200) -> str:
+    """An error or text as one line of at most ``limit`` characters."""
+    s = f"{type(e).__name__}: {e}" if isinstance(e, BaseException) and not str(e) else str(e)
+    s = " ".join(s.split())
+    return s if len(s) <= limit else s[: limit - 1] + "…"

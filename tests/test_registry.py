@@ -1,0 +1,176 @@
+"""The diagnosis registry is the one list: every registered diagnosis has a playbook, a doc row, and
+(alerting ones) an alert rule, its promtool test, a scenario family and a place in the evaluation;
+the package's layers import downward only and detectors do no I/O."""
+from __future__ import annotations
+
+import ast
+import os
+import pathlib
+import re
+
+import pytest
+import yaml
+
+from fragscope.model import Finding, Playbook, Report, Severity
+from fragscope.playbooks import PLAYBOOKS, REGISTRY, attach_playbooks, build_playbook
+from fragscope.playbooks.registry import Diagnosis
+from fragscope.scenarios import PATHOLOGIES
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PKG = ROOT / "fragscope"
+
+
+def test_every_diagnosis_has_a_usable_playbook():
+    assert len(REGISTRY) >= 15
+    for d in REGISTRY:
+        pb = d.playbook
+        assert pb.id == d.id and pb.title and pb.meaning, d.id
+        assert pb.immediate and pb.durable and pb.verify, d.id
+        assert all(a.text for a in pb.durable), d.id
+        assert PLAYBOOKS[d.id] is pb
+
+
+def test_every_diagnosis_has_a_doc_row():
+    text = (ROOT / "docs" / "diagnoses.md").read_text(encoding="utf-8")
+    rows = [ln for ln in text.splitlines() if ln.startswith("|")]
+    for d in REGISTRY:
+        assert any(f"`{d.id}`" in ln for ln in rows), f"docs/diagnoses.md has no table row for {d.id}"
+
+
+def test_every_alerting_diagnosis_has_a_rule_a_rule_test_a_scenario_family():
+    rules = yaml.safe_load((ROOT / "dashboards" / "rules" / "fragscope-alerts.yml").read_text(encoding="utf-8"))
+    alerted = {r.get("labels", {}).get("diagnosis") for g in rules["groups"] for r in g["rules"] if "alert" in r}
+    for did in REGISTRY.alerting():
+        assert did in alerted, f"no alert rule with labels.diagnosis={did}"
+        assert (ROOT / "dashboards" / "rules" / "tests" / f"{did}.yml").is_file(), f"no promtool test for {did}"
+        assert did in PATHOLOGIES, f"the scenario generator has no family for {did}"
+
+
+def test_window_diagnoses_are_alerting_and_have_detectors():
+    for d in REGISTRY.window():
+        assert d.alerting and callable(d.detect), d.id
+    for d in REGISTRY:
+        if d.source != "window":
+            assert d.detect is None and not d.alerting, d.id
+
+
+def test_declaration_errors_are_caught():
+    pb = Playbook("x-test", "t", "m", ["now"], [], ["v"])
+    with pytest.raises(ValueError, match="unknown signal"):
+        Diagnosis("x-test", pb, detect=lambda f: [], requires=("no_such_signal",))
+    with pytest.raises(ValueError, match="needs a detector"):
+        Diagnosis("x-test", pb)
+    with pytest.raises(ValueError, match="differs"):
+        Diagnosis("y-test", pb, detect=lambda f: [])
+    with pytest.raises(ValueError, match="registered twice"):
+        REGISTRY.add(REGISTRY["memory-leak"])
+
+
+def test_unregistered_finding_is_an_error_not_a_missing_playbook():
+    r = Report(window=(0.0, 1.0), findings=[Finding("no-such-diagnosis", Severity.INFO, 0.5, "s")])
+    with pytest.raises(KeyError, match="not registered"):
+        attach_playbooks(r)
+
+
+def test_computed_actions_come_from_the_registration():
+    pb = build_playbook("allocator-fragmentation", {"slack_bytes": 8 * 1024**3, "gpu_memory_total_bytes": 80 * 1024**3},
+                        {"gpu_memory_utilization": "0.92"})
+    first = pb["actions"][0]
+    assert "--gpu-memory-utilization 0.87 (currently 0.92)" in first and "8.0 GiB" in first and "4.0 GiB" in first
+    pb = build_playbook("kv-cache-pressure", {"running": 100}, {"gpu_memory_utilization": "0.9"})
+    assert any("--max-num-seqs at ~80" in a for a in pb["actions"])
+    assert any("0.90 → 0.93" in a for a in pb["actions"])
+
+
+def test_attach_dedupes_actions_and_reads_context():
+    f = Finding("memory-leak", Severity.WARNING, 0.6, "s", context={"hours_to_full": 10.0, "_config": {}})
+    attach_playbooks(Report(window=(0.0, 1.0), findings=[f]))
+    assert f.playbook["actions"] == ["Restart within 8.0 h (memory exhausted in ~10.0 h at this rate); "
+                                     "take a memory snapshot first."]
+    assert "context" not in f.to_dict()
+
+
+# --- layering: model/signals/units -> collectors -> detectors -> playbooks -> pipeline -> agent/cli/fleet
+LAYER = {"model": 0, "signals": 0, "units": 0, "kvbudget": 1, "collectors": 1, "probe": 1, "scenarios": 1,
+         "sizing": 1, "detectors": 2, "playbooks": 3, "pipeline": 4, "report": 5, "agent": 6, "fleet": 6, "cli": 7}
+
+
+def _modules():
+    for path in PKG.rglob("*.py"):
+        rel = path.relative_to(PKG).with_suffix("")
+        parts = list(rel.parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        yield path, parts
+
+
+def _imports(path: pathlib.Path, parts: list[str]):
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    pkg = parts if path.name == "__init__.py" else parts[:-1]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = pkg[: len(pkg) - (node.level - 1)] if node.level > 1 else pkg
+                mod = base + (node.module.split(".") if node.module else [])
+                if not node.module:
+                    for a in node.names:
+                        yield mod + [a.name]
+                    continue
+                yield mod
+            elif node.module and node.module.startswith("fragscope"):
+                yield node.module.split(".")[1:]
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.startswith("fragscope."):
+                    yield a.name.split(".")[1:]
+
+
+def test_layers_import_downward_only():
+    bad = []
+    for path, parts in _modules():
+        if not parts or parts[0] not in LAYER:
+            continue
+        mine = LAYER[parts[0]]
+        for target in _imports(path, parts):
+            if not target or target[0] not in LAYER or target[0] == parts[0]:
+                continue
+            if LAYER[target[0]] > mine:
+                bad.append(f"{'/'.join(parts)} imports {'.'.join(target)}")
+    assert not bad, "upward imports:\n" + "\n".join(bad)
+
+
+IO_MODULES = {"os", "io", "gzip", "bz2", "lzma", "sqlite3", "pickle", "socket", "http", "urllib", "requests",
+              "pathlib", "subprocess", "shutil", "tempfile", "zipfile"}
+
+
+def test_detectors_do_no_io():
+    bad = []
+    for path in (PKG / "detectors").glob("*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                bad += [f"{path.name}: import {a.name}" for a in node.names if a.name.split(".")[0] in IO_MODULES]
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                if node.module.split(".")[0] in IO_MODULES:
+                    bad.append(f"{path.name}: from {node.module}")
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "open":
+                bad.append(f"{path.name}:{node.lineno}: open()")
+    assert not bad, "detectors must be pure:\n" + "\n".join(bad)
+
+
+def test_every_package_says_what_it_holds():
+    for init in PKG.rglob("__init__.py"):
+        doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8")))
+        assert doc and len(doc.split()) >= 4, f"{init.relative_to(ROOT)} has no docstring saying what it holds"
+
+
+def test_metric_names_live_in_signals_only():
+    """Raw engine metric names are spelled in signals.py (and the collectors that publish fragscope_*)."""
+    pat = re.compile(r"[\"'](vllm|sglang|DCGM_FI)[:_][A-Za-z_]+[\"']")
+    bad = []
+    for sub in ("detectors", "playbooks"):
+        for path in (PKG / sub).glob("*.py"):
+            for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+                if pat.search(line):
+                    bad.append(f"{sub}/{path.name}:{i}: {line.strip()[:100]}")
+    assert not bad, "raw metric names outside signals.py:\n" + "\n".join(bad)
