@@ -256,6 +256,10 @@ class Finding:
     # What the detector measured for the playbook's computed actions (never serialised): e.g.
     # {"slack_bytes": ..., "_config": {...}}. fragscope.playbooks.attach_playbooks reads it.
     context: dict = field(default_factory=dict)
+    # What the verdict rests on: "change" (the present against a baseline in the window), "level" (the
+    # present state by itself, against physical or documented limits: works from one scrape), or
+    # "snapshot" / "trace" / "log" for deep evidence.
+    basis: str = "change"
 
     def to_dict(self) -> dict:
         return {
@@ -264,6 +268,7 @@ class Finding:
             "confidence": round(float(self.confidence), 3),
             "onset": self.onset,
             "summary": self.summary,
+            "basis": self.basis,
             "subject": dict(self.subject),
             "evidence": [e.to_dict() for e in self.evidence],
             "missing": list(self.missing),

@@ -29,14 +29,15 @@ def run_detectors(window: Window) -> Report:
     report.signals = signal_summary(frame, window)
     span = window.end - window.start
     if span < MIN_SPAN_S or frame.t.size < MIN_POINTS:
-        # Only the static check can judge a single scrape or a very short recording.
-        for d in REGISTRY.window():
-            if d.runs_on_short_windows:
-                _run_one(report, d, frame)
-            else:
-                report.inconclusive.append(Inconclusive(
-                    d.id, [], f"window of {span:.0f} s is too short to compare a baseline with the present "
-                    f"(need >= {MIN_SPAN_S:.0f} s)"))
+        # No baseline fits: judge the present state by itself (level evidence); what only a trend can
+        # show stays inconclusive, with how long to wait.
+        report.signals.setdefault("notes", []).append(
+            "one scrape: lifetime counters are totals since each process started; rates need two scrapes"
+            if frame.points <= 1 else
+            f"window of {span:.0f} s holds no baseline (need >= {MIN_SPAN_S:.0f} s): findings are judged on the "
+            "present state")
+        _run_all(report, frame, short=True)
+        report.findings = rank_findings(_merge_gpus(report.findings))
         return report
     restarts = [t for t in frame.restarts if window.start + MIN_SEGMENT_S <= t]
     if not restarts:
@@ -73,9 +74,24 @@ def diagnose(window: Window) -> Report:
     return attach_playbooks(run_detectors(window))
 
 
-def _run_all(report: Report, frame: Frame) -> None:
+def _run_all(report: Report, frame: Frame, short: bool = False) -> None:
+    span = frame.end - frame.start
     for d in REGISTRY.window():
-        _run_one(report, d, frame)
+        if not short:
+            found = _run_one(report, d, frame)
+            if not found and d.level is not None and d.level_on_long_windows:
+                # The window may lie wholly inside the incident: no change to see, yet the present is sick.
+                res = _call(d, d.level, frame)
+                if not isinstance(res, Inconclusive) and res:
+                    _add(report, res, frame, basis="level")
+        elif d.level is not None:
+            _run_one(report, d, frame, fn=d.level, basis="level")
+        elif d.runs_on_short_windows:
+            _run_one(report, d, frame)
+        else:
+            report.inconclusive.append(Inconclusive(
+                d.id, [], d.short_window_reason or f"window of {span:.0f} s is too short to compare a baseline "
+                f"with the present (need >= {MIN_SPAN_S:.0f} s)"))
 
 
 def unmet_requirements(d: Diagnosis, frame: Frame) -> list[str]:
@@ -92,11 +108,24 @@ def has_signal(f: Frame, sig_id: str) -> bool:
     return sig_id in f.sources
 
 
-def _run_one(report: Report, d: Diagnosis, frame: Frame) -> None:
+def _call(d: Diagnosis, fn, frame: Frame):
     try:
-        res = d.detect(frame)
+        return fn(frame)
     except Exception as e:  # a detector bug must not hide the other findings
-        res = Inconclusive(d.id, [], f"detector failed: {type(e).__name__}: {e}")
+        return Inconclusive(d.id, [], f"detector failed: {type(e).__name__}: {e}")
+
+
+def _add(report: Report, findings: list[Finding], frame: Frame, basis: str | None = None) -> None:
+    for f in findings:
+        f.context["_config"] = dict(frame.config)
+        if basis:
+            f.basis = basis
+        report.findings.append(f)
+
+
+def _run_one(report: Report, d: Diagnosis, frame: Frame, fn=None, basis: str | None = None) -> bool:
+    """Run one detector; True when it reported a finding."""
+    res = _call(d, fn or d.detect, frame)
     if isinstance(res, Inconclusive):
         if not res.missing:
             # Name what is missing from the registered requirements, in raw metric names.
@@ -105,10 +134,9 @@ def _run_one(report: Report, d: Diagnosis, frame: Frame) -> None:
             res.missing = [" or ".join(n for alt in req.split("|") for n in raw_names(alt))
                            for req in unmet_requirements(d, frame)]
         report.inconclusive.append(res)
-        return
-    for f in res:
-        f.context["_config"] = dict(frame.config)
-        report.findings.append(f)
+        return False
+    _add(report, res, frame, basis)
+    return bool(res)
 
 
 def _merge_gpus(findings: list[Finding]) -> list[Finding]:

@@ -45,6 +45,12 @@ class Frame:
     hist_avg: dict[str, float] = field(default_factory=dict)  # e.g. request_prompt_tokens -> mean
     hist_count: dict[str, float] = field(default_factory=dict)  # observations over the window
     engine_generation: str | None = None  # "v1" | "v0" | None
+    # Counters' last raw values (summed over series): lifetime totals since each process started,
+    # what one scrape can say ("1,234 preemptions since the engine started").
+    engine_total: dict[str, float] = field(default_factory=dict)
+    gpu_total: dict[str, dict[str, float]] = field(default_factory=dict)
+    gpu_model: dict[str, str] = field(default_factory=dict)  # gpu -> product name (DCGM modelName label)
+    points: int = 0  # distinct sample times in the window (1 = a single scrape)
 
     @property
     def start(self) -> float:
@@ -129,6 +135,12 @@ def _sample_counter(s: Series, grid: np.ndarray, lookback: float, w: int
                 if fresh[i] and tt[i] > tt[first]:
                     rate[i] = (c[i] - c[first]) / (tt[i] - tt[first])
     return rate, c, s.ts[reset]
+
+
+def _last_total(series: list[Series], scale: float) -> float:
+    """Sum of the series' last values: a counter's lifetime total (NaN when none has a value)."""
+    vals = [float(s.values[-1]) * scale for s in series if len(s) and np.isfinite(s.values[-1])]
+    return float(sum(vals)) if vals else math.nan
 
 
 def _nansum_stack(arrs: list[np.ndarray]) -> np.ndarray:
@@ -262,6 +274,7 @@ def build_frame(window: Window) -> Frame:
                     f.restarts.extend(float(x) for x in resets)
                 f.engine[sig_id] = _nanagg(rates, "sum")
                 f.engine_cum[sig_id] = _nanagg(cums, "sum")
+                f.engine_total[sig_id] = _last_total(series, scale)
             else:
                 vals = [_sample_gauge(s, grid, lookback) * scale for s in series]
                 f.engine[sig_id] = _nanagg(vals, _ENGINE_AGG.get(sig_id, "sum"))
@@ -306,6 +319,7 @@ def build_frame(window: Window) -> Frame:
             f.gpu.setdefault(g, {})[sig_id] = _nanagg(arrs, _GPU_AGG.get(sig_id, "mean"))
         for g, arrs in per_gpu_cum.items():
             f.gpu_cum.setdefault(g, {})[sig_id] = _nanagg(arrs, "sum")
+            f.gpu_total.setdefault(g, {})[sig_id] = _last_total([s for s in series if _gpu_id(s) == g], scale)
 
     _dcgm_throttle(f, by_name, grid, lookback, w)
 
@@ -329,6 +343,14 @@ def build_frame(window: Window) -> Frame:
                         r > 0, np.clip(sigs["torch_inactive_split_bytes"] / r, 0.0, 1.0), np.nan)
 
     f.restarts = _dedupe_times(f.restarts, tol=max(60.0, 4 * step))
+    times: set[float] = set()
+    for ss in by_name.values():
+        for s in ss:
+            if s.key.labels and any(k == "modelName" for k, _ in s.key.labels):
+                f.gpu_model.setdefault(_gpu_id(s), s.key.label("modelName"))
+            if len(times) < 3:
+                times.update(s.ts[:3].tolist())
+    f.points = len(times)
     if VLLM_V1_KV in by_name or any(
             s.key.label("engine") is not None for s in by_name.get(VLLM_RUNNING, [])):
         f.engine_generation = "v1"

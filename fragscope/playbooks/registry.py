@@ -39,7 +39,14 @@ class Diagnosis:
     # Window diagnoses are exported by the agent (fragscope_diagnosis_active) and need an alert rule,
     # a promtool rule test and a scenario family; deep-evidence ones are reported by diagnose only.
     alerting: bool = True
-    runs_on_short_windows: bool = False  # judged even when the window cannot hold a baseline
+    runs_on_short_windows: bool = False  # the detector itself judges windows too short for a baseline
+    # Level evidence (detectors/level.py): the present state judged by itself. Runs on windows too
+    # short for a baseline, and on long ones when the change detector found nothing (the window may lie
+    # wholly inside the incident) unless ``level_on_long_windows`` is False.
+    level: Callable[..., "list[Finding] | Inconclusive"] | None = None
+    level_on_long_windows: bool = True
+    # Why a short window cannot judge it (a trend-only diagnosis), and how long to wait.
+    short_window_reason: str = ""
 
     def __post_init__(self) -> None:
         if self.source not in SOURCES:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from ..detectors import (block_size, fragmentation, kv_pressure, launch_bound, memory_leak, saturation,
+from ..detectors import (block_size, fragmentation, kv_pressure, launch_bound, level, memory_leak, saturation,
                          throttling)
 from ..model import Action, Playbook
 from ..units import GiB, MiB
@@ -72,7 +72,7 @@ FRAGMENTATION = Diagnosis(
          "pytorch/pytorch#29554 (fragmentation measure), #159564 (expandable segments and inactive_split)"]),
     detect=fragmentation.detect, config=fragmentation.Config,
     requires=fragmentation.REQUIRES, corroborates=fragmentation.CORROBORATES,
-    actions=_fragmentation_actions, also_from=("snapshot", "log"))
+    actions=_fragmentation_actions, also_from=("snapshot", "log"), level=level.fragmentation)
 
 
 # --- kv-cache-pressure -------------------------------------------------------------------------
@@ -126,7 +126,7 @@ KV_PRESSURE = Diagnosis(
         ["vLLM docs: 'Preemption' in optimization.md"]),
     detect=kv_pressure.detect, config=kv_pressure.Config,
     requires=kv_pressure.REQUIRES, corroborates=kv_pressure.CORROBORATES,
-    actions=_kv_actions, also_from=("log",))
+    actions=_kv_actions, also_from=("log",), level=level.kv_pressure)
 
 
 # --- memory-leak -------------------------------------------------------------------------------
@@ -157,7 +157,9 @@ MEMORY_LEAK = Diagnosis(
          "no torch OOMs"],
         ["pytorch docs: torch_cuda_memory.html (memory snapshots)"]),
     detect=memory_leak.detect, config=memory_leak.Config,
-    requires=memory_leak.REQUIRES, corroborates=memory_leak.CORROBORATES, actions=_leak_actions)
+    requires=memory_leak.REQUIRES, corroborates=memory_leak.CORROBORATES, actions=_leak_actions,
+    short_window_reason="a leak shows only as growth over time: give it at least 30 min of history "
+                        "(e.g. diagnose --agent URL --since 1h, or a recording of that length)")
 
 
 # --- clock-throttling --------------------------------------------------------------------------
@@ -184,7 +186,8 @@ THROTTLING = Diagnosis(
         ["SM clock back near its max under load; throttle reasons inactive; tokens/s back to baseline"],
         ["NVML nvmlDeviceGetCurrentClocksEventReasons"]),
     detect=throttling.detect, config=throttling.Config,
-    requires=throttling.REQUIRES, corroborates=throttling.CORROBORATES, actions=_throttling_actions)
+    requires=throttling.REQUIRES, corroborates=throttling.CORROBORATES, actions=_throttling_actions,
+    level=level.throttling)
 
 
 # --- launch-bound ------------------------------------------------------------------------------
@@ -230,7 +233,8 @@ SATURATION = Diagnosis(
         ["requests waiting back to ~0 at the same traffic; TTFT p99 within SLO"], []),
     detect=saturation.detect, config=saturation.Config,
     requires=saturation.REQUIRES, corroborates=saturation.CORROBORATES,
-    actions=lambda ctx, config: ["Add a replica: this one is at its peak throughput."])
+    actions=lambda ctx, config: ["Add a replica: this one is at its peak throughput."],
+    level=level.saturation, level_on_long_windows=False)
 
 
 # --- kv-block-size-mismatch --------------------------------------------------------------------
