@@ -117,6 +117,7 @@ class Case:
     timing: str = "-"
     group: str = ""  # separate bucket in the table (debatable expectations)
     params: dict = field(default_factory=dict)
+    window: object = None  # the exported window, kept for the cold views
 
 
 class Pod:
@@ -829,7 +830,30 @@ def run_case(case: Case, quick: bool):
     w = pod.export()
     t = time.perf_counter()
     rep = diagnose(w)
+    case.window = w
     return rep, time.perf_counter() - t, pod
+
+
+# Cold cases (issue 10): the last minutes of each incident, and one scrape, judged without history.
+# Level-type incidents must be found from the present state; trend-type ones (a leak) must be
+# inconclusive with the reason; healthy windows and confounders must stay quiet.
+COLD_VIEWS = (("last 5 min", 300.0), ("last 1 min", 60.0), ("one scrape", 0.0))
+LEVEL_TYPE = ("allocator-fragmentation", "kv-cache-pressure", "clock-throttling", "capacity-saturation",
+              "launch-bound", "kv-block-size-mismatch")
+TREND_TYPE = ("memory-leak",)
+
+
+def cold_views(w: Window):
+    for name, secs in COLD_VIEWS:
+        if secs > 0:
+            yield name, w.between(w.end - secs, w.end)
+        else:
+            # the last sample of every series, as one curl of /metrics holds it
+            out = {}
+            for k, s in w.series.items():
+                if len(s):
+                    out[k] = s.between(float(s.ts[-1]), float(s.ts[-1]))
+            yield name, Window(out, w.end, w.end, source="one scrape")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -891,6 +915,7 @@ def main() -> int:
     ap.add_argument("--only", default=None, help="run one family")
     ap.add_argument("--verbose", action="store_true", help="print evidence of failing cases")
     ap.add_argument("--no-early", action="store_true")
+    ap.add_argument("--cold", action="store_true", help="also judge the last 5 min, 1 min and one scrape of each case")
     a = ap.parse_args()
     per = a.per_family or (8 if a.quick else 36)
     t_start = time.perf_counter()
@@ -904,6 +929,8 @@ def main() -> int:
             cases.append(Case(fam, exp, int(seeds[i]), timings[i % len(timings)], grp))
 
     rows: dict[str, dict] = {}
+    cold_rows: dict = collections.defaultdict(lambda: collections.Counter())
+    cold_fails: list = []
     by_timing: dict[tuple[str, str], list[int]] = collections.defaultdict(lambda: [0, 0])
     fails = []
     diag_times = []
@@ -939,6 +966,9 @@ def main() -> int:
             bt[1] += 1
         if (c.expect and not hit and not inc_ok) or others:
             fails.append((c, "", rep.findings))
+        if a.cold:
+            _cold_case(c, cold_rows, cold_fails)
+        c.window = None
 
     # ---- table
     print(f"fragscope detector evaluation (independent synthesizer), seed {a.seed}, "
@@ -995,6 +1025,9 @@ def main() -> int:
         print("  (checkpoints, minutes after onset: " + ",".join(map(str, cps)) + ")")
         print()
 
+    if a.cold:
+        _print_cold(cold_rows, cold_fails)
+
     # ---- failing cases
     print(f"failing cases ({len(fails)}):")
     for c, crash, findings in fails:
@@ -1017,6 +1050,54 @@ def main() -> int:
     print(f"time: {tot:.1f} s total; diagnose median {np.median(diag_times) * 1000:.0f} ms, "
           f"max {max(diag_times) * 1000:.0f} ms per window" if diag_times else f"time: {tot:.1f} s")
     return 0
+
+
+def _cold_case(c: Case, rows, fails) -> None:
+    """Judge the case's cold views. The expectation: the incident is present at the window's end unless
+    a restart ended it (timing 'restart'), or it is a trend-type diagnosis."""
+    w = c.window
+    present = c.expect is not None and c.timing != "restart"
+    for view, cw in cold_views(w):
+        rep = diagnose(cw)
+        r = rows[(c.family, view)]
+        r["n"] += 1
+        ids = {f.id for f in rep.findings}
+        if present and c.expect in LEVEL_TYPE:
+            r["expect"] += 1
+            r["hit"] += c.expect in ids
+            if c.expect not in ids:
+                fails.append((c, view, rep))
+        elif present and c.expect in TREND_TYPE:
+            r["expect"] += 1
+            inc = [i for i in rep.inconclusive if i.id == c.expect]
+            ok = c.expect in ids or bool(inc and inc[0].reason)
+            r["inconclusive"] += ok and c.expect not in ids
+            r["hit"] += c.expect in ids
+            if not ok:
+                fails.append((c, view, rep))
+        extra = {f.id for f in rep.findings if f.id != c.expect and f.severity.rank >= 1}
+        if c.expect is None or c.timing == "restart":
+            extra = {f.id for f in rep.findings if f.severity.rank >= 1}
+        r["fp_warn"] += bool(extra)
+        for x in extra:
+            r["fp:" + x] += 1
+
+
+def _print_cold(rows, fails) -> None:
+    print("cold views (no history): the last 5 min, the last 1 min, one scrape of every case")
+    hdr = f"{'family':26s} {'view':11s} {'n':>3s} {'expected':>8s} {'found':>5s} {'inconcl':>7s} {'FP>=w':>5s}  other ids"
+    print(hdr)
+    print("-" * len(hdr))
+    for (fam, view), r in sorted(rows.items(), key=lambda kv: ([f[0] for f in FAMILIES].index(kv[0][0]),
+                                                              [v[0] for v in COLD_VIEWS].index(kv[0][1]))):
+        others = ", ".join(f"{k[3:]}:{v}" for k, v in r.items() if k.startswith("fp:")) or "-"
+        print(f"{fam:26s} {view:11s} {r['n']:>3d} {r['expect']:>8d} {r['hit']:>5d} {r['inconclusive']:>7d} "
+              f"{r['fp_warn']:>5d}  {others}")
+    print(f"cold misses ({len(fails)}), first 20:")
+    for c, view, rep in fails[:20]:
+        ps = " ".join(f"{k}={v}" for k, v in c.params.items())
+        print(f"- {c.family} [{c.timing}] {view}: seed={c.seed} {ps}")
+    print()
 
 
 def _row(c: Case) -> dict:

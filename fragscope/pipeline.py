@@ -79,6 +79,9 @@ def _run_all(report: Report, frame: Frame, short: bool = False) -> None:
     for d in REGISTRY.window():
         if not short:
             found = _run_one(report, d, frame)
+            if not found and span < d.min_trend_span_s and not any(i.id == d.id for i in report.inconclusive):
+                report.inconclusive.append(Inconclusive(
+                    d.id, [], f"window of {span / 60:.0f} min: {d.short_window_reason or 'too short for a trend'}"))
             if not found and d.level is not None and d.level_on_long_windows:
                 # The window may lie wholly inside the incident: no change to see, yet the present is sick.
                 res = _call(d, d.level, frame)

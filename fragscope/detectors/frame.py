@@ -50,7 +50,8 @@ class Frame:
     engine_total: dict[str, float] = field(default_factory=dict)
     gpu_total: dict[str, dict[str, float]] = field(default_factory=dict)
     gpu_model: dict[str, str] = field(default_factory=dict)  # gpu -> product name (DCGM modelName label)
-    points: int = 0  # distinct sample times in the window (1 = a single scrape)
+    points: int = 0  # distinct sample times in the window, counted up to 3 (1 = a single scrape)
+    hist_lifetime: set[str] = field(default_factory=set)  # hist_avg taken from lifetime totals (one scrape)
 
     @property
     def start(self) -> float:
@@ -420,6 +421,12 @@ def _histogram(f: Frame, sig_id: str, metric: str, by_name: dict[str, list[Serie
     for s in by_name.get(metric + "_count", []):
         c, _ = counter_increases(s.values)
         tot_cnt += float(c[-1]) if c.size else 0.0
+    if tot_cnt == 0 and all(len(s) == 1 for s in by_name.get(metric + "_count", [])):
+        # one scrape: the lifetime average since the engine started (sum / count as exported)
+        tot_sum = sum(float(s.values[-1]) for s in by_name.get(metric + "_sum", []) if len(s))
+        tot_cnt = sum(float(s.values[-1]) for s in by_name.get(metric + "_count", []) if len(s))
+        if tot_cnt > 0:
+            f.hist_lifetime.add(sig_id)
     if tot_cnt > 0:
         f.hist_avg[sig_id] = tot_sum / tot_cnt
         f.hist_count[sig_id] = tot_cnt

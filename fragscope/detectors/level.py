@@ -15,7 +15,9 @@ Thresholds and their sources:
   edge. A healthy engine preempts ~never; >= 60/min is a storm (the seeds' "hundreds per minute").
 - Allocator: (reserved - allocated) / reserved >= 25 % (the fragmentation seed runs at 35 %, healthy
   serving at ~5 %) together with allocation retries (steady-state serving never retries: each retry is
-  a cache flush after a failed cudaMalloc). Without retries a large gap is cached slack, not a fault.
+  a cache flush after a failed cudaMalloc), or >= 10 % with retries sustained at >= 1/min. Without
+  retries a large gap is cached slack, not a fault. From one scrape only the lifetime retry count is
+  known: >= 25 % with any retries, or >= 15 % with hundreds of them (start-up profiling causes a few).
 - Clocks: NVML's hardware and thermal slowdown reasons (hw_slowdown, hw_thermal_slowdown,
   hw_power_brake_slowdown, sw_thermal_slowdown) active while the GPU is busy, or the SM clock <= 80 % of
   the product's maximum while busy (power capping at full load costs ~5-12 %; thermal and hardware
@@ -47,6 +49,13 @@ class Config:
     frag_ratio: float = 0.25
     frag_critical_ratio: float = 0.30
     retries_per_min: float = 0.1
+    # Sustained retries (>= 1/min) are a fault by themselves: a smaller unusable share suffices.
+    frag_ratio_sustained: float = 0.10
+    retries_sustained_per_min: float = 1.0
+    # One scrape has only the lifetime count: a handful of retries can come from start-up profiling,
+    # hundreds cannot.
+    frag_ratio_many_retries: float = 0.15
+    many_retries: float = 100.0
     clock_ratio: float = 0.80
     clock_critical_ratio: float = 0.70
     util_busy: float = 0.5
@@ -175,12 +184,17 @@ def fragmentation(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclus
     for g in gpus:
         sig = f.gpu[g]
         ratio = _present(f, sig["torch_fragmentation_ratio"])
-        if not (math.isfinite(ratio) and ratio >= cfg.frag_ratio):
+        if not math.isfinite(ratio):
             continue
         ret = gpu_counter(f, g, "torch_alloc_retries_total")
         if not ret.known:
             continue
-        retrying = (ret.rate_per_min >= cfg.retries_per_min) if math.isfinite(ret.rate_per_min) else ret.lifetime > 0
+        if math.isfinite(ret.rate_per_min):
+            retrying = (ratio >= cfg.frag_ratio and ret.rate_per_min >= cfg.retries_per_min) or \
+                (ratio >= cfg.frag_ratio_sustained and ret.rate_per_min >= cfg.retries_sustained_per_min)
+        else:
+            retrying = (ratio >= cfg.frag_ratio and ret.lifetime > 0) or \
+                (ratio >= cfg.frag_ratio_many_retries and ret.lifetime >= cfg.many_retries)
         if not retrying:
             continue
         reserved = _present(f, sig.get("torch_reserved_bytes"))

@@ -47,6 +47,8 @@ class Diagnosis:
     level_on_long_windows: bool = True
     # Why a short window cannot judge it (a trend-only diagnosis), and how long to wait.
     short_window_reason: str = ""
+    # A trend-only diagnosis needs this much window: shorter ones are inconclusive when it finds nothing.
+    min_trend_span_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.source not in SOURCES:

@@ -159,7 +159,8 @@ MEMORY_LEAK = Diagnosis(
     detect=memory_leak.detect, config=memory_leak.Config,
     requires=memory_leak.REQUIRES, corroborates=memory_leak.CORROBORATES, actions=_leak_actions,
     short_window_reason="a leak shows only as growth over time: give it at least 30 min of history "
-                        "(e.g. diagnose --agent URL --since 1h, or a recording of that length)")
+                        "(e.g. diagnose --agent URL --since 1h, or a recording of that length)",
+    min_trend_span_s=30 * 60.0)
 
 
 # --- clock-throttling --------------------------------------------------------------------------
