@@ -159,11 +159,14 @@ def test_missing_everything_is_inconclusive_not_healthy():
                                                     "clock-throttling", "launch-bound"}
 
 
-def test_short_window_only_static_checks():
+def test_short_window_judges_the_present_and_names_what_needs_history():
+    # 2 minutes before the fragmentation's onset: nothing wrong in the present; a leak needs a trend
     w, _ = to_window(Scenario(kind="allocator-fragmentation", duration_s=120, step_s=15))
     report = diagnose(w)
     assert not report.findings
-    assert any("too short" in i.reason for i in report.inconclusive)
+    inc = {i.id: i.reason for i in report.inconclusive}
+    assert "30 min" in inc["memory-leak"] and "too short" in inc["launch-bound"]
+    assert any("no baseline" in n for n in report.signals["notes"])
 
 
 # --- frame unit tests ------------------------------------------------------------------------

@@ -50,7 +50,7 @@ class Frame:
     engine_total: dict[str, float] = field(default_factory=dict)
     gpu_total: dict[str, dict[str, float]] = field(default_factory=dict)
     gpu_model: dict[str, str] = field(default_factory=dict)  # gpu -> product name (DCGM modelName label)
-    points: int = 0  # distinct sample times in the window, counted up to 3 (1 = a single scrape)
+    points: int = 0  # samples of the longest series, counted up to 3 (1 = a single scrape)
     hist_lifetime: set[str] = field(default_factory=set)  # hist_avg taken from lifetime totals (one scrape)
 
     @property
@@ -344,14 +344,11 @@ def build_frame(window: Window) -> Frame:
                         r > 0, np.clip(sigs["torch_inactive_split_bytes"] / r, 0.0, 1.0), np.nan)
 
     f.restarts = _dedupe_times(f.restarts, tol=max(60.0, 4 * step))
-    times: set[float] = set()
     for ss in by_name.values():
         for s in ss:
             if s.key.labels and any(k == "modelName" for k, _ in s.key.labels):
                 f.gpu_model.setdefault(_gpu_id(s), s.key.label("modelName"))
-            if len(times) < 3:
-                times.update(s.ts[:3].tolist())
-    f.points = len(times)
+            f.points = max(f.points, min(3, len(s)))
     if VLLM_V1_KV in by_name or any(
             s.key.label("engine") is not None for s in by_name.get(VLLM_RUNNING, [])):
         f.engine_generation = "v1"
