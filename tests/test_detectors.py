@@ -160,10 +160,11 @@ def test_missing_everything_is_inconclusive_not_healthy():
 
 
 def test_short_window_judges_the_present_and_names_what_needs_history():
-    # 2 minutes before the fragmentation's onset: nothing wrong in the present; a leak needs a trend
+    # a 2-minute run: the onset comes 40 s in and ramps to 30 % unusable with ~36 retries/min by the end;
+    # the present state alone shows it, a leak needs a trend
     w, _ = to_window(Scenario(kind="allocator-fragmentation", duration_s=120, step_s=15))
     report = diagnose(w)
-    assert not report.findings
+    assert [(f.id, f.basis) for f in report.findings] == [("allocator-fragmentation", "level")]
     inc = {i.id: i.reason for i in report.inconclusive}
     assert "30 min" in inc["memory-leak"] and "too short" in inc["launch-bound"]
     assert any("no baseline" in n for n in report.signals["notes"])
