@@ -236,7 +236,9 @@ def test_v1_fixture_preemption_counts_and_fragmentation():
 def test_oom_verdicts_thresholds():
     # capacity: 10 MiB stranded against a 103 MiB shortfall and 0.1 % of reserved
     s, f = analyse_log(parse_log([OOM_20]))
-    assert s["ooms"][0]["verdict"] == "capacity" and not f
+    # an OOM is always a finding (issue 11): here plain capacity, 11.17 - 10.86 GiB - 24.81 MiB held outside PyTorch
+    assert s["ooms"][0]["verdict"] == "capacity" and [x.id for x in f] == ["oom-capacity"]
+    assert s["ooms"][0]["held_outside_pytorch_bytes"] == round(11.17 * GIB) - round(10.86 * GIB) - round(24.81 * MIB)
     # 2.1: 2.30 GiB stranded >= 1.70 GiB asked, 0 free: fragmentation; 2.30 / 6.00 = 38 % of the GPU
     s, f = analyse_log(parse_log([OOM_21]))
     assert s["ooms"][0]["verdict"] == "fragmentation"
@@ -254,7 +256,7 @@ def test_oom_verdicts_thresholds():
     assert s["ooms"][0]["verdict"] == "fragmentation-contributed"
     assert f[0].severity is Severity.WARNING and f[0].confidence == 0.5
     s, f = analyse_log(parse_log([line]), cfg=Config(frag_contributing_ratio=0.5))
-    assert s["ooms"][0]["verdict"] == "capacity" and not f
+    assert s["ooms"][0]["verdict"] == "capacity" and [x.id for x in f] == ["oom-capacity"]
 
 
 def test_sglang_fixture():
