@@ -78,14 +78,14 @@ def _chunks(path: str, max_bytes: int, info: LogRead) -> Iterator[bytes]:
             try:
                 chunk = src.read(_CHUNK)
             except (OSError, EOFError, zlib.error) as e:  # BadGzipFile is an OSError
-                raise LogInputError(f"corrupt or truncated gzip: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+                raise LogInputError(f"cannot read: corrupt or truncated gzip: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
                                     ) from None
             if not chunk:
                 break
             if first:
                 first = False
                 if b"\x00" in chunk[:8192]:
-                    raise LogInputError("binary data, not a text log (give the engine's stdout/stderr log; .gz accepted)")
+                    raise LogInputError("binary file, not a text log (give the engine's stdout/stderr log; .gz accepted)")
             total += len(chunk)
             if total > max_bytes:
                 raise LogInputError(f"more than {max_bytes} bytes of {what}: over the cap (--max-bytes {max_bytes}); "
