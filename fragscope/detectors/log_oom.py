@@ -37,6 +37,10 @@ VERDICT_IDS = {"fragmentation": "allocator-fragmentation", "fragmentation-contri
 # Held memory is named as the cause only above 1 GiB and 10 % of the GPU: more than that baseline.
 OUTSIDE_MIN_BYTES = 1.0 * GIB
 OUTSIDE_MIN_SHARE = 0.10
+# An allocation needs a little more than it asks: cudaMalloc rounds to 2 MiB pages, the message rounds
+# each figure to 0.01 GiB (~10 MiB), the driver keeps a reserve. Free memory within this slack of the
+# request did not really cover it; free memory beyond it did (then the device did not refuse: a cap).
+ALLOC_SLACK_BYTES = 64.0 * 1024 ** 2
 
 
 def _fin(x) -> float | None:
@@ -99,6 +103,7 @@ def oom_summary(ev, cfg) -> dict:
            "non_pytorch_this_process_bytes": (max(0.0, in_use_self - pool) if in_use_self is not None and pool is not None
                                               else None),
            "repeats": int(f.get("repeats", 1)), "fragmentation_ratio": None, "shortfall_bytes": None,
+           "unmet_bytes": None,
            "verdict": "unknown", "text": ev.text}
     if f.get("wording") == "cuda-error":
         out["verdict"] = "outside-allocator"  # cudaErrorMemoryAllocation from NCCL, cuBLAS, graph capture...
@@ -107,8 +112,10 @@ def oom_summary(ev, cfg) -> dict:
         out["fragmentation_ratio"] = round(unalloc / reserved, 4)
     if req is None or free is None:
         return out
-    shortfall = max(0.0, req - free)
-    out["shortfall_bytes"] = shortfall
+    out["shortfall_bytes"] = max(0.0, req - free)
+    # what the allocation lacked, the slack included when free memory only just covered the request
+    shortfall = max(0.0, req + ALLOC_SLACK_BYTES - free)
+    out["unmet_bytes"] = shortfall
     outside_floor = max(OUTSIDE_MIN_BYTES, OUTSIDE_MIN_SHARE * total) if total else OUTSIDE_MIN_BYTES
     if shortfall <= 0:
         out["verdict"] = "memory-cap"
@@ -197,19 +204,19 @@ def _other_finding(gpu: str, verdict: str, items: list[dict]) -> Finding:
             procs = ", ".join(f"pid {p['pid']} {_gib(p['bytes'])}" for p in o["other_processes"]
                               if p["pid"] != o["self_listed_pid"])
             parts.append(f"other processes hold {_gib(o['other_processes_bytes'])} of the GPU ({procs}), more than "
-                         f"the {_gib(o['shortfall_bytes'])} shortfall")
+                         f"the {_gib(o['unmet_bytes'])} the allocation lacked")
             conf = 0.85
         else:
             parts.append(f"{_gib(held)}" + (f" ({share * 100:.0f} % of the GPU)" if share is not None else "")
                          + " was held outside this process's PyTorch pool (total − reserved − free), more than the "
-                         f"{_gib(o['shortfall_bytes'])} shortfall: other processes or non-PyTorch allocations "
+                         f"{_gib(o['unmet_bytes'])} the allocation lacked: other processes or non-PyTorch allocations "
                          "(NCCL, native libraries, another tenant) hold the GPU, not this workload's tensors")
             conf = 0.75
             missing.append("gpu_process_memory_bytes")  # who holds it: nvidia-smi / NVML per-process memory
         if o["non_pytorch_this_process_bytes"] is not None:
             parts.append(f"this process itself holds {_gib(o['non_pytorch_this_process_bytes'])} outside PyTorch")
-        ev.append(Evidence("log_oom_held_outside_pytorch_bytes", held, threshold=o["shortfall_bytes"], unit="bytes",
-                           note="total - free - reserved; threshold = requested - free"))
+        ev.append(Evidence("log_oom_held_outside_pytorch_bytes", held, threshold=o["unmet_bytes"], unit="bytes",
+                           note="total - free - reserved; threshold = requested + 64 MiB allocation slack - free"))
         if o["other_processes_bytes"] is not None:
             ev.append(Evidence("log_oom_other_processes_bytes", o["other_processes_bytes"], unit="bytes",
                                note="processes listed in the message, this process left out"))

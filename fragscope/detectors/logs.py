@@ -223,7 +223,7 @@ def _untimed_pressure_finding(events: Sequence[LogEvent], pre: dict, cfg: Config
         conf += 0.1 if agrees else -0.1
     else:
         missing.append("kv_cache_usage_ratio")
-    summary = (f"{pre['count']:.0f} preemptions counted in this excerpt{since} ({src}): the engine ran out of KV "
+    summary = (f"{pre['count']:.0f} preemptions counted in this excerpt" + (since or f" ({src})") + ": the engine ran out of KV "
                f"cache blocks and recomputed requests. The excerpt has no timestamps, so there is no rate: a storm "
                f"cannot be told from a slow trickle. Missing for the rest: timestamps (the full log, kubectl logs "
                f"--timestamps) or vllm:num_preemptions_total over time (diagnose --vllm URL).")
@@ -281,7 +281,8 @@ def _pressure_finding(events: Sequence[LogEvent], pre: dict, cfg: Config) -> Fin
     sev = Severity.CRITICAL if storm else (Severity.WARNING if per_min >= cfg.min_rate_per_minute else Severity.INFO)
     dur = pre["duration_seconds"]
     summary = (f"{pre['count']:.0f} preemptions logged ({src}) from {_hms(pre['first'])} to {_hms(pre['last'])}"
-               + (f", {rate:.2f}/s over {dur:.0f} s" if rate is not None and dur else "")
+               + (f", {rate:.2f}/s over {dur:.0f} s" if rate is not None and dur else
+                  "; no rate (no time passes between the first and the last observation)")
                + (f"; KV cache usage up to {kv_max * 100:.1f} %" if kv_max is not None else "")
                + (f"; up to {max(waiting):.0f} requests waiting" if waiting else "") + ".")
     return Finding("kv-cache-pressure", sev, max(0.05, min(0.95, conf)), summary, onset=pre["first"], evidence=ev,
