@@ -52,12 +52,16 @@ def _ratio_pct(s: str) -> float:
 
 # --- preemption / retraction -----------------------------------------------------------------
 # V0 core/scheduler.py::_preempt, WARNING on the 1st and every 50th preemption
-_PREEMPT = re.compile(r"(?:Sequence group|Request) (\S{1,200}) is preempted by PreemptionMode\.(\w{1,20})"
-                      r".{0,2000}?(?:total_num_cumulative_preemption|total_cumulative_preemption_cnt)=" + INT)
+_PREEMPT = re.compile(r"(?:Sequence group|Request) (\S{1,200}) is preempted by PreemptionMode\.(\w{1,20})")
+_PREEMPT_COUNT = re.compile(r"(?:total_num_cumulative_preemption|total_cumulative_preemption_cnt)=" + INT)
 
 
 def _preempt(m: re.Match, msg: str):
-    return {"request_id": m.group(1), "mode": m.group(2).lower(), "cumulative": to_int(m.group(3))}, ""
+    # the count follows within the same sentence; searched from the head's end (linear, no backtracking)
+    c = _PREEMPT_COUNT.search(msg, m.end(), m.end() + 2000)
+    if c is None:
+        return None
+    return {"request_id": m.group(1), "mode": m.group(2).lower(), "cumulative": to_int(c.group(1))}, ""
 
 
 # SGLang scheduler: "KV cache pool is full. Retract requests. #retracted_reqs: 1, #new_tokens_gained: 646, ..."
@@ -280,7 +284,7 @@ def _config(m, msg):
 
 
 RULES: tuple[Rule, ...] = (
-    Rule("preemption", ("preempted by",), _PREEMPT, _preempt, "vllm-v0"),
+    Rule("preemption", ("cumulative_preemption",), _PREEMPT, _preempt, "vllm-v0"),
     Rule("retraction", ("Retract requests",), _RETRACT, _retract, "sglang"),
     Rule("stats", ("throughput:",), _STATS, _stats, "vllm"),  # source: vllm-v0 / vllm-v1, set in parse_message
     Rule("stats", ("batch",), _SG_BATCH, _sg_batch, "sglang"),
