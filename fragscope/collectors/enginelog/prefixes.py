@@ -35,8 +35,12 @@ _HEADER = _LEVEL + r"\s+(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)(?:\.\d{1,9})?\s+\[?[\
 _VLLM_HEADER = re.compile("^" + _HEADER)
 # the same header anywhere in a line, with its optional process prefix (records glued together)
 _EMBEDDED = re.compile(r"(?<![A-Za-z(])(?:" + _PROC + r")?" + _HEADER)
+_EMBEDDED_HINT = re.compile(r"(?:DEBUG|INFO|WARN|ERROR|CRITICAL)\w*\s+\d\d-\d\d \d\d:")  # cheap pre-check
 # Python logging default: "2024-05-01 12:00:00,123 - name - INFO - " is handled by _ISO_BARE; then:
 _LEVEL_PREFIX = re.compile(r"^(?:-\s*)?(?:[\w.]+\s+-\s+)?(DEBUG|INFO|WARNING|ERROR|CRITICAL)(?::|\s+-)?\s+")
+
+
+_PREFIX_FIRST = frozenset("[(0123456789")  # the first character of every prefix the loop below strips
 
 
 @dataclass(slots=True)
@@ -127,10 +131,11 @@ def split_line(line: str, clock: Clock, last_ts: float | None) -> list[Record]:
     proc = ""
     dated = True
     engine = False
-    m = _COMPOSE_PREFIX.match(s)
-    if m and not s.startswith(("INFO", "WARNING", "ERROR", "DEBUG")):
-        s = s[m.end():]
-    for _ in range(3):  # prefixes stack: "[iso] (EngineCore pid=1) INFO 05-21 ..."
+    if "|" in s[:80]:
+        m = _COMPOSE_PREFIX.match(s)
+        if m and not s.startswith(("INFO", "WARNING", "ERROR", "DEBUG")):
+            s = s[m.end():]
+    for _ in range(3 if s[:1] in _PREFIX_FIRST else 0):  # prefixes stack: "[iso] (EngineCore pid=1) INFO 05-21 ..."
         m = _ISO_BRACKET.match(s) or _ISO_BARE.match(s)
         if m:
             ts = clock.iso(m) or ts
@@ -162,7 +167,7 @@ def split_line(line: str, clock: Clock, last_ts: float | None) -> list[Record]:
         if m and ts is not None:
             s = s[m.end():]
     first = Record(s, ts, pid, proc, dated, engine)
-    if "-" not in s or ":" not in s:
+    if _EMBEDDED_HINT.search(s, 1) is None:
         return [first]
     cuts = [x for x in _EMBEDDED.finditer(s) if x.start() > 0]
     if not cuts:
