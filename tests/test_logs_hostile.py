@@ -9,7 +9,6 @@ import random
 import subprocess
 import sys
 import time
-import zlib
 
 import pytest
 

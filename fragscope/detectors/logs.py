@@ -9,7 +9,8 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from ..collectors.enginelog import GIB, LogEvent, LogState
+from ..collectors.enginelog.events import GIB, LogEvent
+from ..collectors.enginelog.state import LogState
 from ..model import Evidence, Finding, Severity
 from .log_oom import oom_findings
 from .log_oom import oom_summary as _oom_summary
