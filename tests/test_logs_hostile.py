@@ -257,3 +257,18 @@ def test_seeded_mutations_keep_the_contract(tmp_path):
         runs += 1
     assert runs > 150 and refused >= 15  # both paths exercised
     assert time.perf_counter() - t0 < 30
+
+
+@pytest.mark.parametrize("opt", ["--gpu-memory-gib", "--gpu-memory-utilization", "--weights-gib", "--overhead-gib"])
+@pytest.mark.parametrize("value", ["nan", "inf", "1e400"])
+def test_float_options_must_be_finite(capsys, monkeypatch, opt, value):
+    code, out, err = run_diagnose(capsys, monkeypatch, "logs", str(DATA / "vllm_v0_preemption_storm.log"),
+                                  "--num-layers", "32", "--num-kv-heads", "32", "--head-dim", "128", opt, value)
+    one_line_error(code, out, err, opt)
+
+
+@pytest.mark.parametrize("args", [["--expected-kv-tokens", "9" * 400], ["--num-layers", "9" * 50, "--num-kv-heads", "8",
+                                  "--head-dim", "128", "--gpu-memory-gib", "80"], ["--max-bytes", "9" * 30]])
+def test_huge_integer_options_are_usage_errors(capsys, monkeypatch, args):
+    code, out, err = run_diagnose(capsys, monkeypatch, "logs", str(DATA / "vllm_v0_preemption_storm.log"), *args)
+    one_line_error(code, out, err, args[0])

@@ -38,6 +38,13 @@ def _read_log(path: str, tz_offset_hours: float, max_bytes: int):
     return info
 
 
+def _finite(ctx, param, value):
+    # click's FloatRange lets NaN through (every comparison with NaN is false) and inf past a min-only range
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"{value!r} is not a finite number")
+    return value
+
+
 def _tz_offset(ctx, param, value: float) -> float:
     # real UTC offsets run from -12 to +14 hours; NaN and inf pass click's FloatRange, so check here
     if value is None or not math.isfinite(value) or not -14.0 <= value <= 14.0:
@@ -168,24 +175,24 @@ def _print_summary(s: dict, out) -> None:
               help="Exit 1 when a finding is at or above this severity.")
 @click.option("--tz-offset", type=float, default=0.0, show_default=True, callback=_tz_offset,
               help="Hours east of UTC of the log's MM-DD HH:MM:SS timestamps (-14 to 14).")
-@click.option("--max-bytes", type=click.IntRange(min=1), default=512 << 20, show_default=True,
+@click.option("--max-bytes", type=click.IntRange(min=1, max=1 << 40), default=512 << 20, show_default=True,
               help="Cap on the text read (after decompression of a .gz); a bigger file is refused.")
-@click.option("--expected-kv-tokens", type=click.IntRange(min=1), default=None,
+@click.option("--expected-kv-tokens", type=click.IntRange(min=1, max=10 ** 12), default=None,
               help="KV capacity to expect, in tokens (skips the kv-budget estimate).")
-@click.option("--gpu-memory-gib", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--gpu-memory-gib", type=click.FloatRange(min=0, min_open=True), default=None, callback=_finite,
               help="GPU memory for the kv-budget estimate (GiB).")
-@click.option("--gpu-memory-utilization", type=click.FloatRange(0, 1, min_open=True), default=None,
+@click.option("--gpu-memory-utilization", type=click.FloatRange(0, 1, min_open=True), default=None, callback=_finite,
               help="Default: as logged, else 0.9.")
-@click.option("--weights-gib", type=click.FloatRange(min=0), default=None, help="Default: as logged.")
-@click.option("--overhead-gib", type=click.FloatRange(min=0), default=None,
+@click.option("--weights-gib", type=click.FloatRange(min=0), default=None, callback=_finite, help="Default: as logged.")
+@click.option("--overhead-gib", type=click.FloatRange(min=0), default=None, callback=_finite,
               help="Activations, CUDA context, graphs assumed by the estimate (default 0: the check names them).")
 @click.option("--model-config", type=click.Path(dir_okay=False), default=None, help="Hugging Face config.json.")
-@click.option("--num-layers", type=click.IntRange(min=1), default=None)
-@click.option("--num-kv-heads", type=click.IntRange(min=1), default=None)
-@click.option("--head-dim", type=click.IntRange(min=1), default=None)
+@click.option("--num-layers", type=click.IntRange(min=1, max=100_000), default=None)
+@click.option("--num-kv-heads", type=click.IntRange(min=1, max=100_000), default=None)
+@click.option("--head-dim", type=click.IntRange(min=1, max=100_000), default=None)
 @click.option("--kv-dtype", default=None, help="auto (model dtype), fp16, bf16, fp8, fp32.")
-@click.option("--block-size", type=click.IntRange(min=1), default=None, help="Default: as logged, else 16.")
-@click.option("--tensor-parallel-size", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--block-size", type=click.IntRange(min=1, max=1 << 20), default=None, help="Default: as logged, else 16.")
+@click.option("--tensor-parallel-size", type=click.IntRange(min=1, max=100_000), default=1, show_default=True)
 def logs_cmd(file: str, fmt: str, fail_on: str, tz_offset: float, max_bytes: int, **opts) -> int:
     """Diagnose an engine log FILE (vLLM V0/V1, SGLang; PyTorch OOM messages): KV capacity,
     preemptions, OOM fragmentation, stats lines; with model/GPU options, check the KV capacity
