@@ -429,8 +429,26 @@ def test_collector_oom_samples(tmp_path):
 # ---------------------------------------------------------------------------------------------
 # CLI
 def run_cli(*args, cwd=None):
-    code = "from fragscope.cli import diagnose_main; diagnose_main()"
-    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=60, cwd=cwd)
+    """`diagnose ARGS` in this process, through the real entry point (the FIFO test in
+    test_logs_hostile.py is the subprocess smoke test)."""
+    import contextlib
+    import io
+
+    from fragscope.cli import _run, diagnose_group
+
+    out, err = io.StringIO(), io.StringIO()
+    argv = sys.argv
+    sys.argv = ["diagnose", *args]
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                _run(diagnose_group, "diagnose")
+                code = 0
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+    finally:
+        sys.argv = argv
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
 
 
 def test_cli_json_and_exit_codes(tmp_path):
