@@ -118,11 +118,20 @@ def iter_lines_bytes(path: str, info: LogRead, max_bytes: int = DEFAULT_MAX_BYTE
                     p = p[:max_line_bytes]
                 yield p
             carry = b""
+            blank = 0
             for p in parts[1:-1]:
+                if not p:  # runs of empty lines go out as one count
+                    blank += 1
+                    continue
+                if blank:
+                    yield blank
+                    blank = 0
                 if len(p) > max_line_bytes:
                     info.truncated_lines += 1
                     p = p[:max_line_bytes]
                 yield p
+            if blank:
+                yield blank
         elif skipping:
             continue
         carry += parts[-1]
