@@ -177,3 +177,26 @@ def test_oom_findings_carry_their_playbooks(capsys, monkeypatch):
     assert doc["log"]["input"] == {"lines": 2, "engine_lines": 0, "undated_lines": 0, "truncated_lines": 0,
                                    "text_bytes": (DATA / "torch_oom_le20_vllm783.log").stat().st_size,
                                    "compressed": False}
+
+
+# ---------------------------------------------------------------------------------------------
+# a paste wrapped at the terminal's width ("Running: 32 r" / "eqs, Swapped: …")
+def test_wrapped_v0_stats_lines_are_joined():
+    info = read("vllm_v0_tenstorrent246_wrapped.log")
+    evs = info.events
+    assert [e.line_no for e in evs] == [1, 3, 5, 5, 7, 9]
+    kv = [e.fields.get("kv_usage_ratio") for e in evs]
+    # 23:23:53 lost its second half to a "$" in the paste: no KV figure, no running count (not invented)
+    assert kv == [0.176, 0.202, None, 0.248, 0.273, 0.296]
+    assert [e.fields.get("running") for e in evs] == [32, 32, None, 32, 32, 32]
+    assert [e.ts - evs[0].ts for e in evs] == [0, 5, 11, 16, 22, 27]
+    s, _ = analyse_log(evs)
+    assert s["stats"]["kv_cache_usage_ratio"]["max"] == 0.296 and s["stats"]["requests_waiting"]["max"] == 0
+
+
+def test_worker_prefix_with_rank_keeps_the_pid():
+    from fragscope.collectors.enginelog import parse_log_line
+    ev = parse_log_line("(VllmWorker rank=0 pid=10672) ERROR 03-16 06:12:38 [multiproc_executor.py:375] "
+                        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.74 GiB. GPU 0 has a total "
+                        "capacity of 15.48 GiB of which 953.94 MiB is free.", reference=REF)
+    assert ev.pid == 10672 and ev.ts == utc(2025, 3, 16, 6, 12, 38) and ev.kind == "oom"

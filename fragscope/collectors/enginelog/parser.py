@@ -10,6 +10,10 @@ from .patterns import parse_message
 from .prefixes import Clock, split_line
 
 
+# the last field each engine prints on a stats line: a record without it may continue on the next line
+_LAST_FIELD = {"vllm-v0": "kv_usage_ratio", "vllm-v1": "kv_usage_ratio", "sglang": "waiting"}
+
+
 class LogParser:
     """Stateful line parser: carries the last timestamp to lines without one, infers the year of
     ``MM-DD`` timestamps from ``reference`` (unix seconds; default now) and the date of ``HH:MM:SS``
@@ -34,6 +38,7 @@ class LogParser:
         self._last_oom_ts: float | None = None
         self._last_oom_event: LogEvent | None = None
         self._last_shortfall: tuple | None = None
+        self._wrap: tuple[LogEvent, str] | None = None  # a stats record cut at the end of the previous line
 
     def set_reference(self, reference: float | None) -> None:
         self.clock = Clock(time.time() if reference is None else float(reference), self.tz)
@@ -44,7 +49,12 @@ class LogParser:
             return []
         events: list[LogEvent] = []
         counted = False
-        for rec in split_line(line, self.clock, self.last_ts):
+        recs = split_line(line, self.clock, self.last_ts)
+        wrap, self._wrap = self._wrap, None
+        if wrap is not None and recs and self._continues(wrap, recs[0]):
+            recs = recs[1:]
+        last_stats: tuple[LogEvent, str] | None = None
+        for rec in recs:
             if rec.engine_line and not counted:
                 self.engine_lines += 1
                 counted = True
@@ -53,6 +63,7 @@ class LogParser:
                 if not rec.dated:
                     self.undated_lines += 1
             ts = self.last_ts
+            last_stats = None
             for kind, fields, engine, source in parse_message(rec.msg):
                 if kind == "oom" and self._is_repeat_oom(fields, ts):
                     continue
@@ -64,8 +75,28 @@ class LogParser:
                 ev = LogEvent(kind, ts, self.line_no, fields, engine, source, rec.msg[:400], rec.pid)
                 if kind == "oom":
                     self._last_oom_event = ev
+                if kind == "stats" and _LAST_FIELD.get(source, "") not in fields:
+                    last_stats = (ev, rec.msg)
                 events.append(ev)
+        self._wrap = last_stats
         return events
+
+    @staticmethod
+    def _continues(wrap: tuple[LogEvent, str], rec) -> bool:
+        """A pasted line wrapped at the terminal's width ("Running: 32 r" / "eqs, Swapped: …"): the next
+        physical line has no prefix of its own, and the two halves make a fuller record. The event
+        already emitted is completed in place (LogState holds the same fields dict)."""
+        if rec.ts is not None or rec.engine_line or rec.pid is not None or not rec.msg:
+            return False
+        ev, head = wrap
+        for joined in (head + rec.msg, head + " " + rec.msg):
+            found = parse_message(joined)
+            if found and found[0][0] == ev.kind and len(found[0][1]) > len(ev.fields):
+                ev.fields.clear()
+                ev.fields.update(found[0][1])
+                ev.text = joined[:400]
+                return True
+        return False
 
     def _is_repeat_oom(self, fields: dict, ts: float | None) -> bool:
         sig = tuple(sorted((k, v) for k, v in fields.items() if not isinstance(v, list)))

@@ -26,8 +26,9 @@ _ISO_BARE = re.compile(r"^(\d{4}-\d\d-\d\d)[T ](\d\d:\d\d:\d\d)([.,]\d{1,12})?(Z
 _TIME_ONLY = re.compile(r"^\[(\d\d):(\d\d):(\d\d)(?:[.,]\d{1,9})?(?: [^\]]{0,40})?\]\s*")
 # docker compose: "vllm-1  | "
 _COMPOSE_PREFIX = re.compile(r"^[\w.\-]+\s+\|\s")
-# "(APIServer pid=1) ", "(EngineCore_DP0 pid=199) ", "(RayWorkerWrapper pid=7106, ip=10.0.0.1) "
-_PROC = r"\(([A-Za-z][\w\-]*) pid=(\d{1,10})(?:,[^)]{0,80})?\)\s*"
+# "(APIServer pid=1) ", "(EngineCore_DP0 pid=199) ", "(RayWorkerWrapper pid=7106, ip=10.0.0.1) ",
+# "(VllmWorker rank=0 pid=10672) "
+_PROC = r"\(([A-Za-z][\w\-]*)(?: [\w\-]{1,20}=[\w.\-]{1,20}){0,3} pid=(\d{1,10})(?:,[^)]{0,80})?\)\s*"
 _PROC_PREFIX = re.compile("^" + _PROC)
 # vLLM header: "INFO 05-21 21:08:08 [gpu_model_runner.py:4879] " (V0 often "file.py:528] " without "[")
 _LEVEL = r"(DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)"
