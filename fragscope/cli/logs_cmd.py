@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import json
-import os
+import math
 import sys
 import time
 
@@ -17,27 +17,39 @@ _DTYPE_BYTES = {"float32": 4, "fp32": 4, "float": 4, "float16": 2, "fp16": 2, "h
                 "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "float8_e4m3fn": 1, "int8": 1}
 
 
-def _read_events(path: str, tz_offset_hours: float):
+def _read_log(path: str, tz_offset_hours: float, max_bytes: int):
+    """Read and parse FILE, or fail with one line (exit 2) saying what the file is instead."""
     from datetime import timedelta, timezone
 
-    from ..collectors.logs import iter_file_lines, parse_log
+    from ..collectors.enginelog import LogInputError, read_log_file
+    from ..collectors.enginelog.reader import describe_text
 
-    if not os.path.exists(path):
-        fail(f"{path}: no such file")
-    if os.path.isdir(path):
-        fail(f"{path}: is a directory, not a log file")
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(8192)
-    except OSError as e:
-        fail(f"{path}: {e.strerror or e}")
-    if head[:2] != b"\x1f\x8b" and b"\x00" in head:
-        fail(f"{path}: binary file, not a text log (give the engine's stdout/stderr log, .gz accepted)")
     tz = timezone(timedelta(hours=tz_offset_hours))
     try:
-        return parse_log(iter_file_lines(path), reference=os.path.getmtime(path), tz=tz)
-    except (OSError, EOFError) as e:  # truncated or corrupt gzip
-        fail(f"{path}: cannot read: {e}")
+        info = read_log_file(path, tz=tz, max_bytes=max_bytes)
+    except LogInputError as e:
+        fail(f"{path}: {e}")
+    except OSError as e:  # raced away between open and read, I/O error
+        fail(f"{path}: cannot read: {e.strerror or e}")
+    if info.text_bytes == 0:
+        fail(f"{path}: empty file" + (" (after decompression)" if info.compressed else "") + ": nothing to diagnose")
+    if not info.events and not info.engine_lines:
+        fail(f"{path}: not an engine log: {describe_text(info.head)}")
+    return info
+
+
+def _finite(ctx, param, value):
+    # click's FloatRange lets NaN through (every comparison with NaN is false) and inf past a min-only range
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"{value!r} is not a finite number")
+    return value
+
+
+def _tz_offset(ctx, param, value: float) -> float:
+    # real UTC offsets run from -12 to +14 hours; NaN and inf pass click's FloatRange, so check here
+    if value is None or not math.isfinite(value) or not -14.0 <= value <= 14.0:
+        raise click.BadParameter(f"{value!r} is not a UTC offset in hours between -14 and 14")
+    return value
 
 
 def _model_config(path: str) -> dict:
@@ -136,7 +148,8 @@ def _print_summary(s: dict, out) -> None:
     for o in s["ooms"]:
         w(f"  OOM {fmt_ts(o['time'])} line {o['line']} (PyTorch {o['wording']}): asked "
           f"{fmt_value(o['requested_bytes'], 'bytes')}, free {fmt_value(o['free_bytes'], 'bytes')}, reserved-unallocated "
-          f"{fmt_value(o['reserved_unallocated_bytes'], 'bytes')} → {o['verdict']}\n")
+          f"{fmt_value(o['reserved_unallocated_bytes'], 'bytes')}, held outside PyTorch "
+          f"{fmt_value(o.get('held_outside_pytorch_bytes'), 'bytes')} → {o['verdict']}\n")
     st = s["stats"]
     if st["count"]:
         parts = []
@@ -160,25 +173,27 @@ def _print_summary(s: dict, out) -> None:
 @click.option("--format", "fmt", type=FORMATS, default="human", show_default=True, help="Output format.")
 @click.option("--fail-on", type=FAIL_ON, default="critical", show_default=True,
               help="Exit 1 when a finding is at or above this severity.")
-@click.option("--tz-offset", type=float, default=0.0, show_default=True,
-              help="Hours east of UTC of the log's MM-DD HH:MM:SS timestamps.")
-@click.option("--expected-kv-tokens", type=click.IntRange(min=1), default=None,
+@click.option("--tz-offset", type=float, default=0.0, show_default=True, callback=_tz_offset,
+              help="Hours east of UTC of the log's MM-DD HH:MM:SS timestamps (-14 to 14).")
+@click.option("--max-bytes", type=click.IntRange(min=1, max=1 << 40), default=512 << 20, show_default=True,
+              help="Cap on the text read (after decompression of a .gz); a bigger file is refused.")
+@click.option("--expected-kv-tokens", type=click.IntRange(min=1, max=10 ** 12), default=None,
               help="KV capacity to expect, in tokens (skips the kv-budget estimate).")
-@click.option("--gpu-memory-gib", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--gpu-memory-gib", type=click.FloatRange(min=0, min_open=True), default=None, callback=_finite,
               help="GPU memory for the kv-budget estimate (GiB).")
-@click.option("--gpu-memory-utilization", type=click.FloatRange(0, 1, min_open=True), default=None,
+@click.option("--gpu-memory-utilization", type=click.FloatRange(0, 1, min_open=True), default=None, callback=_finite,
               help="Default: as logged, else 0.9.")
-@click.option("--weights-gib", type=click.FloatRange(min=0), default=None, help="Default: as logged.")
-@click.option("--overhead-gib", type=click.FloatRange(min=0), default=None,
+@click.option("--weights-gib", type=click.FloatRange(min=0), default=None, callback=_finite, help="Default: as logged.")
+@click.option("--overhead-gib", type=click.FloatRange(min=0), default=None, callback=_finite,
               help="Activations, CUDA context, graphs assumed by the estimate (default 0: the check names them).")
 @click.option("--model-config", type=click.Path(dir_okay=False), default=None, help="Hugging Face config.json.")
-@click.option("--num-layers", type=click.IntRange(min=1), default=None)
-@click.option("--num-kv-heads", type=click.IntRange(min=1), default=None)
-@click.option("--head-dim", type=click.IntRange(min=1), default=None)
+@click.option("--num-layers", type=click.IntRange(min=1, max=100_000), default=None)
+@click.option("--num-kv-heads", type=click.IntRange(min=1, max=100_000), default=None)
+@click.option("--head-dim", type=click.IntRange(min=1, max=100_000), default=None)
 @click.option("--kv-dtype", default=None, help="auto (model dtype), fp16, bf16, fp8, fp32.")
-@click.option("--block-size", type=click.IntRange(min=1), default=None, help="Default: as logged, else 16.")
-@click.option("--tensor-parallel-size", type=click.IntRange(min=1), default=1, show_default=True)
-def logs_cmd(file: str, fmt: str, fail_on: str, tz_offset: float, **opts) -> int:
+@click.option("--block-size", type=click.IntRange(min=1, max=1 << 20), default=None, help="Default: as logged, else 16.")
+@click.option("--tensor-parallel-size", type=click.IntRange(min=1, max=100_000), default=1, show_default=True)
+def logs_cmd(file: str, fmt: str, fail_on: str, tz_offset: float, max_bytes: int, **opts) -> int:
     """Diagnose an engine log FILE (vLLM V0/V1, SGLang; PyTorch OOM messages): KV capacity,
     preemptions, OOM fragmentation, stats lines; with model/GPU options, check the KV capacity
     against the kv-budget estimate."""
@@ -186,9 +201,18 @@ def logs_cmd(file: str, fmt: str, fail_on: str, tz_offset: float, **opts) -> int
     from ..model import Inconclusive, Report
     from .render import print_report, report_exit_code, _json_default
 
-    events = _read_events(file, tz_offset)
+    info = _read_log(file, tz_offset, max_bytes)
+    events = info.events
     expected, inputs = _estimate(events, opts)
     summary, findings = analyse_log(events, expected_kv_tokens=expected, estimate_inputs=inputs, source=file)
+    summary["input"] = {"lines": info.lines, "engine_lines": info.engine_lines, "undated_lines": info.undated_lines,
+                        "truncated_lines": info.truncated_lines, "text_bytes": info.text_bytes,
+                        "compressed": info.compressed}
+    if info.undated_lines:
+        summary["notes"].append(f"{info.undated_lines} line(s) carry a time of day only ([HH:MM:SS]): their dates are "
+                                "inferred from the previous dated line or the file's modification time")
+    if info.truncated_lines:
+        summary["notes"].append(f"{info.truncated_lines} line(s) longer than 64 KiB were cut")
     tr = summary["time_range"]
     start = tr["start"] if tr["start"] is not None else float("nan")
     end = tr["end"] if tr["end"] is not None else float("nan")
@@ -196,8 +220,11 @@ def logs_cmd(file: str, fmt: str, fail_on: str, tz_offset: float, **opts) -> int
     from ..playbooks import attach_playbooks
 
     attach_playbooks(report)  # findings leave the log detector without a playbook
-    if not events:
-        report.inconclusive.append(Inconclusive("logs", [], f"no vLLM, SGLang or PyTorch OOM lines recognised in {file}"))
+    if not events:  # an engine log (headers seen) without any line fragscope reads
+        report.inconclusive.append(Inconclusive(
+            "logs", ["kv_cache_capacity_tokens", "preemptions_total", "kv_cache_usage_ratio"],
+            f"{info.engine_lines} engine log line(s) in {file}, none with KV capacity, stats, preemption or OOM "
+            "figures (startup lines and stats lines are what the log checks read)"))
     elif summary["preemptions"]["count"] is None and summary["stats"]["count"]:
         report.inconclusive.append(Inconclusive("kv-cache-pressure", ["preemptions_total"],
                                                 "this log does not report preemptions"))

@@ -9,8 +9,11 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from ..collectors.logs import GIB, LogEvent, LogState
+from ..collectors.enginelog.events import GIB, LogEvent
+from ..collectors.enginelog.state import LogState
 from ..model import Evidence, Finding, Severity
+from .log_oom import oom_findings
+from .log_oom import oom_summary as _oom_summary
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,38 +177,8 @@ def preemption_summary(events: Sequence[LogEvent], cfg: Config = Config()) -> di
 
 
 def oom_summary(ev: LogEvent, cfg: Config = Config()) -> dict:
-    f = ev.fields
-    req, free = _fin(f.get("requested_bytes")), _fin(f.get("free_bytes"))
-    unalloc, reserved = _fin(f.get("reserved_unallocated_bytes")), _fin(f.get("reserved_bytes"))
-    total = _fin(f.get("total_bytes"))
-    others = f.get("other_processes") or []
-    others_bytes = sum(o["bytes"] for o in others) if others else None
-    out = {"time": ev.ts, "line": ev.line_no, "wording": f.get("wording"), "device_type": f.get("device_type"),
-           "gpu": f.get("gpu"), "requested_bytes": req, "total_bytes": total, "free_bytes": free,
-           "allocated_bytes": _fin(f.get("allocated_bytes")), "reserved_bytes": reserved,
-           "reserved_unallocated_bytes": unalloc, "reserved_unallocated_derived": bool(f.get("reserved_unallocated_derived")),
-           "process_in_use_bytes": _fin(f.get("process_in_use_bytes")), "other_processes": others,
-           "repeats": int(f.get("repeats", 1)), "fragmentation_ratio": None, "shortfall_bytes": None,
-           "verdict": "unknown", "text": ev.text}
-    if f.get("wording") == "cuda-error":
-        out["verdict"] = "outside-allocator"  # cudaErrorMemoryAllocation from NCCL, cuBLAS, graph capture...
-        return out
-    if unalloc is not None and reserved:
-        out["fragmentation_ratio"] = round(unalloc / reserved, 4)
-    if req is None or free is None:
-        return out
-    shortfall = max(0.0, req - free)
-    out["shortfall_bytes"] = shortfall
-    if unalloc is not None and unalloc >= shortfall > 0:
-        out["verdict"] = "fragmentation"
-    elif (unalloc is not None and out["fragmentation_ratio"] is not None
-          and out["fragmentation_ratio"] >= cfg.frag_contributing_ratio and unalloc >= cfg.frag_contributing_shortfall * shortfall):
-        out["verdict"] = "fragmentation-contributed"
-    elif others_bytes is not None and others_bytes >= shortfall > 0:
-        out["verdict"] = "other-process"
-    else:
-        out["verdict"] = "capacity"
-    return out
+    """One OOM event -> its verdict and figures (:func:`fragscope.detectors.log_oom.oom_summary`)."""
+    return _oom_summary(ev, cfg)
 
 
 def stats_summary(events: Sequence[LogEvent]) -> dict:
@@ -235,9 +208,35 @@ def stats_summary(events: Sequence[LogEvent]) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
+def _untimed_pressure_finding(events: Sequence[LogEvent], pre: dict, cfg: Config) -> Finding:
+    """Preemptions without any timestamp (a pasted excerpt): the count is evidence, the rate is not known."""
+    src = pre["source"] or "log"
+    kv = [e.fields["kv_usage_ratio"] for e in events if e.kind == "stats" and "kv_usage_ratio" in e.fields]
+    since = " (vLLM V0's cumulative counter: since the engine started)" if src == "vllm-v0 warnings" else ""
+    ev = [Evidence("log_preemptions_total", float(pre["count"]), unit="preemptions",
+                   note=f"from {src}; {pre['lines']} line(s); no timestamps, no rate")]
+    conf = 0.6  # the engine itself says it ran out of KV blocks
+    missing = ["log_timestamps"]
+    if kv:
+        agrees = max(kv) >= cfg.pressure_kv_usage
+        ev.append(Evidence("log_kv_cache_usage_ratio", max(kv), threshold=cfg.pressure_kv_usage, unit="ratio",
+                           agrees=agrees, note=f"max over the {len(kv)} stats line(s) of the excerpt (not aligned in time)"))
+        conf += 0.1 if agrees else -0.1
+    else:
+        missing.append("kv_cache_usage_ratio")
+    summary = (f"{pre['count']:.0f} preemptions counted in this excerpt" + (since or f" ({src})") + ": the engine ran out of KV "
+               f"cache blocks and recomputed requests. The excerpt has no timestamps, so there is no rate: a storm "
+               f"cannot be told from a slow trickle. Missing for the rest: timestamps (the full log, kubectl logs "
+               f"--timestamps) or vllm:num_preemptions_total over time (diagnose --vllm URL).")
+    return Finding("kv-cache-pressure", Severity.WARNING, max(0.05, min(0.95, conf)), summary, onset=None, evidence=ev,
+                   missing=missing, subject={})
+
+
 def _pressure_finding(events: Sequence[LogEvent], pre: dict, cfg: Config) -> Finding | None:
-    if not pre["count"] or pre["first"] is None:
+    if not pre["count"]:
         return None
+    if pre["first"] is None:
+        return _untimed_pressure_finding(events, pre, cfg)
     lo, hi = pre["first"] - cfg.pressure_window_seconds, (pre["last"] or pre["first"]) + cfg.pressure_window_seconds
     near = [e for e in events if e.kind == "stats" and e.ts is not None and lo <= e.ts <= hi]
     kv = [e.fields["kv_usage_ratio"] for e in near if "kv_usage_ratio" in e.fields]
@@ -283,54 +282,12 @@ def _pressure_finding(events: Sequence[LogEvent], pre: dict, cfg: Config) -> Fin
     sev = Severity.CRITICAL if storm else (Severity.WARNING if per_min >= cfg.min_rate_per_minute else Severity.INFO)
     dur = pre["duration_seconds"]
     summary = (f"{pre['count']:.0f} preemptions logged ({src}) from {_hms(pre['first'])} to {_hms(pre['last'])}"
-               + (f", {rate:.2f}/s over {dur:.0f} s" if rate is not None and dur else "")
+               + (f", {rate:.2f}/s over {dur:.0f} s" if rate is not None and dur else
+                  "; no rate (no time passes between the first and the last observation)")
                + (f"; KV cache usage up to {kv_max * 100:.1f} %" if kv_max is not None else "")
                + (f"; up to {max(waiting):.0f} requests waiting" if waiting else "") + ".")
     return Finding("kv-cache-pressure", sev, max(0.05, min(0.95, conf)), summary, onset=pre["first"], evidence=ev,
                    missing=missing, subject={})
-
-
-def _fragmentation_findings(ooms: list[dict], cfg: Config) -> list[Finding]:
-    out = []
-    by_gpu: dict[str, list[dict]] = {}
-    for o in ooms:
-        if o["verdict"] in ("fragmentation", "fragmentation-contributed"):
-            by_gpu.setdefault(str(o.get("gpu") or ""), []).append(o)
-    for gpu, items in sorted(by_gpu.items()):
-        caused = [o for o in items if o["verdict"] == "fragmentation"]
-        worst = max(items, key=lambda o: o["reserved_unallocated_bytes"] or 0)
-        unalloc, req, free = worst["reserved_unallocated_bytes"], worst["requested_bytes"], worst["free_bytes"]
-        total = worst["total_bytes"]
-        share_total = (unalloc / total) if (unalloc is not None and total) else None
-        if caused:
-            conf = 0.85 if not worst["reserved_unallocated_derived"] else 0.8
-            conf += 0.05 if unalloc is not None and req is not None and unalloc >= req else 0.0
-            conf += min(0.05, 0.025 * (len(caused) - 1))
-            sev = (Severity.CRITICAL if share_total is not None and share_total >= cfg.frag_critical_share_of_total
-                   else Severity.WARNING)
-            how = "the bytes existed inside PyTorch's pool but not as one block"
-        else:
-            conf, sev = 0.5, Severity.WARNING
-            how = "fragmentation made the shortfall worse but does not explain it alone"
-        ratio = worst["fragmentation_ratio"]
-        summary = (f"GPU {gpu or '?'}: OOM at {_hms(worst['time'])} asking {_gib(req)} with {_gib(free)} free and "
-                   f"{_gib(unalloc)} reserved by PyTorch but unallocated"
-                   + (f" ({ratio * 100:.0f} % of reserved)" if ratio is not None else "")
-                   + f": {how}; {len(items)} OOM message(s) like it.")
-        ev = [Evidence("log_oom_reserved_unallocated_bytes", unalloc, threshold=worst["shortfall_bytes"], unit="bytes",
-                       window=(worst["time"], worst["time"]) if worst["time"] is not None else None,
-                       note=("threshold = requested - free (the shortfall)"
-                             + ("; derived as reserved - allocated (PyTorch <= 2.0 wording)"
-                                if worst["reserved_unallocated_derived"] else ""))),
-              Evidence("log_oom_requested_bytes", req, unit="bytes"),
-              Evidence("log_oom_free_bytes", free, unit="bytes")]
-        if ratio is not None:
-            ev.append(Evidence("log_oom_fragmentation_ratio", ratio, threshold=cfg.frag_contributing_ratio,
-                               unit="ratio", note="reserved-but-unallocated / reserved"))
-        out.append(Finding("allocator-fragmentation", sev, min(0.95, conf), summary, onset=items[0]["time"],
-                           evidence=ev, missing=["torch_inactive_split_bytes"],
-                           subject={"gpu": gpu} if gpu else {}))
-    return out
 
 
 def kv_capacity_check(cap: dict | None, expected_tokens: float | None, inputs: dict | None,
@@ -498,6 +455,6 @@ def analyse_log(events: Iterable[LogEvent], kv_budget_estimate=None, expected_kv
     f = _pressure_finding(evs, pre, cfg)
     if f is not None:
         findings.append(f)
-    findings += _fragmentation_findings(ooms, cfg)
+    findings += oom_findings(ooms, cfg)
     findings += _kv_gap_findings(evs, check, cfg)
     return summary, findings

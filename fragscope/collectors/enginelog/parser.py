@@ -1,0 +1,127 @@
+"""LogParser: text lines in, :class:`LogEvent` records out (timestamps carried, repeats folded)."""
+from __future__ import annotations
+
+import time
+from datetime import timezone, tzinfo
+from typing import Iterable
+
+from .events import LogEvent
+from .patterns import parse_message
+from .prefixes import Clock, split_line
+
+
+# the last field each engine prints on a stats line: a record without it may continue on the next line
+_LAST_FIELD = {"vllm-v0": "kv_usage_ratio", "vllm-v1": "kv_usage_ratio", "sglang": "waiting"}
+
+
+class LogParser:
+    """Stateful line parser: carries the last timestamp to lines without one, infers the year of
+    ``MM-DD`` timestamps from ``reference`` (unix seconds; default now) and the date of ``HH:MM:SS``
+    ones from the previous line, and folds repeats of the same OOM message (the worker, the engine
+    core and the traceback each print it) into one event.
+
+    Counters for the caller: ``line_no`` (physical lines fed), ``engine_lines`` (lines that carried an
+    engine prefix: a vLLM header, an SGLang time prefix), ``undated_lines`` (records whose date was
+    inferred from a time of day only).
+    """
+
+    OOM_REPEAT_SECONDS = 30.0  # same figures within this window: the same OOM printed again
+
+    def __init__(self, reference: float | None = None, tz: tzinfo | None = None) -> None:
+        self.tz = tz or timezone.utc
+        self.set_reference(reference)
+        self.line_no = 0
+        self.engine_lines = 0
+        self.undated_lines = 0
+        self.last_ts: float | None = None
+        self._last_oom: tuple | None = None
+        self._last_oom_ts: float | None = None
+        self._last_oom_event: LogEvent | None = None
+        self._last_shortfall: tuple | None = None
+        self._wrap: tuple[LogEvent, str] | None = None  # a stats record cut at the end of the previous line
+
+    def set_reference(self, reference: float | None) -> None:
+        self.clock = Clock(time.time() if reference is None else float(reference), self.tz)
+
+    def feed(self, line: str) -> list[LogEvent]:
+        self.line_no += 1
+        if not line or line.isspace():
+            return []
+        events: list[LogEvent] = []
+        counted = False
+        recs = split_line(line, self.clock, self.last_ts)
+        wrap, self._wrap = self._wrap, None
+        if wrap is not None and recs and self._continues(wrap, recs[0]):
+            recs = recs[1:]
+        last_stats: tuple[LogEvent, str] | None = None
+        for rec in recs:
+            if rec.engine_line and not counted:
+                self.engine_lines += 1
+                counted = True
+            if rec.ts is not None:
+                self.last_ts = rec.ts
+                if not rec.dated:
+                    self.undated_lines += 1
+            ts = self.last_ts
+            last_stats = None
+            for kind, fields, engine, source in parse_message(rec.msg):
+                if kind == "oom" and self._is_repeat_oom(fields, ts):
+                    continue
+                if kind == "startup_memory_shortfall":
+                    sig = tuple(sorted(fields.items()))
+                    if sig == self._last_shortfall:
+                        continue
+                    self._last_shortfall = sig
+                ev = LogEvent(kind, ts, self.line_no, fields, engine, source, rec.msg[:400], rec.pid)
+                if kind == "oom":
+                    self._last_oom_event = ev
+                if kind == "stats" and _LAST_FIELD.get(source, "") not in fields:
+                    last_stats = (ev, rec.msg)
+                events.append(ev)
+        self._wrap = last_stats
+        return events
+
+    @staticmethod
+    def _continues(wrap: tuple[LogEvent, str], rec) -> bool:
+        """A pasted line wrapped at the terminal's width ("Running: 32 r" / "eqs, Swapped: …"): the next
+        physical line has no prefix of its own, and the two halves make a fuller record. The event
+        already emitted is completed in place (LogState holds the same fields dict)."""
+        if rec.ts is not None or rec.engine_line or rec.pid is not None or not rec.msg:
+            return False
+        ev, head = wrap
+        for joined in (head + rec.msg, head + " " + rec.msg):
+            found = parse_message(joined)
+            if found and found[0][0] == ev.kind and len(found[0][1]) > len(ev.fields):
+                ev.fields.clear()
+                ev.fields.update(found[0][1])
+                ev.text = joined[:400]
+                return True
+        return False
+
+    def _is_repeat_oom(self, fields: dict, ts: float | None) -> bool:
+        sig = tuple(sorted((k, v) for k, v in fields.items() if not isinstance(v, list)))
+        repeat = (sig == self._last_oom and self._last_oom_event is not None
+                  and (ts is None or self._last_oom_ts is None or abs(ts - self._last_oom_ts) <= self.OOM_REPEAT_SECONDS))
+        if repeat:
+            self._last_oom_event.fields["repeats"] = self._last_oom_event.fields.get("repeats", 1) + 1
+            return True
+        self._last_oom, self._last_oom_ts = sig, ts
+        return False
+
+
+def parse_log_line(line: str, reference: float | None = None, tz: tzinfo | None = None) -> LogEvent | None:
+    """The first event on one line (None if the line holds nothing fragscope reads).
+
+    A line without a timestamp gets ``ts=None``; :func:`parse_log` carries the previous one.
+    """
+    ev = LogParser(reference, tz).feed(line)
+    return ev[0] if ev else None
+
+
+def parse_log(lines: Iterable[str], reference: float | None = None, tz: tzinfo | None = None) -> list[LogEvent]:
+    """Every event in ``lines`` (an open file works), in order, timestamps carried forward."""
+    p = LogParser(reference, tz)
+    out: list[LogEvent] = []
+    for line in lines:
+        out.extend(p.feed(line))
+    return out

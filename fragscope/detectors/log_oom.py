@@ -1,0 +1,263 @@
+"""Verdicts on PyTorch OOM messages found in engine logs, and their findings. docs/logs.md#findings.
+
+Pure: event fields in, a summary dict and findings out. Which cause an OOM message shows, from its
+own figures (bytes):
+
+- ``memory-cap``: free device memory covered the request, so the device's capacity did not refuse
+  it (a per-process cap: ``set_per_process_memory_fraction``, an MPS/MIG/container limit).
+- ``fragmentation`` / ``fragmentation-contributed``: reserved-but-unallocated bytes (inside PyTorch's
+  pool) would have covered the shortfall (requested − free).
+- ``other-process``: the ≥ 2.2 wording lists other processes whose memory covers the shortfall.
+- ``outside-pytorch``: total − free − reserved (memory in use on the GPU that this process's PyTorch
+  pool does not hold: other processes, NCCL buffers, CUDA context, native libraries) covers the
+  shortfall and is more than a CUDA context's worth.
+- ``capacity``: none of the above; the workload needs more than the GPU has.
+- ``outside-allocator``: ``CUDA error: out of memory`` (a CUDA call outside PyTorch's caching
+  allocator failed: NCCL, cuBLAS, graph capture); no figures.
+- ``unknown``: the message lacks the figures to judge.
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import Sequence
+
+from ..model import Evidence, Finding, Severity
+
+GIB = 1024.0 ** 3
+
+# The diagnosis ids an OOM verdict becomes (playbooks: fragscope/playbooks/__init__.py).
+VERDICT_IDS = {"fragmentation": "allocator-fragmentation", "fragmentation-contributed": "allocator-fragmentation",
+               "capacity": "oom-capacity", "unknown": "oom-capacity", "outside-pytorch": "oom-outside-pytorch",
+               "other-process": "oom-outside-pytorch", "outside-allocator": "oom-outside-pytorch",
+               "memory-cap": "oom-memory-cap"}
+
+# Memory in use outside this process's PyTorch pool always includes its CUDA context (300-600 MiB on
+# current GPUs and drivers) plus cuBLAS/cuDNN workspaces and NCCL buffers (tens to hundreds of MiB).
+# Held memory is named as the cause only above 1 GiB and 10 % of the GPU: more than that baseline.
+OUTSIDE_MIN_BYTES = 1.0 * GIB
+OUTSIDE_MIN_SHARE = 0.10
+# An allocation needs a little more than it asks: cudaMalloc rounds to 2 MiB pages, the message rounds
+# each figure to 0.01 GiB (~10 MiB), the driver keeps a reserve. Free memory within this slack of the
+# request did not really cover it; free memory beyond it did (then the device did not refuse: a cap).
+ALLOC_SLACK_BYTES = 64.0 * 1024 ** 2
+
+
+def _fin(x) -> float | None:
+    if x is None:
+        return None
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
+
+
+def _gib(x: float | None) -> str:
+    return "n/a" if x is None else f"{x / GIB:.2f} GiB"
+
+
+def _hms(ts: float | None) -> str:
+    if ts is None:
+        return "an unknown time"
+    return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(ts))
+
+
+def _split_self(others: list[dict], reserved: float | None, used: float | None,
+                in_use_self: float | None) -> tuple[list[dict], int | None]:
+    """Separate this process from the ≥ 2.2 process list. Inside a container (another PID namespace)
+    PyTorch cannot recognise its own pid and lists itself as "Process P". When the listed processes
+    plus this process's pool exceed what is in use on the device, one of them is this process: the
+    smallest entry that holds at least the pool."""
+    if not others or in_use_self is not None or reserved is None or used is None:
+        return others, None
+    if sum(o["bytes"] for o in others) + reserved <= used * 1.01:
+        return others, None
+    cands = [o for o in others if o["bytes"] >= reserved * 0.99]
+    if not cands:
+        return others, None
+    me = min(cands, key=lambda o: o["bytes"])
+    return [o for o in others if o is not me], me["pid"]
+
+
+def oom_summary(ev, cfg) -> dict:
+    """One OOM event (fields as parsed) -> the JSON contract of docs/logs.md ``ooms[]``."""
+    f = ev.fields
+    req, free = _fin(f.get("requested_bytes")), _fin(f.get("free_bytes"))
+    unalloc, reserved = _fin(f.get("reserved_unallocated_bytes")), _fin(f.get("reserved_bytes"))
+    total, alloc = _fin(f.get("total_bytes")), _fin(f.get("allocated_bytes"))
+    in_use_self = _fin(f.get("process_in_use_bytes"))
+    listed = list(f.get("other_processes") or [])
+    used = (total - free) if total is not None and free is not None else None
+    pool = reserved if reserved is not None else alloc  # allocated: a lower bound of the pool when reserved is cut off
+    others, self_pid = _split_self(listed, pool, used, in_use_self)
+    others_bytes = sum(o["bytes"] for o in others) if others else None
+    outside = max(0.0, used - pool) if used is not None and pool is not None else None
+    out = {"time": ev.ts, "line": ev.line_no, "wording": f.get("wording"), "device_type": f.get("device_type"),
+           "gpu": f.get("gpu"), "requested_bytes": req, "total_bytes": total, "free_bytes": free,
+           "allocated_bytes": alloc, "reserved_bytes": reserved,
+           "reserved_unallocated_bytes": unalloc, "reserved_unallocated_derived": bool(f.get("reserved_unallocated_derived")),
+           "process_in_use_bytes": in_use_self, "other_processes": listed,
+           "other_processes_bytes": others_bytes, "self_listed_pid": self_pid,
+           "held_outside_pytorch_bytes": outside,
+           "non_pytorch_this_process_bytes": (max(0.0, in_use_self - pool) if in_use_self is not None and pool is not None
+                                              else None),
+           "repeats": int(f.get("repeats", 1)), "fragmentation_ratio": None, "shortfall_bytes": None,
+           "unmet_bytes": None,
+           "verdict": "unknown", "text": ev.text}
+    if f.get("wording") == "cuda-error":
+        out["verdict"] = "outside-allocator"  # cudaErrorMemoryAllocation from NCCL, cuBLAS, graph capture...
+        return out
+    if unalloc is not None and reserved:
+        out["fragmentation_ratio"] = round(unalloc / reserved, 4)
+    if req is None or free is None:
+        return out
+    out["shortfall_bytes"] = max(0.0, req - free)
+    # what the allocation lacked, the slack included when free memory only just covered the request
+    shortfall = max(0.0, req + ALLOC_SLACK_BYTES - free)
+    out["unmet_bytes"] = shortfall
+    outside_floor = max(OUTSIDE_MIN_BYTES, OUTSIDE_MIN_SHARE * total) if total else OUTSIDE_MIN_BYTES
+    if shortfall <= 0:
+        out["verdict"] = "memory-cap"
+    elif unalloc is not None and unalloc >= shortfall:
+        out["verdict"] = "fragmentation"
+    elif (unalloc is not None and out["fragmentation_ratio"] is not None
+          and out["fragmentation_ratio"] >= cfg.frag_contributing_ratio and unalloc >= cfg.frag_contributing_shortfall * shortfall):
+        out["verdict"] = "fragmentation-contributed"
+    elif others_bytes is not None and others_bytes >= shortfall:
+        out["verdict"] = "other-process"
+    elif outside is not None and outside >= shortfall and outside >= outside_floor:
+        out["verdict"] = "outside-pytorch"
+    else:
+        out["verdict"] = "capacity"
+    return out
+
+
+def _window(o: dict):
+    return (o["time"], o["time"]) if o["time"] is not None else None
+
+
+def _fragmentation_finding(gpu: str, items: list[dict], cfg) -> Finding:
+    caused = [o for o in items if o["verdict"] == "fragmentation"]
+    worst = max(items, key=lambda o: o["reserved_unallocated_bytes"] or 0)
+    unalloc, req, free = worst["reserved_unallocated_bytes"], worst["requested_bytes"], worst["free_bytes"]
+    total = worst["total_bytes"]
+    share_total = (unalloc / total) if (unalloc is not None and total) else None
+    if caused:
+        conf = 0.85 if not worst["reserved_unallocated_derived"] else 0.8
+        conf += 0.05 if unalloc is not None and req is not None and unalloc >= req else 0.0
+        conf += min(0.05, 0.025 * (len(caused) - 1))
+        sev = (Severity.CRITICAL if share_total is not None and share_total >= cfg.frag_critical_share_of_total
+               else Severity.WARNING)
+        how = "the bytes existed inside PyTorch's pool but not as one block"
+    else:
+        conf, sev = 0.5, Severity.WARNING
+        how = "fragmentation made the shortfall worse but does not explain it alone"
+    ratio = worst["fragmentation_ratio"]
+    summary = (f"GPU {gpu or '?'}: OOM at {_hms(worst['time'])} asking {_gib(req)} with {_gib(free)} free and "
+               f"{_gib(unalloc)} reserved by PyTorch but unallocated"
+               + (f" ({ratio * 100:.0f} % of reserved)" if ratio is not None else "")
+               + f": {how}; {len(items)} OOM message(s) like it.")
+    ev = [Evidence("log_oom_reserved_unallocated_bytes", unalloc, threshold=worst["shortfall_bytes"], unit="bytes",
+                   window=_window(worst),
+                   note=("threshold = requested - free (the shortfall)"
+                         + ("; derived as reserved - allocated (PyTorch <= 2.0 wording)"
+                            if worst["reserved_unallocated_derived"] else ""))),
+          Evidence("log_oom_requested_bytes", req, unit="bytes"),
+          Evidence("log_oom_free_bytes", free, unit="bytes")]
+    if ratio is not None:
+        ev.append(Evidence("log_oom_fragmentation_ratio", ratio, threshold=cfg.frag_contributing_ratio,
+                           unit="ratio", note="reserved-but-unallocated / reserved"))
+    return Finding("allocator-fragmentation", sev, min(0.95, conf), summary, onset=items[0]["time"],
+                   evidence=ev, missing=["torch_inactive_split_bytes"], subject={"gpu": gpu} if gpu else {})
+
+
+def _figures(o: dict) -> str:
+    return (f"asking {_gib(o['requested_bytes'])} with {_gib(o['free_bytes'])} free of {_gib(o['total_bytes'])}"
+            + (f", PyTorch holding {_gib(o['reserved_bytes'])}" if o["reserved_bytes"] is not None else ""))
+
+
+def _other_finding(gpu: str, verdict: str, items: list[dict]) -> Finding:
+    o = items[0]
+    n = len(items) + sum(x["repeats"] - 1 for x in items)
+    where = f"GPU {gpu}" if gpu else "GPU ?"
+    count = f"; {len(items)} OOM(s) like it" + (f" ({n} messages)" if n > len(items) else "")
+    ev = [Evidence("log_oom_requested_bytes", o["requested_bytes"], unit="bytes", window=_window(o),
+                   note=f"line {o['line']}"),
+          Evidence("log_oom_free_bytes", o["free_bytes"], unit="bytes"),
+          Evidence("log_oom_total_bytes", o["total_bytes"], unit="bytes")]
+    missing: list[str] = []
+    subject = {"gpu": gpu} if gpu else {}
+    if verdict == "memory-cap":
+        summary = (f"{where}: OOM at {_hms(o['time'])} {_figures(o)}: free device memory covered the request, so "
+                   f"the device's capacity did not refuse it; a per-process limit did (set_per_process_memory_fraction, "
+                   f"an MPS/MIG or container memory limit){count}.")
+        ev[1] = Evidence("log_oom_free_bytes", o["free_bytes"], threshold=o["requested_bytes"], unit="bytes",
+                         note="free >= requested")
+        return Finding("oom-memory-cap", Severity.CRITICAL, 0.6, summary, onset=o["time"], evidence=ev,
+                       missing=["torch_memory_fraction"], subject=subject)
+    if verdict in ("outside-pytorch", "other-process"):
+        held = o["held_outside_pytorch_bytes"]
+        share = (held / o["total_bytes"]) if held is not None and o["total_bytes"] else None
+        parts = [f"{where}: OOM at {_hms(o['time'])} {_figures(o)}"]
+        if verdict == "other-process":
+            procs = ", ".join(f"pid {p['pid']} {_gib(p['bytes'])}" for p in o["other_processes"]
+                              if p["pid"] != o["self_listed_pid"])
+            parts.append(f"other processes hold {_gib(o['other_processes_bytes'])} of the GPU ({procs}), more than "
+                         f"the {_gib(o['unmet_bytes'])} the allocation lacked")
+            conf = 0.85
+        else:
+            parts.append(f"{_gib(held)}" + (f" ({share * 100:.0f} % of the GPU)" if share is not None else "")
+                         + " was held outside this process's PyTorch pool (total − reserved − free), more than the "
+                         f"{_gib(o['unmet_bytes'])} the allocation lacked: other processes or non-PyTorch allocations "
+                         "(NCCL, native libraries, another tenant) hold the GPU, not this workload's tensors")
+            conf = 0.75
+            missing.append("gpu_process_memory_bytes")  # who holds it: nvidia-smi / NVML per-process memory
+        if o["non_pytorch_this_process_bytes"] is not None:
+            parts.append(f"this process itself holds {_gib(o['non_pytorch_this_process_bytes'])} outside PyTorch")
+        ev.append(Evidence("log_oom_held_outside_pytorch_bytes", held, threshold=o["unmet_bytes"], unit="bytes",
+                           note="total - free - reserved; threshold = requested + 64 MiB allocation slack - free"))
+        if o["other_processes_bytes"] is not None:
+            ev.append(Evidence("log_oom_other_processes_bytes", o["other_processes_bytes"], unit="bytes",
+                               note="processes listed in the message, this process left out"))
+        return Finding("oom-outside-pytorch", Severity.CRITICAL, conf, "; ".join(parts) + count + ".",
+                       onset=o["time"], evidence=ev, missing=missing, subject=subject)
+    if verdict == "outside-allocator":
+        summary = (f"{where}: CUDA error: out of memory at {_hms(o['time'])} (line {o['line']}): a CUDA call outside "
+                   f"PyTorch's caching allocator failed (NCCL, cuBLAS, CUDA graph capture, a native library); the "
+                   f"message has no figures{count}.")
+        return Finding("oom-outside-pytorch", Severity.CRITICAL, 0.4, summary, onset=o["time"], evidence=ev[:1],
+                       missing=["oom_figures", "gpu_process_memory_bytes"], subject=subject)
+    # capacity / unknown
+    if verdict == "unknown":
+        summary = (f"{where}: PyTorch OOM at {_hms(o['time'])} (line {o['line']}, asking {_gib(o['requested_bytes'])}); "
+                   f"the message lacks the free/total/reserved figures, so the cause cannot be told apart{count}.")
+        return Finding("oom-capacity", Severity.CRITICAL, 0.3, summary, onset=o["time"], evidence=ev[:1],
+                       missing=["oom_free_bytes", "oom_reserved_bytes"], subject=subject)
+    held = o["held_outside_pytorch_bytes"]
+    bigger = (o["requested_bytes"] is not None and o["total_bytes"] is not None
+              and o["requested_bytes"] > o["total_bytes"])
+    summary = (f"{where}: OOM at {_hms(o['time'])} {_figures(o)}: "
+               + ("the request alone is larger than the GPU" if bigger else
+                  f"PyTorch's own pool filled the GPU (stranded inside it: {_gib(o['reserved_unallocated_bytes'])}; "
+                  f"held outside it: {_gib(held)}), the workload needs more memory than the GPU has")
+               + count + ".")
+    ev.append(Evidence("log_oom_held_outside_pytorch_bytes", held, unit="bytes", agrees=True,
+                       note="total - free - reserved: small, not the cause"))
+    return Finding("oom-capacity", Severity.CRITICAL, 0.7, summary, onset=o["time"], evidence=ev, subject=subject)
+
+
+def oom_findings(ooms: Sequence[dict], cfg) -> list[Finding]:
+    """One finding per (GPU, cause): fragmentation, capacity, memory held outside PyTorch, a memory cap."""
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for o in ooms:
+        diag = VERDICT_IDS.get(o["verdict"], "oom-capacity")
+        key = "fragmentation" if diag == "allocator-fragmentation" else o["verdict"]
+        groups.setdefault((str(o.get("gpu") or ""), key), []).append(o)
+    out: list[Finding] = []
+    for (gpu, key), items in sorted(groups.items()):
+        if key == "fragmentation":
+            out.append(_fragmentation_finding(gpu, items, cfg))
+        else:
+            out.append(_other_finding(gpu, key, items))
+    return out
