@@ -260,6 +260,9 @@ class Finding:
     # present state by itself, against physical or documented limits: works from one scrape), or
     # "snapshot" / "trace" / "log" for deep evidence.
     basis: str = "change"
+    # When the primary signal crossed its threshold, where that differs from the onset (the onset is when
+    # the cause began, e.g. traffic rising hours before the KV pool filled).
+    threshold_crossed: float | None = None
 
     def to_dict(self) -> dict:
         return {
@@ -267,6 +270,7 @@ class Finding:
             "severity": self.severity.value,
             "confidence": round(float(self.confidence), 3),
             "onset": self.onset,
+            "threshold_crossed": self.threshold_crossed,
             "summary": self.summary,
             "basis": self.basis,
             "subject": dict(self.subject),

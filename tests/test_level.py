@@ -121,3 +121,20 @@ def test_kv_full_without_preemptions_is_not_pressure():
     rep = diagnose(Window({s.key: s for s in series}, float(ts[0]), float(ts[-1])))
     ids = {x.id for x in rep.findings}
     assert "kv-cache-pressure" not in ids and "capacity-saturation" in ids
+
+
+def test_kv_onset_is_when_the_cause_began_crossing_given_apart():
+    """examples/kv-pressure-incident: requests grow longer from 02:40; the pool fills hours later."""
+    import datetime as dt
+    import os
+
+    from fragscope.collectors.exposition import read_recording
+
+    path = os.path.join(os.path.dirname(__file__), "..", "examples", "kv-pressure-incident.om.gz")
+    rep = diagnose(read_recording(path))
+    f = next(x for x in rep.findings if x.id == "kv-cache-pressure")
+    change_at = dt.datetime(2026, 1, 1, 2, 40, tzinfo=dt.timezone.utc).timestamp()
+    assert abs(f.onset - change_at) <= 30 * 60, f.onset  # the cause, within 30 min
+    assert f.threshold_crossed is not None and f.threshold_crossed - f.onset >= 2 * 3600  # the pool, hours later
+    d = f.to_dict()
+    assert d["onset"] == f.onset and d["threshold_crossed"] == f.threshold_crossed

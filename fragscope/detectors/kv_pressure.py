@@ -80,22 +80,27 @@ def detect(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive:
             agree += tail
     # cause: longer or more requests
     cause = []
+    cause_onsets: list[float] = []
     for sig_id, label in (("request_prompt_tokens_mean", "prompt"), ("request_generation_tokens_mean", "output")):
         x = f.engine.get(sig_id)
         if x is None or not np.isfinite(x).any():
             continue
-        ch = stats.change(f, x, sp, floor_rel=0.05)
+        ch = stats.change(f, x, sp, floor_rel=0.05, onset_frac=0.02)  # cause onset: first lasting departure
         if ch.known and ch.baseline > 0 and ch.recent / ch.baseline - 1 >= cfg.length_growth:
             cause.append(f"{label} length {ch.baseline:.0f} → {ch.recent:.0f} tokens")
+            if ch.onset is not None:
+                cause_onsets.append(ch.onset)
             evidence.append(Evidence(sig_id, ch.recent, ch.baseline, ch.baseline * (1 + cfg.length_growth),
                                      "tokens", sp.recent, "longer requests", True))
     rate = f.engine.get("request_prompt_tokens_rate")
     if rate is None or not np.isfinite(rate).any():
         rate = f.engine.get("request_success_total")
     if rate is not None and np.isfinite(rate).any():
-        ch = stats.change(f, rate, sp, floor_rel=0.05)
+        ch = stats.change(f, rate, sp, floor_rel=0.05, onset_frac=0.02)
         if ch.known and ch.baseline > 0 and ch.recent / ch.baseline - 1 >= cfg.length_growth:
             cause.append(f"request rate {ch.baseline * 60:.0f} → {ch.recent * 60:.0f}/min")
+            if ch.onset is not None:
+                cause_onsets.append(ch.onset)
 
     against = 0
     if common.any_frag_rising(f, sp):
@@ -118,7 +123,13 @@ def detect(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive:
         head = f"KV cache {common.fmt_pct(kv.value)} full (p90 {common.fmt_pct(p90)})"
     else:  # a preemption storm frees blocks and refills them: the pool hits full, the median swings
         head = f"KV cache repeatedly full (p90 {common.fmt_pct(p90)}, median {common.fmt_pct(kv.value)})"
-    summary = (f"{head} since {common.fmt_time(onset)}; preemptions {pre.extra.get('base', 0.0):.1f} → "
+    # The onset is when the cause began (traffic or request length rose), which is what on-call matches
+    # against deploys; the pool's threshold crossing comes later and is given separately.
+    crossed = onset
+    cause_onset = common.earliest(*cause_onsets)
+    if cause_onset is not None and (onset is None or cause_onset < onset):
+        onset = cause_onset
+    summary = (f"{head} since {common.fmt_time(crossed)}; preemptions {pre.extra.get('base', 0.0):.1f} → "
                f"{pre.value:.0f}/min")
     for e in evidence:
         if e.signal == "requests_waiting" and e.agrees:
@@ -128,10 +139,12 @@ def detect(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive:
                         f"while p50 stays healthy")
     if cause:
         summary += "; " + ", ".join(cause)
+        if crossed is not None and onset is not None and onset < crossed:
+            summary += f" (rising since {common.fmt_time(onset)})"
     summary += "."
     ctx = {"kv_usage": kv.value, "preempt_per_min": pre.value, "cause": cause,
            "avg_prompt_tokens": f.hist_avg.get("request_prompt_tokens"),
            "avg_generation_tokens": f.hist_avg.get("request_generation_tokens"),
            "running": stats.nanmedian(f.engine.get("requests_running", np.full(f.t.size, np.nan))[
                stats.mask(f, sp.recent)])}
-    return [Finding(ID, sev, conf, summary, onset, evidence, missing, {}, context=ctx)]
+    return [Finding(ID, sev, conf, summary, onset, evidence, missing, {}, context=ctx, threshold_crossed=crossed)]
