@@ -264,3 +264,22 @@ def _dedupe(items: list) -> list:
     """The same fix twice (two causes computing one action) is printed once, first position kept."""
     seen: set = set()
     return [x for x in items if not (x in seen or seen.add(x))]
+
+
+def write_trace_html(path: str, analysis: dict, report: Report) -> None:
+    """``diagnose trace --html``: busy/idle share, gap distribution, host side and findings."""
+    from ..report import render_trace_html
+
+    write_html(path, render_trace_html(analysis, report))
+
+
+HTML_MAP_CELLS = 160  # cells per segment in the HTML map (the terminal's has 48)
+
+
+def write_snapshot_html(path: str, doc: dict, snap, device: int | None, map_limit: int) -> None:
+    """``diagnose snapshot --html``: the analysis and a finer per-segment map."""
+    from ..detectors.snapshot import segment_map_rows
+    from ..report import render_snapshot_html
+
+    rows, in_scope = segment_map_rows(snap, device, limit=map_limit or None, width=HTML_MAP_CELLS)
+    write_html(path, render_snapshot_html(doc, rows, in_scope))

@@ -100,13 +100,16 @@ def _page(title: str, body: list[str]) -> str:
 
 def _header(kind: str, source: str, window: tuple[float | None, float | None] | None, extra: str = "",
             generated_at: float | None = None) -> str:
+    """``extra`` is HTML (callers escape what goes into it)."""
     gen = generated_at if generated_at is not None else time.time()
-    win = ""
+    meta = []
     if window and window[0] is not None and window[1] is not None:
-        win = f" · window {esc(fmt_ts(window[0]))} → {esc(fmt_ts(window[1]))}"
+        meta.append(f"window {esc(fmt_ts(window[0]))} → {esc(fmt_ts(window[1]))}")
+    if extra:
+        meta.append(extra)
+    meta.append(f"generated {esc(fmt_ts(gen))} by fragscope {esc(__version__)} · times in UTC")
     return (f"<header><h1>fragscope {esc(kind)}: {esc(source or 'input')}</h1>"
-            f"<div class=\"meta\">{win.lstrip(' ·')}{(' · ' + extra) if extra else ''} · generated "
-            f"{esc(fmt_ts(gen))} by fragscope {esc(__version__)} · times in UTC</div></header>")
+            f"<div class=\"meta\">{' · '.join(meta)}</div></header>")
 
 
 def _legend(chart: Chart) -> str:
@@ -154,25 +157,33 @@ def _conf(c) -> str:
 
 
 def _evidence_table(evidence: list[dict]) -> str:
+    """One row per evidence; the baseline / threshold / window columns only when some row has one."""
     if not evidence:
         return ""
+    cols = [("baseline", "baseline"), ("threshold", "threshold"), ("window", "window (UTC)")]
+    cols = [(k, h) for k, h in cols if any(e.get(k) is not None for e in evidence)]
     rows = []
     for e in evidence:
         unit = e.get("unit") or ""
         mark = '<span class="agree" title="agrees">+</span>' if e.get("agrees", True) else \
             '<span class="against" title="speaks against">−</span>'
-        w = e.get("window")
-        win = ""
-        if isinstance(w, dict) and w.get("start") is not None:
-            win = f"{fmt_clock(w['start'])}–{fmt_clock(w['end'])}" if w.get("end") is not None else ""
+        cells = []
+        for k, _ in cols:
+            v = e.get(k)
+            if k == "window":
+                txt = ""
+                if isinstance(v, dict) and v.get("start") is not None and v.get("end") is not None:
+                    txt = f"{fmt_clock(v['start'])}–{fmt_clock(v['end'])}"
+            else:
+                txt = fmt_value(v, unit) if v is not None else ""
+            cells.append(f'<td class="num">{esc(txt)}</td>')
         rows.append(f"<tr><td>{mark}</td><td>{esc(e.get('signal'))}</td>"
-                    f"<td class=\"num\">{esc(fmt_value(e.get('observed'), unit))}</td>"
-                    f"<td class=\"num\">{esc(fmt_value(e.get('baseline'), unit) if e.get('baseline') is not None else '')}</td>"
-                    f"<td class=\"num\">{esc(fmt_value(e.get('threshold'), unit) if e.get('threshold') is not None else '')}</td>"
-                    f"<td class=\"num\">{esc(win)}</td><td>{esc(e.get('note') or '')}</td></tr>")
+                    f"<td class=\"num\">{esc(fmt_value(e.get('observed'), unit))}</td>{''.join(cells)}"
+                    f"<td>{esc(e.get('note') or '')}</td></tr>")
+    head = "".join(f"<th>{esc(h)}</th>" for _, h in cols)
     return ("<table class=\"evidence\"><thead><tr><th title=\"+ agrees with the diagnosis, − checked and speaks "
-            "against it\">±</th><th>signal</th><th>observed</th><th>baseline</th><th>threshold</th>"
-            "<th>window (UTC)</th><th>note</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
+            f"against it\">±</th><th>signal</th><th>observed</th>{head}<th>note</th></tr></thead><tbody>"
+            + "".join(rows) + "</tbody></table>")
 
 
 def _text_with_cmds(text: str) -> str:
@@ -194,11 +205,13 @@ def _playbook(f: dict) -> str:
     immediate = dedupe(pb.get("immediate"))
     if immediate:
         out.append("<p><b>Now</b></p><ul>" + "".join(f"<li>{_text_with_cmds(x)}</li>" for x in immediate) + "</ul>")
+    opts = pb.get("options") or []
     actions = dedupe(pb.get("actions"))
+    if opts:  # the allocator settings are listed with their options below
+        actions = [a for a in actions if not str(a).startswith("set PYTORCH_CUDA_ALLOC_CONF=")]
     if actions:
         out.append("<p><b>Fix (values computed from this incident)</b></p><ul>"
                    + "".join(f"<li>{_text_with_cmds(a)}</li>" for a in actions) + "</ul>")
-    opts = pb.get("options") or []
     if opts:  # snapshot playbooks: allocator settings, each judged
         items = []
         for o in opts:
@@ -349,7 +362,7 @@ def render_trace_html(analysis: dict, report: Report, *, generated_at: float | N
         body.append('<p class="absent">No GPU operations in this trace.</p>')
     h = a.get("host") or {}
     if h:
-        body.append("<h2>Host side</h2><table><tbody>" + "".join(
+        body.append("<h2>Host side</h2><table style=\"width:auto\"><tbody>" + "".join(
             f"<tr><th>{esc(k)}</th><td>{esc(_host_val(k, v))}</td></tr>" for k, v in h.items()
             if not isinstance(v, (dict, list))) + "</tbody></table>")
     d = report.to_dict()
@@ -358,6 +371,10 @@ def render_trace_html(analysis: dict, report: Report, *, generated_at: float | N
 
 
 def _host_val(k: str, v) -> str:
+    if v is None:
+        return "n/a"
+    if k.endswith("_bytes"):
+        return fmt_value(float(v), "bytes")
     if isinstance(v, float):
         return fmt_value(v, "ratio" if k.endswith("_ratio") else "seconds" if k.endswith("_seconds") else "")
     return str(v)
