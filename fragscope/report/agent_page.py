@@ -16,7 +16,7 @@ def agent_page(report: Report | None, report_at: float | None, window: Window | 
         end = window.end if window is not None else math.nan
         rep = Report(window=(start, end), source=window.source if window is not None else "fragscope agent")
         banner = "The detectors have not run yet: the charts show what was collected so far; no judgement yet."
-        return render_html(rep, window, title="agent", generated_at=now, banner=banner)
+        return render_html(rep, window, title="agent", generated_at=now, banner=banner, judged=False)
     age = now - report_at if report_at is not None else None
     banner = (f"Last diagnosis {fmt_ts(report_at)} ({age:.0f} s ago); read-only page, reload for a newer one."
               if age is not None else "")

@@ -52,7 +52,8 @@ details{margin:4px 0}summary{cursor:pointer;color:var(--mut)}
 # ---------------------------------------------------------------------------------------------
 # Commands ready to copy, taken from a playbook action's text
 _ENV_RE = re.compile(r"\b(PYTORCH_(?:CUDA_)?ALLOC_CONF=[A-Za-z0-9_:.,]+[A-Za-z0-9_])")
-_FLAG_TO_RE = re.compile(r"(--[a-z][a-z0-9-]+) ([0-9][0-9.]*) → ([0-9][0-9.]*)(?![0-9.]* ?[A-Za-z])")
+_NUM = r"[0-9]+(?:\.[0-9]+)?"
+_FLAG_TO_RE = re.compile(rf"(--[a-z][a-z0-9-]+) ({_NUM}) → ({_NUM})(?![0-9.]* ?[A-Za-z])")
 _FLAG_RE = re.compile(r"(--[a-z][a-z0-9-]+) ([0-9][0-9.]*[0-9]|[0-9])(?![0-9.]* ?(?:→|[A-Za-z%]))")
 _CMD_RE = re.compile(r"\(((?:nvidia-smi|fragscope|diagnose|nsys|kubectl) [^()]+?)\)")
 
@@ -266,9 +267,12 @@ def _finding(i: int, f: dict) -> str:
     return "".join(parts)
 
 
-def _findings_section(findings: list[dict], inconclusive: list[dict], notes: list[str]) -> list[str]:
+def _findings_section(findings: list[dict], inconclusive: list[dict], notes: list[str],
+                      judged: bool = True) -> list[str]:
     out = ["<h2>Findings</h2>"]
-    if not findings:
+    if not judged:
+        out.append("<p><b>Not judged yet.</b> The detectors have not run on this window.</p>")
+    elif not findings:
         out.append("<p><b>No finding.</b>" + (" Some detectors could not judge (below): this is not a clean bill of "
                                               "health.</p>" if inconclusive else "</p>"))
     else:
@@ -290,11 +294,12 @@ def _findings_section(findings: list[dict], inconclusive: list[dict], notes: lis
 
 # ---------------------------------------------------------------------------------------------
 def render_html(report: Report, window: Window | None = None, *, title: str | None = None,
-                generated_at: float | None = None, banner: str = "") -> str:
+                generated_at: float | None = None, banner: str = "", judged: bool = True) -> str:
     """The report of a recording, a live window or the agent's recent window, as one HTML page.
 
     ``window`` gives the timeline and panels (drawn from detectors.frame.build_frame); without it
-    the page has the findings only and says so."""
+    the page has the findings only and says so. ``judged=False``: the detectors have not run yet
+    (the agent's first minutes), so no "No finding." either."""
     from .series import frame_of, panels
 
     d = report.to_dict()
@@ -321,7 +326,8 @@ def render_html(report: Report, window: Window | None = None, *, title: str | No
                         + "".join(f"<li>{esc(a)}</li>" for a in absent) + "</ul></div>")
         if not charts:
             body.append('<p class="absent">None of the report\'s signals are in this window.</p>')
-    body += _findings_section(findings, d["inconclusive"], list((d.get("signals") or {}).get("notes") or []))
+    body += _findings_section(findings, d["inconclusive"], list((d.get("signals") or {}).get("notes") or []),
+                              judged)
     return _page(f"fragscope: {report.source or 'diagnosis'}", body)
 
 
