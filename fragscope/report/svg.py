@@ -177,6 +177,9 @@ def spans_where(t: np.ndarray, mask: np.ndarray) -> list[tuple[float, float]]:
     return [(float(t[a]), float(t[b])) for a, b in _runs(mask)]
 
 
+_SELF_LABELLED = ("bytes", "ratio", "seconds", "hertz", "")
+
+
 def time_chart(c: Chart, t0: float, t1: float) -> str:
     """One panel: lines over [t0, t1], left axis ``c.unit``, optional right axis, onset marks."""
     h = c.height
@@ -213,6 +216,12 @@ def time_chart(c: Chart, t0: float, t1: float) -> str:
             yy = float(y(tv, rmax))
             out.append(f'<text x="{ML + PLOT_W + 6}" y="{yy + 4:.1f}" class="tick" text-anchor="start">'
                        f'{esc(fmt_axis(tv, c.right_unit or ""))}</text>')
+    # unit captions where the tick labels carry none (tokens/s, /min, requests)
+    if c.unit not in _SELF_LABELLED:
+        out.append(f'<text x="{ML - 6}" y="{top - 10}" class="tick" text-anchor="end">{esc(c.unit)}</text>')
+    if right and (c.right_unit or "") not in _SELF_LABELLED:
+        out.append(f'<text x="{ML + PLOT_W + 6}" y="{top - 10}" class="tick" text-anchor="start">'
+                   f'{esc(c.right_unit)}</text>')
     for tt in time_ticks(t0, t1):
         xx = float(x(tt))
         out.append(f'<line x1="{xx:.1f}" x2="{xx:.1f}" y1="{top}" y2="{top + ph}" class="grid"/>')
@@ -331,9 +340,9 @@ MAP_COLOURS = {"#": ("allocated", "#0072B2"), "+": ("rounding waste", "#56B4E9")
 def segment_map(rows: list[dict], title: str, chart_id: str = "") -> str:
     """One bar per allocator segment, each cell coloured by the state holding most of it
     (``rows`` from detectors.snapshot.segment_map_rows)."""
-    bar_h, gap, lab_w = 16, 6, 300
+    bar_h, gap, lab_w, free_w = 16, 6, 270, 150
     h = 8 + len(rows) * (bar_h + gap) + 4
-    bw = W - lab_w - 10
+    bw = W - lab_w - free_w
     out = [f'<svg class="chart" id="{esc(chart_id)}" viewBox="0 0 {W} {h}" role="img" aria-label="{esc(title)}" '
            f'xmlns="http://www.w3.org/2000/svg"><title>{esc(title)}</title>']
     for i, r in enumerate(rows):
@@ -354,5 +363,7 @@ def segment_map(rows: list[dict], title: str, chart_id: str = "") -> str:
                        f'fill="{colour}" class="series"><title>{esc(name)}</title></rect>')
             k = j + 1
         out.append(f'<rect x="{lab_w}" y="{yy}" width="{bw}" height="{bar_h}" fill="none" stroke="#999"/>')
+        free = f"free {fmt_value(r.get('inactive_bytes'), 'bytes')} in {r.get('free_blocks', '?')}"
+        out.append(f'<text x="{lab_w + bw + 8}" y="{yy + bar_h * 0.78:.1f}" class="tick">{esc(free)}</text>')
     out.append("</svg>")
     return "".join(out)
