@@ -158,8 +158,10 @@ def test_missing_signals_are_named_not_drawn_as_zero():
     ("Cap --max-num-seqs at ~133 (80 % of the 167 sequences running at the edge)", []),
     ("raise --kv-cache-memory-bytes 1000 MiB → 1250 MiB (it overrides", []),
     ("Set --block-size 16 (now 32); expected KV waste", ["--block-size 16"]),
-    ("Check the node (nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER).", ["nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER"]),
-    ("capture a memory snapshot first (fragscope capture --kind snapshot) to find", ["fragscope capture --kind snapshot"]),
+    ("Check the node (nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER).",
+     ["nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER"]),
+    ("capture a memory snapshot first (fragscope capture --kind snapshot) to find",
+     ["fragscope capture --kind snapshot"]),
     ("Schedule rolling restarts every 12–24 h until fragmentation stays flat.", []),
 ])
 def test_copy_snippets(text, snips):

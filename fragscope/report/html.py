@@ -23,7 +23,8 @@ _CSS = """
 *{box-sizing:border-box}
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,"DejaVu Sans",sans-serif;color:var(--fg);
  background:var(--bg);margin:0 auto;max-width:1100px;padding:16px 20px 40px}
-h1{font-size:20px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid var(--bd);padding-bottom:4px}
+h1{font-size:20px;margin:0 0 4px}
+h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid var(--bd);padding-bottom:4px}
 h3{font-size:15px;margin:18px 0 6px}.meta{color:var(--mut);font-size:13px}
 table{border-collapse:collapse;width:100%;margin:6px 0 10px;font-size:13px}
 th,td{border-bottom:1px solid var(--bd);padding:4px 6px;text-align:left;vertical-align:top}
@@ -31,7 +32,8 @@ th{background:#f4f6f8;font-weight:600}td.num{text-align:right;white-space:nowrap
 .sev{display:inline-block;padding:1px 7px;border-radius:3px;color:#fff;font-weight:600;font-size:12px}
 .sev-critical{background:var(--crit)}.sev-warning{background:var(--warn)}.sev-info{background:var(--info)}
 .finding{border:1px solid var(--bd);border-left:5px solid var(--mut);border-radius:4px;padding:8px 14px;margin:14px 0}
-.finding.critical{border-left-color:var(--crit)}.finding.warning{border-left-color:var(--warn)}.finding.info{border-left-color:var(--info)}
+.finding.critical{border-left-color:var(--crit)}
+.finding.warning{border-left-color:var(--warn)}.finding.info{border-left-color:var(--info)}
 .agree{color:#1b7f3b;font-weight:700}.against{color:var(--crit);font-weight:700}
 code.cmd{display:inline-block;background:#f4f6f8;border:1px solid var(--bd);border-radius:3px;padding:1px 6px;
  font:12.5px/1.5 ui-monospace,"DejaVu Sans Mono",monospace;user-select:all;-webkit-user-select:all;cursor:copy}
@@ -42,8 +44,10 @@ ul{margin:4px 0 8px;padding-left:22px}li{margin:2px 0}.small{font-size:12px;colo
 .sw.dash{border-top-style:dashed}.sw.box{height:10px;border:0;width:12px}
 svg.chart{width:100%;height:auto;display:block}
 svg .plot{fill:#fbfcfd;stroke:#c9d1d9}svg .grid{stroke:#e6eaee;stroke-width:1}
-svg .tick{font:12px system-ui,"DejaVu Sans",sans-serif;fill:#44505c}svg .mono{font-family:ui-monospace,"DejaVu Sans Mono",monospace}
-svg .marklabel{font:600 12px system-ui,"DejaVu Sans",sans-serif}svg .inbar{font:600 11.5px system-ui,sans-serif;fill:#fff}
+svg .tick{font:12px system-ui,"DejaVu Sans",sans-serif;fill:#44505c}
+svg .mono{font-family:ui-monospace,"DejaVu Sans Mono",monospace}
+svg .marklabel{font:600 12px system-ui,"DejaVu Sans",sans-serif}
+svg .inbar{font:600 11.5px system-ui,sans-serif;fill:#fff}
 details{margin:4px 0}summary{cursor:pointer;color:var(--mut)}
 .absent{color:var(--mut);font-size:13px}
 """
@@ -230,7 +234,8 @@ def _playbook(f: dict) -> str:
             if isinstance(a, dict):
                 cond = "".join(f"<li>when: {esc(c)}</li>" for c in a.get("preconditions") or [])
                 cond += "".join(f"<li>not when: {esc(c)}</li>" for c in a.get("contraindications") or [])
-                items.append(f"<li>{_text_with_cmds(str(a.get('text', '')))}{('<ul>' + cond + '</ul>') if cond else ''}</li>")
+                sub = f"<ul>{cond}</ul>" if cond else ""
+                items.append(f"<li>{_text_with_cmds(str(a.get('text', '')))}{sub}</li>")
             else:
                 items.append(f"<li>{_text_with_cmds(str(a))}</li>")
         out.append("<details><summary>Durable fixes with their preconditions and contraindications</summary><ul>"
@@ -253,7 +258,8 @@ def _finding(i: int, f: dict) -> str:
     sev = str(f.get("severity", "info"))
     subj = _subject(f.get("subject"))
     head = (f'<span class="sev sev-{esc(sev)}">{esc(sev.upper())}</span> <b>{esc(f.get("id"))}</b> · confidence '
-            f'{_conf(f.get("confidence"))}{(" · " + esc(subj)) if subj else ""} · onset {esc(fmt_ts(f.get("onset")))}')
+            f'{_conf(f.get("confidence"))}{(" · " + esc(subj)) if subj else ""} · '
+            f'onset {esc(fmt_ts(f.get("onset")))}')
     parts = [f'<article class="finding {esc(sev)}" id="finding-{i}"><h3>{i}. {head}</h3>',
              f"<p>{esc(f.get('summary', ''))}</p>", _evidence_table(f.get("evidence") or [])]
     if f.get("missing"):
@@ -409,16 +415,18 @@ def _gap_chart(d: dict) -> str:
         labels = [f"≤{fmt_value(e, 'seconds')}" for e in edges[1:len(counts) + 1]]
         title = f"GPU {dev}: kernel gap histogram (gaps per bin)"
         return (f'<section class="panel"><h3>{esc(title)}</h3>'
-                f'{bar_chart(labels, [float(c) for c in counts], "", title, chart_id=f"chart-gaps-gpu{dev}")}</section>')
+                f'{bar_chart(labels, [float(c) for c in counts], "", title, chart_id=f"chart-gaps-gpu{dev}")}'
+                "</section>")
     g = d.get("gap_seconds") or {}
     keys = [k for k in ("p50", "p90", "p99", "max") if k in g]
     if not keys:
         return f'<p class="absent">GPU {esc(dev)}: no gaps (fewer than two operations).</p>'
     title = f"GPU {dev}: kernel gap distribution (quantiles, log scale)"
+    chart = bar_chart(keys, [g.get(k) for k in keys], "seconds", title, log=True, colour=PALETTE[0],
+                      chart_id=f"chart-gaps-gpu{dev}")
     return (f'<section class="panel"><h3>{esc(title)}</h3><p class="small">The analysis keeps gap quantiles, '
             f'not every gap: bars are p50 / p90 / p99 / max of the gaps between consecutive GPU operations.</p>'
-            f'{bar_chart(keys, [g.get(k) for k in keys], "seconds", title, log=True, colour=PALETTE[0], chart_id=f"chart-gaps-gpu{dev}")}'
-            "</section>")
+            f"{chart}</section>")
 
 
 def _device_table(devices: list[dict]) -> str:
@@ -426,10 +434,12 @@ def _device_table(devices: list[dict]) -> str:
     for d in devices:
         g = d.get("gap_seconds") or {}
         ld = d.get("launch_delay_seconds") or {}
-        rows.append(f"<tr><td>{esc(d.get('device'))}</td><td class=\"num\">{esc(sum((d.get('ops') or {}).values()))}</td>"
+        ops = sum((d.get("ops") or {}).values())
+        rows.append(f"<tr><td>{esc(d.get('device'))}</td><td class=\"num\">{esc(ops)}</td>"
                     f"<td class=\"num\">{esc(fmt_value(d.get('busy_ratio'), 'ratio'))}</td>"
                     f"<td class=\"num\">{esc(fmt_value(d.get('idle_ratio'), 'ratio'))}</td>"
-                    + "".join(f"<td class=\"num\">{esc(fmt_value(g.get(k), 'seconds'))}</td>" for k in ("p50", "p99", "max"))
+                    + "".join(f"<td class=\"num\">{esc(fmt_value(g.get(k), 'seconds'))}</td>"
+                              for k in ("p50", "p99", "max"))
                     + f"<td class=\"num\">{esc(fmt_value(ld.get('p50'), 'seconds'))}</td>"
                     f"<td class=\"num\">{esc(fmt_value(d.get('short_kernel_ratio'), 'ratio'))}</td></tr>")
     return ("<table><thead><tr><th>GPU</th><th>ops</th><th>busy</th><th>idle</th><th>gap p50</th><th>gap p99</th>"
@@ -467,8 +477,9 @@ def render_snapshot_html(doc: dict, map_rows: list[dict], segments_in_scope: int
                         + "".join(f"<td class=\"num\">{esc(fmt_value(d.get(k), 'bytes'))}</td>" for k in
                                   ("releasable_bytes", "non_releasable_inactive_bytes")) + "</tr>")
             for o in d.get("ooms") or []:
-                body.append(f"<tr><td></td><td colspan=\"8\">OOM: {esc(fmt_value(o.get('size_bytes'), 'bytes'))} on stream "
-                            f"{esc(o.get('stream'))} → <b>{esc(o.get('classification'))}</b>: {esc(o.get('reason'))}</td></tr>")
+                body.append(f"<tr><td></td><td colspan=\"8\">OOM: {esc(fmt_value(o.get('size_bytes'), 'bytes'))} "
+                            f"on stream {esc(o.get('stream'))} → <b>{esc(o.get('classification'))}</b>: "
+                            f"{esc(o.get('reason'))}</td></tr>")
         body.append("</tbody></table>")
     body.append("<h2>Segment map</h2>")
     if map_rows:
@@ -491,7 +502,8 @@ def render_snapshot_html(doc: dict, map_rows: list[dict], segments_in_scope: int
 
 def rank_findings_dicts(fs: list[dict]) -> list[dict]:
     rank = {"critical": 2, "warning": 1, "info": 0}
-    return sorted(fs, key=lambda f: (-rank.get(f.get("severity"), 0), -float(f.get("confidence") or 0), str(f.get("id"))))
+    return sorted(fs, key=lambda f: (-rank.get(f.get("severity"), 0), -float(f.get("confidence") or 0),
+                                     str(f.get("id"))))
 
 
 __all__ = ["render_html", "render_trace_html", "render_snapshot_html", "copy_snippets", "CSP"]

@@ -28,7 +28,8 @@ _last: list = [None, None]  # (window, frame): the terminal's sparklines and --h
 
 def frame_of(window: Window | None) -> Frame | None:
     """The detectors' Frame of ``window`` (None for an empty window). The last one is kept, so the
-    terminal and the HTML report of one diagnosis build it once (1-2 s for a 160 h, 830 k-point window on the 2-core VM)."""
+    terminal and the HTML report of one diagnosis build it once (1-2 s for a 160 h, 830 k-point
+    window on the 2-core VM)."""
     if window is None or not len(window) or not math.isfinite(window.start):
         return None
     if _last[0] is not window:

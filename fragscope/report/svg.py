@@ -266,7 +266,8 @@ def share_bars(rows: list[tuple[str, list[tuple[str, float, str]]]], title: str,
            f'xmlns="http://www.w3.org/2000/svg"><title>{esc(title)}</title>']
     for i, (label, parts) in enumerate(rows):
         yy = 10 + i * (bar_h + gap)
-        out.append(f'<text x="{lab_w - 8}" y="{yy + bar_h * 0.7:.1f}" class="tick" text-anchor="end">{esc(label)}</text>')
+        out.append(f'<text x="{lab_w - 8}" y="{yy + bar_h * 0.7:.1f}" class="tick" text-anchor="end">'
+                   f'{esc(label)}</text>')
         out.append(f'<rect x="{lab_w}" y="{yy}" width="{bw}" height="{bar_h}" class="plot"/>')
         xx = float(lab_w)
         for part, frac, colour in parts:
@@ -315,7 +316,8 @@ def bar_chart(labels: list[str], values: list[float | None], unit: str, title: s
     for tv in ticks:
         yy = y(tv)
         out.append(f'<line x1="{ML}" x2="{ML + PLOT_W}" y1="{yy:.1f}" y2="{yy:.1f}" class="grid"/>')
-        out.append(f'<text x="{ML - 6}" y="{yy + 4:.1f}" class="tick" text-anchor="end">{esc(fmt_axis(tv, unit))}</text>')
+        out.append(f'<text x="{ML - 6}" y="{yy + 4:.1f}" class="tick" text-anchor="end">'
+                   f'{esc(fmt_axis(tv, unit))}</text>')
     for i, (lab, v) in enumerate(zip(labels, values)):
         x0 = ML + i * slot + slot * 0.12
         bw = slot * 0.76
@@ -350,7 +352,8 @@ def segment_map(rows: list[dict], title: str, chart_id: str = "") -> str:
         cells = str(r.get("map") or "")
         label = (f"gpu{r.get('device')} {int(r.get('address', 0)):#x} {fmt_value(r.get('total_size'), 'bytes')}"
                  f" s{r.get('stream')}")
-        out.append(f'<text x="{lab_w - 8}" y="{yy + bar_h * 0.78:.1f}" class="tick mono" text-anchor="end">{esc(label)}</text>')
+        out.append(f'<text x="{lab_w - 8}" y="{yy + bar_h * 0.78:.1f}" class="tick mono" text-anchor="end">'
+                   f'{esc(label)}</text>')
         cw = bw / max(1, len(cells))
         # merge equal neighbours into one rect: fewer elements
         k = 0
