@@ -148,3 +148,25 @@ def test_no_finding_and_inconclusive_wording():
     out = _human(Report(window=(0.0, 1.0), inconclusive=[Inconclusive("memory-leak", ["x"], "short window")]))
     assert "No finding. Some detectors could not judge" in out and "memory-leak:" in out
     assert _human(Report(window=(0.0, 1.0))).splitlines()[-1] == "No finding."
+
+
+def test_text_from_the_input_is_never_markup():
+    f = Finding("x", Severity.WARNING, 0.5, "[red]not markup[/red] \x1b[31m", evidence=[
+        Evidence("[bold]sig[/bold]", 1.0, note="[link=http://e]n[/link]")],
+        playbook={"actions": ["[blink]fix[/blink]"]})
+    out = _human(Report(window=(0.0, 1.0), findings=[f], source="[i]src[/i]"), color=True)
+    for literal in ("[red]not markup[/red]", "[bold]sig[/bold]", "[link=http://e]n[/link]", "[blink]fix[/blink]",
+                    "[i]src[/i]"):
+        assert literal in ANSI.sub("", out)
+
+
+def test_control_characters_from_the_input_never_reach_the_terminal():
+    f = Finding("x\x1b[2J", Severity.WARNING, 0.5, "a\x1b]0;title\x07b", subject={"gpu": "[red]0\x1b[5m"},
+                evidence=[Evidence("s\x9b31m", 1.0, note="\x00")], missing=["m\x1b"],
+                playbook={"actions": ["fix\x1b[31m"]})
+    rep = Report(window=(0.0, 1.0), findings=[f], source="src\x1b[5m",
+                 inconclusive=[Inconclusive("i\x1b", ["m\x1b"], "r\x1b")], signals={"notes": ["n\x1b"]})
+    for color in (False, True):
+        out = ANSI.sub("", _human(rep, color=color)) if color else _human(rep, color=color)
+        assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]", out.replace("\n", "")), repr(out)
+        assert "a\\x1b]0;title\\x07b" in out and "gpu=[red]0\\x1b[5m" in out

@@ -287,3 +287,10 @@ def test_agent_page_before_the_first_diagnosis():
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+def test_a_lone_point_between_gaps_is_drawn_as_a_dot():
+    t = np.arange(10.0)
+    v = np.array([1, 2, np.nan, 3, np.nan, np.nan, 4, 5, 6, np.nan], float)
+    d = path_ds(time_chart(Chart("x", [Line("a", t, v, "#000")], ""), 0.0, 9.0))[0]
+    assert d.count("M") == 3 and d.count("h0") == 1  # runs [1,2], [3] (a dot), [4,5,6]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sys
 
 import numpy as np
@@ -145,20 +146,23 @@ def _render(report: Report, console, window) -> None:
     from rich.table import Table
     from rich.text import Text
 
+    def T(s: object = "", style: str = "") -> Text:  # noqa: N802 - all text from the input goes through here
+        return Text(clean(s), style=style)
+
     def line(text: Text | str, indent: int = 0) -> None:
-        console.print(Padding(text if isinstance(text, Text) else Text(text), (0, 0, 0, indent), expand=False))
+        console.print(Padding(text if isinstance(text, Text) else T(text), (0, 0, 0, indent), expand=False))
 
     def labelled(label: str, text: str, indent: int = 3, style: str = "bold") -> None:
         g = Table.grid(padding=(0, 1))
         g.add_column(no_wrap=True)
         g.add_column(overflow="fold")
-        g.add_row(Text(label, style=style), Text(text))
+        g.add_row(T(label, style=style), T(text))
         console.print(Padding(g, (0, 0, 0, indent), expand=False))
 
     start, end = report.window
     head = Text()
     head.append("fragscope", style="bold")
-    head.append(f" {report.source or 'input'}  window {fmt_ts(start)} → {fmt_ts(end)}")
+    head.append(clean(f" {report.source or 'input'}  window {fmt_ts(start)} → {fmt_ts(end)}"))
     line(head)
     findings = rank_findings(report.findings)
     if not findings:
@@ -170,8 +174,8 @@ def _render(report: Report, console, window) -> None:
                         ("confidence", {"justify": "right"}), ("subject", {}), ("onset", {"no_wrap": True})):
             tbl.add_column(col, **kw)
         for i, f in enumerate(findings, 1):
-            tbl.add_row(str(i), Text(f.severity.value.upper(), style=_SEV_STYLE.get(f.severity.value, "")),
-                        Text(f.id, style="bold"), f"{f.confidence:.2f}", _subject(f.subject), fmt_ts(f.onset))
+            tbl.add_row(str(i), T(f.severity.value.upper(), style=_SEV_STYLE.get(f.severity.value, "")),
+                        T(f.id, style="bold"), f"{f.confidence:.2f}", T(_subject(f.subject)), fmt_ts(f.onset))
         console.print()
         console.print(tbl)
 
@@ -188,9 +192,9 @@ def _render(report: Report, console, window) -> None:
         title = Text()
         title.append(f"{i}. {f.severity.value.upper()}", style=_SEV_STYLE.get(f.severity.value, ""))
         title.append(" ")
-        title.append(f.id, style="bold")
+        title.append(clean(f.id), style="bold")
         subject = _subject(f.subject)
-        title.append(f"  confidence {f.confidence:.2f}{'  ' + subject if subject else ''}  onset {fmt_ts(f.onset)}")
+        title.append(clean(f"  confidence {f.confidence:.2f}{'  ' + subject if subject else ''}  onset {fmt_ts(f.onset)}"))
         console.print()
         line(title)
         line(f.summary, 3)
@@ -205,25 +209,25 @@ def _render(report: Report, console, window) -> None:
             if frame is not None:
                 legend += ("; sparkline: before the onset │ to the end" if spark_cell is not None
                            else "; sparkline: the whole window")
-            line(Text(legend + "):", style="dim"), 3)
+            line(T(legend + "):", style="dim"), 3)
             g = Table.grid(padding=(0, 1))
             g.add_column(no_wrap=True)
             if frame is not None:
                 g.add_column(no_wrap=True, width=SPARK_WIDTH + (1 if spark_cell is not None else 0))
             g.add_column(overflow="fold")
             for e in f.evidence:
-                mark = Text("+", style="green") if e.agrees else Text("-", style="red")
+                mark = T("+", style="green") if e.agrees else T("-", style="red")
                 base = f" baseline {fmt_value(e.baseline, e.unit)}" if e.baseline is not None else ""
                 thr = f" threshold {fmt_value(e.threshold, e.unit)}" if e.threshold is not None else ""
                 win = f" [{_fmt_window(e.window)}]" if e.window and e.window != common_win else ""
                 note = f" — {e.note}" if e.note else ""
-                body = Text(f"{e.signal}: {fmt_value(e.observed, e.unit)}{base}{thr}{win}{note}")
+                body = T(f"{e.signal}: {fmt_value(e.observed, e.unit)}{base}{thr}{win}{note}")
                 if frame is not None:
                     from ..report.series import evidence_series
 
                     arr = evidence_series(frame, e.signal, f.subject)
                     sp = sparkline(arr[spark_lo:], SPARK_WIDTH, spark_cell) if arr is not None else ""
-                    g.add_row(mark, Text(sp, style="cyan"), body)
+                    g.add_row(mark, T(sp, style="cyan"), body)
                 else:
                     g.add_row(mark, body)
             console.print(Padding(g, (0, 0, 0, 3), expand=False))
@@ -235,10 +239,10 @@ def _render(report: Report, console, window) -> None:
             for a in actions[:4]:
                 labelled("fix:", a)
             if len(actions) > 4:
-                line(Text(f"({len(actions) - 4} more fixes: --format json or --html)", style="dim"), 3)
+                line(T(f"({len(actions) - 4} more fixes: --format json or --html)", style="dim"), 3)
             if not actions and pb.get("immediate"):
                 labelled("now:", pb["immediate"][0])
-            line(Text(f"playbook, preconditions and verification: diagnose explain {f.id}", style="dim"), 3)
+            line(T(f"playbook, preconditions and verification: diagnose explain {f.id}", style="dim"), 3)
         for att in f.attachments:
             labelled("attached:", f"{att.get('kind', 'evidence')}: {att.get('verdict') or ''} "
                                   f"{att.get('summary') or ''}".strip(), style="")
@@ -254,6 +258,14 @@ def _render(report: Report, console, window) -> None:
     notes = (report.signals or {}).get("notes") or []
     for n in notes:
         labelled("note:", str(n), indent=0, style="dim")
+
+
+_CTRL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def clean(s: object) -> str:
+    """Control characters from untrusted input (an ESC could drive the terminal) shown as ``\\x1b``."""
+    return _CTRL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(s))
 
 
 def _subject(subject: dict) -> str:

@@ -147,15 +147,20 @@ def decimate(t: np.ndarray, v: np.ndarray, buckets: int) -> tuple[np.ndarray, np
 
 
 def _path(xs: np.ndarray, ys: np.ndarray) -> str:
-    """SVG path data; NaN breaks the line (no data is a gap, never a drop to zero)."""
+    """SVG path data; NaN breaks the line (no data is a gap, never a drop to zero). A point alone
+    between gaps gets a zero-length segment, which the round line cap draws as a dot."""
     parts = []
-    pen = False
+    run = 0
     for x, y in zip(xs.tolist(), ys.tolist()):
         if not math.isfinite(y):
-            pen = False
+            if run == 1:
+                parts.append("h0")
+            run = 0
             continue
-        parts.append(f"{'L' if pen else 'M'}{x:.1f},{y:.1f}")
-        pen = True
+        parts.append(f"{'L' if run else 'M'}{x:.1f},{y:.1f}")
+        run += 1
+    if run == 1:
+        parts.append("h0")
     return "".join(parts)
 
 
@@ -237,7 +242,7 @@ def time_chart(c: Chart, t0: float, t1: float) -> str:
         unit = (c.right_unit or "") if ln.right else c.unit
         tip = f"{ln.label}: {fmt_value(float(fin.min()), unit)} – {fmt_value(float(fin.max()), unit)}"
         dash = ' stroke-dasharray="6 4"' if ln.dashed else ""
-        out.append(f'<path d="{d}" fill="none" stroke="{esc(ln.colour)}" stroke-width="1.8"{dash} '
+        out.append(f'<path d="{d}" fill="none" stroke="{esc(ln.colour)}" stroke-width="1.8" stroke-linecap="round"{dash} '
                    f'class="series"><title>{esc(tip)}</title></path>')
     label_y = top - 8
     for m in c.marks:
