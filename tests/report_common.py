@@ -15,7 +15,7 @@ HOSTILE = '<script>alert("x")</script>"><img src=x onerror=alert(1)>&amp;'
 def example(name: str):
     """(window, report) of examples/<name>.om.gz."""
     from fragscope.collectors.exposition import read_recording
-    from fragscope.playbooks import diagnose
+    from fragscope.pipeline import diagnose
 
     w = read_recording(os.path.join(EXAMPLES, name + ".om.gz"))
     return w, diagnose(w)
@@ -27,7 +27,7 @@ def agent_state(name: str | None = "fragmentation-incident", with_report: bool =
     from fragscope.agent.config import AgentConfig
     from fragscope.agent.daemon import AgentState, Ring
     from fragscope.model import Sample
-    from fragscope.playbooks import diagnose
+    from fragscope.pipeline import diagnose
 
     cfg = AgentConfig(listen="127.0.0.1:0", data_dir=None, store_enabled=False, detect_window=9 * 3600.0,
                       detect_step=60.0)

@@ -22,7 +22,7 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 @pytest.fixture(scope="module")
 def frag():
     w = read_recording(os.path.join(ROOT, "examples", "fragmentation-incident.om.gz"))
-    from fragscope.playbooks import diagnose
+    from fragscope.pipeline import diagnose
 
     return w, diagnose(w)
 

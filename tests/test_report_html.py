@@ -140,7 +140,7 @@ def test_every_text_from_the_input_is_escaped():
 def test_missing_signals_are_named_not_drawn_as_zero():
     key = SeriesKey("DCGM_FI_DEV_GPU_UTIL", (("gpu", "0"),))
     w = Window.from_columns({key: (1_700_000_000 + 15 * np.arange(400.0), np.full(400, 50.0))})
-    from fragscope.playbooks import diagnose
+    from fragscope.pipeline import diagnose
 
     html = render_html(diagnose(w), w)
     assert "chart-timeline" not in html and "chart-ttft" not in html
