@@ -170,3 +170,10 @@ def test_control_characters_from_the_input_never_reach_the_terminal():
         out = ANSI.sub("", _human(rep, color=color)) if color else _human(rep, color=color)
         assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]", out.replace("\n", "")), repr(out)
         assert "a\\x1b]0;title\\x07b" in out and "gpu=[red]0\\x1b[5m" in out
+
+
+def test_a_level_verdict_says_so():
+    f = Finding("kv-cache-pressure", Severity.WARNING, 0.5, "s", basis="level")
+    assert "(judged on the present level)" in _human(Report(window=(0.0, 1.0), findings=[f]))
+    f.basis = "change"
+    assert "judged on" not in _human(Report(window=(0.0, 1.0), findings=[f]))

@@ -18,6 +18,9 @@ import numpy as np
 from ..model import Report, Severity, rank_findings
 from ..report.fmt import fmt_ts, fmt_value  # noqa: F401  (re-exported: trace, snapshot, logs, fleet use them)
 
+# what a verdict rests on (model.Finding.basis), when it is not a change against the window's baseline
+_BASIS = {"level": "judged on the present level", "snapshot": "from a memory snapshot", "trace": "from a trace",
+          "log": "from engine logs"}
 _SEV_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
 SPARK = "▁▂▃▄▅▆▇█"
 SPARK_WIDTH = 16  # cells of a sparkline
@@ -194,7 +197,8 @@ def _render(report: Report, console, window) -> None:
         title.append(" ")
         title.append(clean(f.id), style="bold")
         subject = _subject(f.subject)
-        title.append(clean(f"  confidence {f.confidence:.2f}{'  ' + subject if subject else ''}  onset {fmt_ts(f.onset)}"))
+        title.append(clean(f"  confidence {f.confidence:.2f}{'  ' + subject if subject else ''}  onset {fmt_ts(f.onset)}"
+                           + (f"  ({_BASIS[f.basis]})" if getattr(f, "basis", "change") in _BASIS else "")))
         console.print()
         line(title)
         line(f.summary, 3)

@@ -254,12 +254,19 @@ def _playbook(f: dict) -> str:
     return "".join(out)
 
 
+_BASIS = {"change": "a change against the window's baseline", "level": "judged on the present level",
+          "snapshot": "from a memory snapshot", "trace": "from a kernel trace", "log": "from engine logs"}
+
+
 def _finding(i: int, f: dict) -> str:
     sev = str(f.get("severity", "info"))
     subj = _subject(f.get("subject"))
     head = (f'<span class="sev sev-{esc(sev)}">{esc(sev.upper())}</span> <b>{esc(f.get("id"))}</b> · confidence '
             f'{_conf(f.get("confidence"))}{(" · " + esc(subj)) if subj else ""} · '
             f'onset {esc(fmt_ts(f.get("onset")))}')
+    basis = _BASIS.get(str(f.get("basis")))
+    if basis:
+        head += f' · <span class="small">{esc(basis)}</span>'
     parts = [f'<article class="finding {esc(sev)}" id="finding-{i}"><h3>{i}. {head}</h3>',
              f"<p>{esc(f.get('summary', ''))}</p>", _evidence_table(f.get("evidence") or [])]
     if f.get("missing"):
