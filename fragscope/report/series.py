@@ -120,7 +120,9 @@ def panels(frame: Frame, findings: list[dict]) -> tuple[list[Chart], list[str]]:
     add(Chart("Time to first token (5-min windows)", [
         Line("TTFT p50", t, e.get("ttft_p50_seconds"), PALETTE[0]),
         Line("TTFT p99", t, e.get("ttft_p99_seconds"), PALETTE[1]),
-    ], "seconds", chart_id="chart-ttft"), "no TTFT histogram (vllm:time_to_first_token_seconds)")
+    ], "seconds", chart_id="chart-ttft"),
+        "the TTFT histogram is there, but quantiles need 5 minutes of it" if "ttft_seconds" in frame.sources
+        else "no TTFT histogram (vllm:time_to_first_token_seconds)")
     # 6. kernel gaps
     gap_lines = []
     for i, g in enumerate(shown):
