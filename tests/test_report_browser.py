@@ -62,7 +62,8 @@ def profile(tmp_path_factory):
 
 def chromium(url: str, profile: str, *args: str) -> subprocess.CompletedProcess:
     cmd = [CHROME, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--no-default-browser-check",
-           "--disable-extensions", "--disable-background-networking", "--no-proxy-server", "--hide-scrollbars",
+           "--disable-extensions", "--disable-background-networking", "--disable-dev-shm-usage", "--no-proxy-server",
+           "--hide-scrollbars",
            f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0", f"--window-size={WIDTH},{HEIGHT}",
            *args, url]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
