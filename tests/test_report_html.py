@@ -330,3 +330,15 @@ def test_agent_page_from_real_scrapes():
     # since the first scrape is the highest rate (the 2-minute rate window is not full yet)
     assert "preemptions (/min): 0 /min – 68 /min" in charts["chart-kv"]
     assert "the TTFT histogram is there, but quantiles need 5 minutes of it" in html  # 105 s of history
+
+
+def test_threshold_crossing_marked_apart_from_the_onset():
+    w, rep = example("kv-pressure-incident")
+    f = rep.findings[0]
+    f.threshold_crossed = f.onset + 3600.0 if f.threshold_crossed in (None, f.onset) else f.threshold_crossed
+    svg = svgs(render_html(rep, w))["chart-timeline"]
+    fr = build_frame(w)
+    xs = {m.group(2): float(m.group(1)) for m in
+          re.finditer(r'<line x1="([0-9.]+)"[^>]*class="mark"><title>([^<]*)</title>', svg)}
+    for label, ts in ((f"onset {f.id}", f.onset), (f"threshold crossed {f.id}", f.threshold_crossed)):
+        assert xs[label] == pytest.approx(ML + (ts - fr.start) / (fr.end - fr.start) * PLOT_W, abs=0.1)

@@ -126,6 +126,8 @@ def _legend(chart: Chart) -> str:
         parts.append(f'<span><i class="sw box" style="background:#f5b7b1"></i>{esc(chart.band_label)}</span>')
     if any(m.label.startswith("onset") for m in chart.marks):
         parts.append('<span><i class="sw dash" style="border-top-color:#c0392b"></i>onset of a finding</span>')
+    if any(m.label.startswith("threshold crossed") for m in chart.marks):
+        parts.append('<span><i class="sw dash" style="border-top-color:#7b1fa2"></i>threshold crossed</span>')
     if any(m.label == "restart" for m in chart.marks):
         parts.append('<span><i class="sw dash" style="border-top-color:#7f7f7f"></i>engine restart</span>')
     return f'<div class="legend">{"".join(parts)}</div>'

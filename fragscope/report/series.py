@@ -59,11 +59,16 @@ def _have(a: np.ndarray | None) -> bool:
 
 
 def onset_marks(findings: list[dict]) -> list[Mark]:
+    """Each finding's onset (red) and, where the detector gives it apart, when the signal crossed its
+    threshold (``threshold_crossed``, dark red, dotted): the cause often starts well before."""
     marks = []
     for f in findings:
         on = f.get("onset")
         if isinstance(on, (int, float)) and math.isfinite(on):
             marks.append(Mark(float(on), f"onset {f.get('id', '')}"))
+        tc = f.get("threshold_crossed")
+        if isinstance(tc, (int, float)) and math.isfinite(tc) and tc != on:
+            marks.append(Mark(float(tc), f"threshold crossed {f.get('id', '')}", "#7b1fa2"))
     return marks
 
 
