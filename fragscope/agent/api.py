@@ -157,6 +157,14 @@ class _Handler(BaseHTTPRequestHandler):
 
     # --- endpoints ----------------------------------------------------------------------------
     def _index(self, q: dict) -> None:
+        fmt = q.get("format")
+        if fmt == "html" or (fmt is None and "text/html" in (self.headers.get("Accept") or "")):
+            from ..report import agent_page  # the report page for browsers: docs/report.md
+
+            now, st = time.time(), self.state
+            w = st.ring.window_at(now, "fragscope agent (live)") if st.ring is not None else None
+            self._send(200, agent_page(st.report, st.report_at, w, now).encode(), "text/html; charset=utf-8")
+            return
         self._json(200, {"service": "fragscope agent", "version": __version__, "endpoints": [
             "/metrics", "/healthz", "/readyz", "/api/v1/findings", "/api/v1/signals?names=&start=&end=&step=",
             "/api/v1/window?since=&step=", "/api/v1/series", "/api/v1/status"]})

@@ -24,7 +24,7 @@ def _diagnose_file(path: str):
         fail(str(e))
     except OSError as e:
         fail(f"{path}: {e.strerror or e}")
-    return diagnose(window)
+    return window, diagnose(window)
 
 
 @click.command("run", context_settings={"ignore_unknown_options": False})
@@ -32,17 +32,23 @@ def _diagnose_file(path: str):
 @click.option("--format", "fmt", type=FORMATS, default="human", show_default=True, help="Output format.")
 @click.option("--fail-on", type=FAIL_ON, default="critical", show_default=True,
               help="Exit 1 when a finding is at or above this severity.")
+@click.option("--html", "html", type=click.Path(dir_okay=False), default=None,
+              help="Also write a self-contained HTML report (timeline, findings, playbooks) to this file.")
+@click.option("--no-color", is_flag=True, help="Plain text even on a terminal (NO_COLOR works too).")
 @agent_cmds.live_options
 @fleet_cmds.fleet_options
 @click.pass_context
-def run_cmd(ctx: click.Context, file: str | None, fmt: str, fail_on: str, **opts) -> int:
+def run_cmd(ctx: click.Context, file: str | None, fmt: str, fail_on: str, html: str | None, no_color: bool,
+            **opts) -> int:
     """Diagnose a recording FILE (OpenMetrics / Prometheus text with timestamps, .gz too),
     a running agent (--agent), a live server (--vllm), or a fleet (--prometheus)."""
+    if html and opts.get("prometheus"):
+        fail("--html is for one target (a recording, --agent or --vllm), not a fleet (--prometheus)")
     rc = fleet_cmds.run_fleet(ctx, fmt=fmt, fail_on=fail_on, **opts)
     if rc is not None:
         return rc
     if file:
-        report = _diagnose_file(file)
+        window, report = _diagnose_file(file)
     else:
         window = agent_cmds.run_live(ctx, **opts)
         if window is None:
@@ -51,7 +57,7 @@ def run_cmd(ctx: click.Context, file: str | None, fmt: str, fail_on: str, **opts
         from ..pipeline import diagnose
 
         report = diagnose(window)
-    print_report(report, fmt)
+    print_report(report, fmt, window=window, color=False if no_color else None, html=html)
     return report_exit_code(report, fail_on)
 
 

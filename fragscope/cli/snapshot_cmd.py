@@ -49,8 +49,10 @@ def _r(v) -> str:
               help="GPU memory size (e.g. 80GiB), to tell OOMs caused by memory outside PyTorch.")
 @click.option("--fail-on", type=FAIL_ON, default="critical", show_default=True,
               help="Exit 1 when a finding is at or above this severity.")
+@click.option("--html", "html", type=click.Path(dir_okay=False), default=None,
+              help="Also write a self-contained HTML report (segment map, findings) to this file.")
 def snapshot_cmd(file: str, fmt: str, device: int | None, show_map: bool | None, map_limit: int,
-                 device_memory: str | None, fail_on: str) -> int:
+                 device_memory: str | None, fail_on: str, html: str | None = None) -> int:
     """Analyse a PyTorch memory snapshot FILE (torch.cuda.memory._dump_snapshot pickle, the
     memory_snapshot() segment list, or the same as JSON; .gz too). The file is never executed."""
     from ..collectors.snapshot import SnapshotError, read_snapshot
@@ -74,6 +76,9 @@ def snapshot_cmd(file: str, fmt: str, device: int | None, show_map: bool | None,
         have = ", ".join(str(d) for d in snap.devices()) or "none"
         fail(f"{file}: no device {device} in this snapshot (devices present: {have})")
     doc, findings = analyse_snapshot(snap, device=device, device_total_bytes=total)
+    if html:
+        from .render import write_snapshot_html
+        write_snapshot_html(html, doc, snap, device, map_limit)
     if show_map is None:
         show_map = fmt == "human"
     rows, in_scope = segment_map_rows(snap, device, limit=map_limit or None) if show_map else ([], 0)

@@ -45,7 +45,9 @@ def _small_pages() -> None:
 @click.option("--format", "fmt", type=FORMATS, default="human", show_default=True, help="Output format.")
 @click.option("--fail-on", type=FAIL_ON, default="critical", show_default=True,
               help="Exit 1 when a finding is at or above this severity.")
-def trace_cmd(file: str, fmt: str, fail_on: str) -> int:
+@click.option("--html", "html", type=click.Path(dir_okay=False), default=None,
+              help="Also write a self-contained HTML report (busy/idle share, gaps, findings) to this file.")
+def trace_cmd(file: str, fmt: str, fail_on: str, html: str | None = None) -> int:
     """Analyse a kernel timeline FILE: an Nsight Systems SQLite export (nsys export --type sqlite)
     or a PyTorch profiler / Kineto JSON trace (.json, .json.gz). Format detected by content."""
     from ..collectors.kineto import TraceError
@@ -65,6 +67,9 @@ def trace_cmd(file: str, fmt: str, fail_on: str) -> int:
     from ..playbooks import attach_playbooks
 
     attach_playbooks(report)  # timeline verdicts leave the detector without a playbook
+    if html:
+        from .render import write_trace_html
+        write_trace_html(html, analysis, report)
     if fmt == "json":
         out = dict(analysis)
         out["findings"] = [f.to_dict() for f in rank_findings(findings)]
