@@ -1,0 +1,121 @@
+"""``fragscope size --log FILE [--recording FILE]``: what to set, from the engine's own figures (docs/sizing.md)."""
+from __future__ import annotations
+
+import json
+import os
+
+import click
+
+from .common import EXIT_OK, fail
+
+FORMATS = click.Choice(["human", "json"])
+GIB = 1024 ** 3
+
+
+def _read_log(path: str):
+    """Open a text log, or fail with one line (missing, directory, empty, binary)."""
+    if not os.path.exists(path):
+        fail(f"size: {path}: no such file")
+    if os.path.isdir(path):
+        fail(f"size: {path}: is a directory, expected an engine log file")
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(8192)
+    except OSError as e:
+        fail(f"size: cannot read {path}: {e.strerror or e}")
+    if not head:
+        fail(f"size: {path}: empty file")
+    if b"\x00" in head or head[:2] == b"\x1f\x8b":
+        fail(f"size: {path}: not a text log (binary data); pass the engine's stdout/stderr log")
+    return open(path, encoding="utf-8", errors="replace")
+
+
+def _human(acc, rt: dict, rec) -> str:
+    a = acc
+    lines = []
+    head = f"engine: {a.engine or 'unknown'}" + (f" {a.version}" if a.version else "")
+    if a.failure:
+        f = a.failure
+        head += f"; start-up FAILED: {f['kind']}" + (f" during {f['phase']}" if f.get("phase") else "") + \
+            f" (log line {f.get('line')})"
+    elif a.started:
+        head += "; started" + (" and served traffic" if a.served else "")
+    if a.startups > 1:
+        head += f"; {a.startups} start-ups in the log, the last one is used"
+    lines.append(head)
+    if rec.current:
+        lines.append("in force: " + ", ".join(f"{k} {v}" for k, v in rec.current.items()))
+    for c in rec.cases:
+        lines.append(f"{c['case']}: {c['evidence']}")
+        lines.append(f"  change: {c['change']}")
+    if rec.settings:
+        lines.append("set: " + " ".join(f"{k} {v}" for k, v in rec.settings.items()))
+    elif rec.status == "ok":
+        lines.append("set: nothing to change" if not rec.missing else "set: nothing can be computed yet")
+    if rec.outcome:
+        o = rec.outcome
+        bits = []
+        if o.get("kv_cache_bytes") is not None:
+            bits.append(f"KV pool {o['kv_cache_bytes'] / GIB:.2f} GiB")
+        if o.get("kv_cache_tokens") is not None:
+            bits.append(f"{o['kv_cache_tokens']:,} tokens")
+        if o.get("max_concurrency") is not None:
+            bits.append(f"{o['max_concurrency']:,} sequences of {o['seq_len_tokens']:,.0f} tokens at once")
+        if o.get("max_concurrency_now") is not None:
+            bits.append(f"now {o['max_concurrency_now']:,} such sequences")
+        if bits:
+            lines.append("yields: " + ", ".join(bits))
+    if rec.arithmetic:
+        lines.append("arithmetic:")
+        lines.extend(f"  {i}. {s}" for i, s in enumerate(rec.arithmetic, 1))
+    for n in rec.notes:
+        lines.append(f"note: {n}")
+    for m in rec.missing:
+        lines.append(f"to decide, capture: {m}")
+    if rec.status == "inconclusive" and not rec.cases:
+        lines.append("verdict: inconclusive (see what to capture above)")
+    return "\n".join(lines)
+
+
+def register(fragscope_group: click.Group, diagnose_group: click.Group) -> None:
+    """Attach ``fragscope size``."""
+
+    @fragscope_group.command("size")
+    @click.option("--log", "log_path", required=True, metavar="FILE", type=click.Path(dir_okay=True),
+                  help="The engine's log (vLLM V0/V1 or SGLang), from start-up on.")
+    @click.option("--recording", metavar="FILE", type=click.Path(dir_okay=True), default=None,
+                  help="A recording of the same server under load (KV usage, preemptions, NVML memory).")
+    @click.option("--margin-gib", type=click.FloatRange(min=0), default=None, metavar="GIB",
+                  help="Headroom kept free beyond the measured peaks [default: max(0.5 GiB, 2 % of the GPU)].")
+    @click.option("--target-concurrency", type=click.IntRange(min=1), default=None, metavar="N",
+                  help="Size for N concurrent sequences instead of the observed demand.")
+    @click.option("--target-len", type=click.IntRange(min=1), default=None, metavar="TOKENS",
+                  help="Sequence length (prompt + output) to size for instead of the observed p95.")
+    @click.option("--format", "fmt", type=FORMATS, default="human", show_default=True, help="Output format.")
+    def size_cmd(log_path, recording, margin_gib, target_concurrency, target_len, fmt):
+        """The --gpu-memory-utilization / --mem-fraction-static to set, with the arithmetic shown."""
+        from ..sizing import SizingConfig, parse_startup, recommend
+
+        with _read_log(log_path) as fh:
+            acc = parse_startup(fh)
+        rt: dict = {}
+        if recording is not None:
+            from ..collectors.exposition import ParseError
+            from ..sizing.recording import runtime_from_recording
+
+            try:
+                rt = runtime_from_recording(recording)
+            except ParseError as e:
+                fail(f"size: {e}")
+            except OSError as e:
+                fail(f"size: cannot read {recording}: {e.strerror or e}")
+        cfg = SizingConfig() if margin_gib is None else SizingConfig(margin_min_bytes=margin_gib * GIB, margin_ratio=0.0)
+        rec = recommend(acc, rt, cfg, target_concurrency=target_concurrency, target_len=target_len)
+        if fmt == "json":
+            from ..sizing.recommend import _finite
+
+            doc = _finite({"accounting": acc.to_dict(), "runtime": rt, "recommendation": rec.to_dict()})
+            click.echo(json.dumps(doc, indent=2, sort_keys=True, allow_nan=False))
+        else:
+            click.echo(_human(acc, rt, rec))
+        return EXIT_OK
