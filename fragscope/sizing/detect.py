@@ -44,19 +44,12 @@ def detect_kv_pool_undersized(accounting, runtime: dict | None, cfg: SizingConfi
     if not acc.has_accounting:
         return Inconclusive(KV_POOL_UNDERSIZED_ID, ["engine start-up log (KV cache size lines)"],
                             "the pool's size and the memory split come from the start-up log")
-    missing = [k for k, name in (("kv_usage_peak_ratio", "vllm:kv_cache_usage_perc"),
-                                 ("device_used_peak_bytes", "gpu_memory_used_bytes (NVML)"),
-                                 ("device_total_bytes", "gpu_memory_total_bytes (NVML)"))
-               if not runtime or runtime.get(k) is None]
-    if runtime and runtime.get("preemptions_total") is None and runtime.get("kv_usage_peak_ratio") is None:
-        missing.append("vllm:num_preemptions_total")
+    names = {"kv_usage_peak_ratio": "vllm:kv_cache_usage_perc (or sglang:token_usage)",
+             "device_used_peak_bytes": "gpu_memory_used_bytes (NVML)",
+             "device_total_bytes": "gpu_memory_total_bytes (NVML)"}
+    missing = [name for key, name in names.items() if not runtime or runtime.get(key) is None]
     if missing:
-        return Inconclusive(KV_POOL_UNDERSIZED_ID, [m if " " in m or ":" in m else m for m in
-                                                    [{"kv_usage_peak_ratio": "vllm:kv_cache_usage_perc",
-                                                      "device_used_peak_bytes": "gpu_memory_used_bytes (NVML)",
-                                                      "device_total_bytes": "gpu_memory_total_bytes (NVML)"}.get(x, x)
-                                                     for x in missing]],
-                            "pool pressure and the GPU's headroom are both needed")
+        return Inconclusive(KV_POOL_UNDERSIZED_ID, missing, "pool pressure and the GPU's headroom are both needed")
     rec = recommend(acc, runtime, cfg)
     pool = [c for c in rec.cases if c["case"] == POOL_TOO_SMALL]
     if not pool:

@@ -245,11 +245,11 @@ class StartupParser:
         self.acc.lines[name] = self.line_no
 
     def _new_startup(self) -> None:
-        if self.acc.startups == 0:
-            self.acc.startups = 1
-        elif self.acc.has_accounting or self.acc.started:
-            self.acc = StartupAccounting(startups=self.acc.startups + 1)
+        if self.acc.has_accounting or self.acc.started:  # the previous start-up is complete: begin anew
+            self.acc = StartupAccounting(startups=max(1, self.acc.startups) + 1)
             self.phase = None
+        elif self.acc.startups == 0:
+            self.acc.startups = 1
 
     def feed(self, raw: str) -> None:
         self.line_no += 1
@@ -499,8 +499,19 @@ def parse_startup(lines: Iterable[str]) -> StartupAccounting:
     for line in lines:
         p.feed(line)
     acc = p.acc
+    if acc.startups == 0 and acc.has_accounting:
+        acc.startups = 1  # a log that begins after the start-up banner
     if acc.block_size is None and acc.engine == "sglang" and acc.page_size:
         acc.block_size = acc.page_size
+    if acc.block_size is None and acc.gpu_blocks and acc.max_concurrency and acc.max_concurrency_tokens_per_request:
+        # concurrency = blocks x B / tokens_per_request (printed to 2 decimals): solve for B and accept it
+        # only when it lands within 2 % of a block size vLLM accepts (1.54 x 40000 / 3852 = 15.99 -> 16)
+        est = acc.max_concurrency * acc.max_concurrency_tokens_per_request / acc.gpu_blocks
+        for b in (1, 8, 16, 32, 64, 128, 256):
+            if abs(est - b) <= 0.02 * b:
+                acc.block_size = b
+                acc.lines["block_size"] = -1  # derived, not logged
+                break
     if acc.started is False and acc.failure is None and acc.pool_tokens and acc.startups <= 1:
         # the log ends after sizing the pool: it started as far as this log shows
         acc.started = p.phase == "runtime"
