@@ -400,3 +400,27 @@ def test_cli_subprocess_json_smoke():
     d = json.loads(p.stdout)
     assert d["accounting"]["engine"] == "sglang" and d["recommendation"]["status"] == "inconclusive"
     assert any("mem_fraction_static" in m for m in d["recommendation"]["missing"])
+
+
+SHARED_V0 = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "vllm",
+                         "vLLMBatchingMemoryGap__llama-2-13b_512__server_out_0.v0.log")
+
+
+@pytest.mark.skipif(not os.path.exists(SHARED_V0), reason="shared sample data not present (reference only)")
+def test_full_v0_log_judges_the_pool_from_its_own_stats_lines():
+    # a full real V0 log (reference sample, not committed): profile with peak_torch_memory, then 5-s stats
+    # lines at ~100 % KV usage and preemption warnings every 50th
+    from fragscope.collectors.logs import parse_log
+    from fragscope.sizing.runtime import runtime_from_log_events
+
+    with open(SHARED_V0, encoding="utf-8") as fh:
+        acc = parse_startup(fh)
+    assert acc.total_gpu_memory_bytes == round(63.43 * GIB) and acc.kv_cache_bytes == round(32.07 * GIB)
+    assert acc.activation_peak_bytes == round(24.92 * GIB) - acc.weights_bytes  # peak torch - weights
+    assert acc.pool_tokens == 2627 * 16  # block 16 derived from 20.52x at 2048 tokens
+    with open(SHARED_V0, encoding="utf-8") as fh:
+        rt = runtime_from_log_events(parse_log(fh), since_line=acc.first_line)
+    assert rt["kv_usage_peak_ratio"] == 1.0 and rt["preemptions_total"] > 1000
+    r = recommend(acc, rt)
+    assert r.cases[0]["case"] == "pool-too-small" and r.status == "inconclusive" and not r.settings
+    assert any("NVML" in m for m in r.missing)  # the value needs the GPU's headroom: says what to capture

@@ -96,15 +96,19 @@ def register(fragscope_group: click.Group, diagnose_group: click.Group) -> None:
         """The --gpu-memory-utilization / --mem-fraction-static to set, with the arithmetic shown."""
         from ..sizing import SizingConfig, parse_startup, recommend
 
+        from ..collectors.logs import parse_log
+        from ..sizing.runtime import runtime_from_log_events
+
         with _read_log(log_path) as fh:
             acc = parse_startup(fh)
-        rt: dict = {}
+        with _read_log(log_path) as fh:  # the log's own stats lines: KV usage, queue, preemptions
+            rt: dict = runtime_from_log_events(parse_log(fh), since_line=acc.first_line)
         if recording is not None:
             from ..collectors.exposition import ParseError
             from ..sizing.recording import runtime_from_recording
 
             try:
-                rt = runtime_from_recording(recording)
+                rt.update(runtime_from_recording(recording))  # the recording wins where both have a value
             except ParseError as e:
                 fail(f"size: {e}")
             except OSError as e:

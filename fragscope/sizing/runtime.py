@@ -111,3 +111,29 @@ def runtime_from_frame(frame, gpu: str | None = None, preemptions_by_reason: Map
         kv_usage_ratio=e.get("kv_cache_usage_ratio"), preemptions_total=cum.get("preemptions_total"),
         preemptions_by_reason=preemptions_by_reason, running=e.get("requests_running"),
         waiting=e.get("requests_waiting"), seq_len_mean_tokens=mean_len)
+
+
+def runtime_from_log_events(events, since_line: int = 0) -> dict:
+    """The same dict from the engine log's own stats lines and preemption/retraction lines.
+
+    ``events``: :class:`fragscope.collectors.logs.LogEvent` records (``parse_log``); only those after
+    ``since_line`` (the last start-up) count. Preemption totals are folded by the collector's LogState (V0
+    warnings every 50th, V1 "Preemptions: N" per interval, SGLang retractions). No NVML here: the log
+    does not say how much of the GPU was free.
+    """
+    from ..collectors.logs import LogState
+
+    state = LogState()
+    kv, running, waiting = [], [], []
+    for ev in events:
+        if ev.line_no <= since_line:
+            continue
+        state.apply(ev)
+        if ev.kind == "stats":
+            f = ev.fields
+            kv.append(f.get("kv_usage_ratio", math.nan))
+            running.append(f.get("running", math.nan))
+            waiting.append(f.get("waiting", math.nan))
+    return summarize_runtime(kv_usage_ratio=kv or None, running=running or None, waiting=waiting or None,
+                             preemptions_total=None if state.preemptions_total is None
+                             else [0.0, float(state.preemptions_total)])

@@ -225,6 +225,12 @@ class StartupAccounting:
         return None
 
     @property
+    def first_line(self) -> int:
+        """The first log line of this start-up's accounting (0 when none)."""
+        got = [v for v in self.lines.values() if v > 0]
+        return min(got) if got else 0
+
+    @property
     def has_accounting(self) -> bool:
         return any(v is not None for v in (self.kv_cache_bytes, self.kv_cache_tokens, self.gpu_blocks,
                                            self.max_total_num_tokens, self.requested_memory_bytes,
@@ -499,6 +505,10 @@ def parse_startup(lines: Iterable[str]) -> StartupAccounting:
     for line in lines:
         p.feed(line)
     acc = p.acc
+    if acc.activation_peak_bytes is None and acc.peak_torch_memory_bytes is not None and acc.weights_bytes is not None:
+        # older V0 prints the torch peak including the weights: the activation part is the difference
+        acc.activation_peak_bytes = max(0.0, acc.peak_torch_memory_bytes - acc.weights_bytes)
+        acc.lines["activation_peak_bytes"] = -1
     if acc.startups == 0 and acc.has_accounting:
         acc.startups = 1  # a log that begins after the start-up banner
     if acc.block_size is None and acc.engine == "sglang" and acc.page_size:
