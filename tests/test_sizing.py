@@ -424,3 +424,16 @@ def test_full_v0_log_judges_the_pool_from_its_own_stats_lines():
     r = recommend(acc, rt)
     assert r.cases[0]["case"] == "pool-too-small" and r.status == "inconclusive" and not r.settings
     assert any("NVML" in m for m in r.missing)  # the value needs the GPU's headroom: says what to capture
+
+
+def test_every_marker_passes_the_line_gate():
+    from fragscope.sizing import startup as S
+
+    markers = [x for _, subs in S._PHASES for x in subs] + list(S._READY) + list(S._NEW_STARTUP)
+    assert all(S._gate(m) for m in markers), [m for m in markers if not S._gate(m)]
+    for name in os.listdir(DATA):  # every fixture line that carries a figure passes it
+        with open(os.path.join(DATA, name), encoding="utf-8") as fh:
+            for line in fh:
+                if any(u in line for u in ("GiB", "GB", "blocks", "tokens")):
+                    assert S._gate(line), (name, line)
+    assert not S._gate('INFO:     127.0.0.1:5555 - "POST /v1/completions HTTP/1.1" 200 OK')

@@ -148,6 +148,21 @@ _NEW_STARTUP = ("Initializing a V0 LLM engine", "Initializing a V1 LLM engine", 
                 "vLLM API server version", "Load weight begin", "server_args=ServerArgs(")
 
 
+# Cheap substring tests decide whether a line can matter at all (most lines are requests and stats). Every
+# pattern, phase marker and start-up marker above contains one of these (tests/test_sizing.py checks it).
+_GATE_KEYS = ("GiB", "GB", "MiB", "KiB", "blocks", "emory", "KV", "onfig", "args", "Args", "version", "LLM engine",
+              "rofil", "apture", "oad", "startup", "Started", "Uvicorn", "fired up", "throughput", "batch",
+              "max_total_num_tokens", "graph", "initialize", "init_", "_dummy_run", "estimated maximum",
+              "concurrency", "cache", "Cache", "Starting")
+
+
+_GATE_RX = re.compile("|".join(re.escape(k) for k in _GATE_KEYS))  # 2x faster than any(k in line ...)
+
+
+def _gate(line: str) -> bool:
+    return _GATE_RX.search(line) is not None
+
+
 @dataclass
 class StartupAccounting:
     """What the engine said about its memory at (the last) start-up. Bytes throughout; None: not logged."""
@@ -259,6 +274,11 @@ class StartupParser:
 
     def feed(self, raw: str) -> None:
         self.line_no += 1
+        if not _gate(raw):
+            return
+        if ("is preempted by" in raw or (self.acc.served and ("Avg prompt throughput" in raw or "batch" in raw))) \
+                and "out of memory" not in raw:
+            return  # stats lines after start-up: the run-time summary reads them, not this parser
         line = _ANSI.sub("", raw).rstrip("\r\n") if "\x1b" in raw else raw.rstrip("\r\n")
         if not line.strip():
             return
