@@ -437,3 +437,25 @@ def test_every_marker_passes_the_line_gate():
                 if any(u in line for u in ("GiB", "GB", "blocks", "tokens")):
                     assert S._gate(line), (name, line)
     assert not S._gate('INFO:     127.0.0.1:5555 - "POST /v1/completions HTTP/1.1" 200 OK')
+
+
+def test_pool_sized_to_the_demand_when_it_fits_under_the_ceiling():
+    rt = dict(RUNTIME_FULL, device_used_peak_bytes=14.30 * GIB, concurrent_demand_peak=16.0)
+    r = recommend(load("vllm_v0_tp_prose_blocks.log"), rt)
+    total, budget, kv0 = round(15.77 * GIB), round(14.20 * GIB), round(3.76 * GIB)
+    bpt = kv0 / (3852 * 16)
+    need_u = ceil2((budget - kv0 + 16 * 4000 * bpt) / total)  # (10.44 + 3.90) / 15.77 = 0.9096 -> 0.91
+    ceiling = floor2((total - (14.30 * GIB - budget) - 0.5 * GIB) / total)  # 0.96
+    assert (need_u, ceiling) == (0.91, 0.96)
+    assert r.settings == {"--gpu-memory-utilization": need_u}  # just enough, not the whole headroom
+    assert r.outcome["max_concurrency"] == int((kv0 + 0.01 * total) / bpt) // 4000 == 16
+    # demand that already fits the current pool although it ran full: the ceiling, with a note saying why
+    r2 = recommend(load("vllm_v0_tp_prose_blocks.log"), dict(rt, concurrent_demand_peak=12.0))
+    assert r2.settings == {"--gpu-memory-utilization": ceiling} and any("p95" in n for n in r2.notes)
+
+
+def test_startup_log_alone_never_grows_the_pool():
+    a = load("vllm_v1_kv_memory_summary.log")  # CUDA graphs 0.65 GiB outside the budget, no NVML
+    r = recommend(a, {"kv_usage_peak_ratio": 1.0, "preemptions_total": 30.0, "waiting_peak": 5.0})
+    assert not r.settings and r.status == "inconclusive"
+    assert any("NVML" in m for m in r.missing) and any("CUDA graphs took 665.60 MiB" in n for n in r.notes)

@@ -210,12 +210,17 @@ def _vllm(acc, runtime, cfg, rec, target_concurrency, target_len) -> None:
 
 
 def _outside(acc, runtime, total, budget, rec) -> tuple[float | None, str]:
-    """Memory held beyond the engine's budget at the observed peak (this engine's extras + others)."""
+    """Memory held beyond the engine's budget at the observed peak (this engine's extras + others).
+
+    Only a measurement counts (NVML used at peak): the start-up log's CUDA-graph figure alone misses
+    other processes and activation growth, so it is shown, never used to grow the pool.
+    """
     used = runtime.get("device_used_peak_bytes")
     if used is not None and budget is not None:
         return max(0.0, float(used) - budget), (f"device used at peak {g(used)} (NVML) - budget {g(budget)}")
     if acc.cuda_graph_bytes is not None and not acc.cuda_graph_in_budget:
-        return acc.cuda_graph_bytes, "CUDA graphs captured after sizing the pool (start-up log); others not measured"
+        rec.notes.append(f"CUDA graphs took {g(acc.cuda_graph_bytes)} outside the budget at start-up (log); the "
+                         "headroom also needs what other processes and activation peaks held: not measured")
     return None, ""
 
 
@@ -430,7 +435,7 @@ def _vllm_runtime(acc, runtime, total, budget, non_kv, kv0, bpt, cfg, rec, targe
     L = target_len or runtime.get("seq_len_p95_tokens") or runtime.get("seq_len_mean_tokens")
     demand = target_concurrency or runtime.get("concurrent_demand_peak")
     pressure = _pool_pressure(runtime, cfg)
-    u_max = _ceiling(acc, runtime, total, budget, cfg, rec) if runtime or acc.cuda_graph_bytes is not None else None
+    u_max = _ceiling(acc, runtime, total, budget, cfg, rec) if runtime else None
     if L and bpt:
         per_seq = tokens_per_sequence(L, acc.block_size)
         conc0 = acc.pool_tokens // per_seq
@@ -465,10 +470,17 @@ def _vllm_runtime(acc, runtime, total, budget, non_kv, kv0, bpt, cfg, rec, targe
         rec.status = "inconclusive"
         return
     rec.status = "change"
-    u = u_max if need_u is None else min(u_max, max(need_u, u0))
-    if need_u is not None and need_u > u_max:
-        A.append(f"the demand needs {need_u:.2f} but the ceiling is {u_max:.2f}: the GPU cannot hold it")
-    if u < u0 + cfg.min_step - 1e-9 and (need_u is None or need_u > u0):
+    if need_u is None:
+        u = u_max  # the demand is not measured: the largest pool the measured headroom allows
+    elif need_u <= u0:
+        u = u_max
+        rec.notes.append(f"the observed demand should fit the current pool ({need_u:.2f} <= {u0:g}) yet it ran full: "
+                         "sequences longer than the p95, or bursts between samples; sized to the ceiling instead")
+    else:
+        u = min(u_max, need_u)  # just enough for the observed demand, never above the ceiling
+        if need_u > u_max:
+            A.append(f"the demand needs {need_u:.2f} but the ceiling is {u_max:.2f}: the GPU cannot hold it")
+    if u < u0 + cfg.min_step - 1e-9:
         # no headroom: cap concurrency instead of growing the pool
         if L and bpt:
             per_seq = tokens_per_sequence(L, acc.block_size)
