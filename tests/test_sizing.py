@@ -459,3 +459,20 @@ def test_startup_log_alone_never_grows_the_pool():
     r = recommend(a, {"kv_usage_peak_ratio": 1.0, "preemptions_total": 30.0, "waiting_peak": 5.0})
     assert not r.settings and r.status == "inconclusive"
     assert any("NVML" in m for m in r.missing) and any("CUDA graphs took 665.60 MiB" in n for n in r.notes)
+
+
+def test_sglang_server_args_and_draft_model_loads():
+    a = load("sglang_server_args.log")  # sglang#1100, the line cut where the source excerpt ends
+    assert a.engine == "sglang" and a.mem_fraction_static == 0.87 and a.tensor_parallel_size == 2
+    assert a.block_size is None  # no page_size in that release's args: not invented
+    # target + MTP draft in one start-up (wording of a 2026 SGLang boot): weights add up, init free is the first
+    b = parse_startup([
+        "[2026-08-28 21:19:30] Load weight begin. avail mem=111.97 GB",
+        "[2026-08-28 21:32:38] Load weight end. elapsed=787.55 s, type=X, avail mem=29.01 GB, mem usage=82.97 GB.",
+        "[2026-08-28 21:32:39] Load weight begin. avail mem=28.81 GB",
+        "[2026-08-28 21:34:13] Load weight end. elapsed=94.49 s, type=Y, avail mem=30.67 GB, mem usage=-1.86 GB.",
+        "[2026-08-28 21:34:15] KV Cache is allocated. dtype: torch.bfloat16, #tokens: 159552, K size: 1.83 GB, V size: 1.83 GB",
+    ])
+    assert b.startups == 1 and b.sglang_free_at_init_bytes == round(111.97 * GIB)
+    assert b.weights_bytes == round(82.97 * GIB) - round(1.86 * GIB)
+    assert b.sglang_free_after_weights_bytes == round(30.67 * GIB) and b.kv_cache_tokens == 159552

@@ -260,6 +260,8 @@ class StartupParser:
         self.line_no = 0
         self.phase: str | None = None
         self._in_profile_table = False
+        self._sg_loads: list[float] = []
+        self._sg_draft = False
 
     def _set(self, name: str, value) -> None:
         setattr(self.acc, name, value)
@@ -269,6 +271,8 @@ class StartupParser:
         if self.acc.has_accounting or self.acc.started:  # the previous start-up is complete: begin anew
             self.acc = StartupAccounting(startups=max(1, self.acc.startups) + 1)
             self.phase = None
+            self._sg_loads = []
+            self._sg_draft = False
         elif self.acc.startups == 0:
             self.acc.startups = 1
 
@@ -422,12 +426,22 @@ class StartupParser:
         a = self.acc
         m = _SG_LOAD_BEGIN.search(line)
         if m:
-            self._set("sglang_free_at_init_bytes", _size(m))
+            if a.sglang_free_at_init_bytes is None:  # a draft model (MTP / EAGLE) loads second: keep the first
+                self._set("sglang_free_at_init_bytes", _size(m))
+            if self._sg_loads:
+                self._sg_draft = True  # a begin after an end: the next end is another model's
             a.engine = "sglang"
         m = _SG_LOAD_END.search(line)
         if m:
             self._set("sglang_free_after_weights_bytes", _size(m, 1))
-            self._set("weights_bytes", _size(m, 3))
+            # a draft model's "mem usage" adds to the target's (it can be negative: shared embeddings freed);
+            # tensor-parallel workers print their own end lines after all begins: those replace, not add
+            prev, usage = a.weights_bytes, _size(m, 3)
+            if prev is not None and self._sg_draft:
+                usage = prev + usage
+                self._sg_draft = False
+            self._sg_loads.append(_size(m, 3))
+            self._set("weights_bytes", usage)
             a.engine = "sglang"
         m = _SG_KV.search(line)
         if m:
