@@ -476,3 +476,13 @@ def test_sglang_server_args_and_draft_model_loads():
     assert b.startups == 1 and b.sglang_free_at_init_bytes == round(111.97 * GIB)
     assert b.weights_bytes == round(82.97 * GIB) - round(1.86 * GIB)
     assert b.sglang_free_after_weights_bytes == round(30.67 * GIB) and b.kv_cache_tokens == 159552
+
+
+def test_sglang_tensor_parallel_target_and_draft():
+    tp = lambda r, text: f"[2026-01-01 00:00:0{r} TP{r}] {text}"  # noqa: E731
+    lines = [tp(r, "Load weight begin. avail mem=70.00 GB") for r in range(2)]
+    lines += [tp(r, "Load weight end. type=X, avail mem=50.00 GB, mem usage=20.00 GB.") for r in range(2)]
+    lines += [tp(r, "Load weight begin. avail mem=50.00 GB") for r in range(2)]
+    lines += [tp(r, "Load weight end. type=Y, avail mem=49.00 GB, mem usage=1.00 GB.") for r in range(2)]
+    a = parse_startup(lines)
+    assert a.startups == 1 and a.weights_bytes == round(21.0 * GIB) and a.sglang_free_at_init_bytes == round(70 * GIB)

@@ -261,7 +261,8 @@ class StartupParser:
         self.phase: str | None = None
         self._in_profile_table = False
         self._sg_loads: list[float] = []
-        self._sg_draft = False
+        self._sg_base: float | None = None
+        self._sg_after_begin = False
 
     def _set(self, name: str, value) -> None:
         setattr(self.acc, name, value)
@@ -272,7 +273,8 @@ class StartupParser:
             self.acc = StartupAccounting(startups=max(1, self.acc.startups) + 1)
             self.phase = None
             self._sg_loads = []
-            self._sg_draft = False
+            self._sg_base = None
+            self._sg_after_begin = False
         elif self.acc.startups == 0:
             self.acc.startups = 1
 
@@ -428,18 +430,20 @@ class StartupParser:
         if m:
             if a.sglang_free_at_init_bytes is None:  # a draft model (MTP / EAGLE) loads second: keep the first
                 self._set("sglang_free_at_init_bytes", _size(m))
-            if self._sg_loads:
-                self._sg_draft = True  # a begin after an end: the next end is another model's
+            if self._sg_loads and not self._sg_after_begin:
+                # a begin after an end: another model (draft) loads; its ends add to what is loaded so far
+                self._sg_base = a.weights_bytes
+            self._sg_after_begin = True
             a.engine = "sglang"
         m = _SG_LOAD_END.search(line)
         if m:
             self._set("sglang_free_after_weights_bytes", _size(m, 1))
             # a draft model's "mem usage" adds to the target's (it can be negative: shared embeddings freed);
             # tensor-parallel workers print their own end lines after all begins: those replace, not add
-            prev, usage = a.weights_bytes, _size(m, 3)
-            if prev is not None and self._sg_draft:
-                usage = prev + usage
-                self._sg_draft = False
+            usage = _size(m, 3)
+            if self._sg_base is not None:
+                usage += self._sg_base
+            self._sg_after_begin = False
             self._sg_loads.append(_size(m, 3))
             self._set("weights_bytes", usage)
             a.engine = "sglang"
