@@ -250,6 +250,7 @@ def _elsewhere(acc, runtime, total, cfg, rec) -> None:
             if v is not None:
                 others = v
     if others is not None and others >= cfg.elsewhere_min_bytes:
+        rec.status = "change"
         rec.cases.append({
             "case": MEMORY_ELSEWHERE,
             "evidence": f"other processes hold {g(others)} of this GPU" + (f" ({others / total * 100:.1f} %)" if total else ""),
