@@ -486,3 +486,22 @@ def test_sglang_tensor_parallel_target_and_draft():
     lines += [tp(r, "Load weight end. type=Y, avail mem=49.00 GB, mem usage=1.00 GB.") for r in range(2)]
     a = parse_startup(lines)
     assert a.startups == 1 and a.weights_bytes == round(21.0 * GIB) and a.sglang_free_at_init_bytes == round(70 * GIB)
+
+
+def test_max_model_len_too_long_both_wordings():
+    a = load("vllm_v0_maxlen_too_long.log")  # vllm#2418: 229 blocks x 16 = 3664 tokens < 4096
+    assert a.failure["kind"] == "kv-insufficient" and a.failure["available_tokens"] == 3664 == 229 * 16
+    r = recommend(a)
+    assert r.settings == {"--max-model-len": 3664} and r.cases[0]["case"] == "startup-oom"
+    assert any("per token" in n for n in r.notes)  # no GPU total in that log: the utilization is not computed
+    b = load("vllm_v1_maxlen_too_long.log")  # vllm#34076: 24.0 GiB needed, 3.18 GiB available
+    assert b.failure["needed_bytes"] == pytest.approx(24.0 * GIB) and b.failure["available_bytes"] == pytest.approx(3.18 * GIB)
+    rb = recommend(b)
+    assert rb.settings == {"--max-model-len": 34736}
+    # with the GPU total and utilization known, the utilization that holds one full sequence is computed
+    b.total_gpu_memory_bytes, b.gpu_memory_utilization = 80 * GIB, 0.5
+    rb2 = recommend(b)
+    assert rb2.settings["--gpu-memory-utilization"] == math.ceil((0.5 + (24.0 - 3.18) / 80) * 100 - 1e-9) / 100 == 0.77
+    b.total_gpu_memory_bytes = 32 * GIB  # 0.5 + 20.82 / 32 = 1.15: above 1 - margin, not offered
+    rb3 = recommend(b)
+    assert "--gpu-memory-utilization" not in rb3.settings and rb3.settings["--max-model-len"] == 34736

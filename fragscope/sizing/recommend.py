@@ -335,13 +335,22 @@ def _vllm_pool_cannot_hold(acc, f, total, budget, non_kv, bpt, cfg, rec) -> None
     A = rec.arithmetic
     u0 = acc.gpu_memory_utilization
     if f["kind"] == "kv-insufficient":
-        need, avail = f["needed_bytes"], f["available_bytes"]
-        A.append(f"one sequence of max_model_len {f['max_model_len']:,} needs {g(need)} of KV; the pool has {g(avail)}")
+        L = f["max_model_len"]
+        need, avail = f.get("needed_bytes"), f.get("available_bytes")
+        if need is None and f.get("available_tokens") is not None:  # V0 wording: tokens, not bytes
+            have = f["available_tokens"]
+            A.append(f"one sequence of max_model_len {L:,} needs {L:,} KV tokens; the pool holds {have:,}")
+            if bpt:
+                need, avail = L * bpt, have * bpt
+            est = have
+        else:
+            A.append(f"one sequence of max_model_len {L:,} needs {g(need)} of KV; the pool has {g(avail)}")
+            est = f.get("estimated_max_model_len")
         options = []
-        if f.get("estimated_max_model_len"):
-            options.append(f"--max-model-len {f['estimated_max_model_len']}")
-            rec.settings["--max-model-len"] = f["estimated_max_model_len"]
-        if total and u0:
+        if est:
+            options.append(f"--max-model-len {est}")
+            rec.settings["--max-model-len"] = est
+        if need is not None and total and u0:
             margin = cfg.margin(total)
             u = ceil_step(u0 + (need - avail) / total)
             A.append(f"utilization for one full-length sequence = {u0:g} + (need {g(need)} - have {g(avail)}) / total "
@@ -350,6 +359,9 @@ def _vllm_pool_cannot_hold(acc, f, total, budget, non_kv, bpt, cfg, rec) -> None
             if u <= 1 - margin / total:
                 options.append(f"--gpu-memory-utilization {u:.2f}")
                 rec.settings["--gpu-memory-utilization"] = round(u, 2)
+        elif need is None or not (total and u0):
+            rec.notes.append("the utilization that would hold one full-length sequence needs the GPU total, the "
+                             "utilization in force and the KV bytes per token (not all in this log)")
         rec.cases.append({"case": STARTUP_OOM, "evidence": "the KV pool cannot hold one sequence of max_model_len",
                           "change": " or ".join(options) or "more GPUs (tensor parallelism) or an fp8 KV cache"})
         return

@@ -98,6 +98,10 @@ _NO_CACHE = re.compile(r"No available memory for the cache blocks|Not enough mem
 _KV_INSUFF = re.compile(r"max seq len \((\d+)\), \(?([\d.]+) GiB\)? KV cache is needed, which is larger than the "
                         r"available KV cache memory \(([\d.]+) GiB\)")
 _KV_INSUFF_EST = re.compile(r"estimated maximum model length is (\d+)")
+# V0 (2023-24): "The model's max seq len (4096) is larger than the maximum number of tokens that can be stored
+# in KV cache (3664)."
+_KV_INSUFF_OLD = re.compile(r"max seq len \((\d+)\) is larger than the maximum number of tokens that can be stored "
+                            r"in KV cache \((\d+)\)")
 # configuration echoes: Namespace(...), "non-default args: {...}", "Initializing a V0 LLM engine (v0.7.2) with config:"
 _CFG = {
     "gpu_memory_utilization": (re.compile(r"['\"]?gpu_memory_utilization['\"]?\s*[:=]\s*([\d.]+)"), float),
@@ -497,6 +501,11 @@ class StartupParser:
             return
         if _NO_CACHE.search(line):
             a.failure = {"kind": "no-kv-memory", "phase": "kv-allocation", "line": self.line_no}
+            return
+        m = _KV_INSUFF_OLD.search(line)
+        if m:
+            a.failure = {"kind": "kv-insufficient", "phase": "kv-allocation", "line": self.line_no,
+                         "max_model_len": int(m.group(1)), "available_tokens": int(m.group(2))}
             return
         m = _KV_INSUFF.search(line)
         if m:
