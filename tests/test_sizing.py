@@ -501,7 +501,23 @@ def test_max_model_len_too_long_both_wordings():
     # with the GPU total and utilization known, the utilization that holds one full sequence is computed
     b.total_gpu_memory_bytes, b.gpu_memory_utilization = 80 * GIB, 0.5
     rb2 = recommend(b)
-    assert rb2.settings["--gpu-memory-utilization"] == math.ceil((0.5 + (24.0 - 3.18) / 80) * 100 - 1e-9) / 100 == 0.77
+    assert rb2.settings == {"--gpu-memory-utilization": math.ceil((0.5 + (24.0 - 3.18) / 80) * 100 - 1e-9) / 100}
+    assert rb2.settings["--gpu-memory-utilization"] == 0.77 and rb2.alternatives == {"--max-model-len": 34736}
     b.total_gpu_memory_bytes = 32 * GIB  # 0.5 + 20.82 / 32 = 1.15: above 1 - margin, not offered
     rb3 = recommend(b)
     assert "--gpu-memory-utilization" not in rb3.settings and rb3.settings["--max-model-len"] == 34736
+
+
+def test_cli_fills_what_the_log_does_not_print():
+    path = os.path.join(DATA, "vllm_v1_maxlen_too_long.log")
+    r = CliRunner().invoke(_group(), ["size", "--log", path, "--gpu-memory", "80GiB", "--gpu-memory-utilization", "0.5",
+                                      "--format", "json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    assert d["recommendation"]["settings"] == {"--gpu-memory-utilization": 0.77}
+    assert d["recommendation"]["alternatives"] == {"--max-model-len": 34736}
+    assert d["accounting"]["lines"]["total_gpu_memory_bytes"] == -2  # marked as given on the command line
+    # the log's own figure wins over the flag
+    r = CliRunner().invoke(_group(), ["size", "--log", os.path.join(DATA, "vllm_v0_graph_capture_oom.log"),
+                                      "--gpu-memory", "10GiB", "--format", "json"])
+    assert json.loads(r.output)["accounting"]["total_gpu_memory_bytes"] == round(44.53 * GIB)

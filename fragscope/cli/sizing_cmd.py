@@ -7,6 +7,7 @@ import os
 import click
 
 from .common import EXIT_OK, fail
+from .kv_budget_cmd import SIZE  # one size type: a bare number is GiB, units honoured (snapshot's parser)
 
 FORMATS = click.Choice(["human", "json"])
 GIB = 1024 ** 3
@@ -50,6 +51,8 @@ def _human(acc, rt: dict, rec) -> str:
         lines.append(f"  change: {c['change']}")
     if rec.settings:
         lines.append("set: " + " ".join(f"{k} {v}" for k, v in rec.settings.items()))
+    if rec.alternatives:
+        lines.append("or instead: " + " ".join(f"{k} {v}" for k, v in rec.alternatives.items()))
     elif rec.status == "ok":
         lines.append("set: nothing to change" if not rec.missing else "set: nothing can be computed yet")
     if rec.outcome:
@@ -91,8 +94,12 @@ def register(fragscope_group: click.Group, diagnose_group: click.Group) -> None:
                   help="Size for N concurrent sequences instead of the observed demand.")
     @click.option("--target-len", type=click.IntRange(min=1), default=None, metavar="TOKENS",
                   help="Sequence length (prompt + output) to size for instead of the observed p95.")
+    @click.option("--gpu-memory", type=SIZE, default=None,
+                  help="The GPU's memory (e.g. 80GiB) when the log does not print it (vLLM V1 >= 0.10 keeps it at DEBUG).")
+    @click.option("--gpu-memory-utilization", "util", type=click.FloatRange(min=0, max=1, min_open=True), default=None,
+                  help="The utilization in force when the log does not echo it (no default is assumed).")
     @click.option("--format", "fmt", type=FORMATS, default="human", show_default=True, help="Output format.")
-    def size_cmd(log_path, recording, margin_gib, target_concurrency, target_len, fmt):
+    def size_cmd(log_path, recording, margin_gib, target_concurrency, target_len, gpu_memory, util, fmt):
         """The --gpu-memory-utilization / --mem-fraction-static to set, with the arithmetic shown."""
         from ..sizing import SizingConfig, parse_startup, recommend
 
@@ -103,6 +110,10 @@ def register(fragscope_group: click.Group, diagnose_group: click.Group) -> None:
             acc = parse_startup(fh)
         with _read_log(log_path) as fh:  # the log's own stats lines: KV usage, queue, preemptions
             rt: dict = runtime_from_log_events(parse_log(fh), since_line=acc.first_line)
+        for name, value in (("total_gpu_memory_bytes", gpu_memory), ("gpu_memory_utilization", util)):
+            if value is not None and getattr(acc, name) is None:  # the log's own figure wins
+                setattr(acc, name, float(value))
+                acc.lines[name] = -2  # given on the command line
         if recording is not None:
             from ..collectors.exposition import ParseError
             from ..sizing.recording import runtime_from_recording

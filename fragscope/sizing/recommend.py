@@ -61,6 +61,7 @@ class Recommendation:
     engine: str | None
     cases: list[dict] = field(default_factory=list)  # {"case", "evidence", "change"}
     settings: dict = field(default_factory=dict)  # flag -> value to set
+    alternatives: dict = field(default_factory=dict)  # flag -> value: another way to the same end (not both)
     current: dict = field(default_factory=dict)  # flag -> value in force
     outcome: dict = field(default_factory=dict)  # kv_cache_bytes, kv_cache_tokens, max_concurrency, ...
     arithmetic: list[str] = field(default_factory=list)  # the steps, in order, with figures
@@ -176,6 +177,10 @@ def _others_from_oom(o: dict) -> float | None:
 def _vllm(acc, runtime, cfg, rec, target_concurrency, target_len) -> None:
     A = rec.arithmetic
     total = _total(acc)
+    if total is None and runtime.get("device_total_bytes"):
+        total = float(runtime["device_total_bytes"])
+        rec.notes.append(f"GPU total {g(total)} from NVML (the log does not print it); NVML's total can exceed what "
+                         "CUDA reports to vLLM by ~0.5 GiB (H100: 79.65 vs 79.19 GiB), so values are a little high")
     u0 = acc.gpu_memory_utilization
     budget = _budget(acc, total)
     kv0 = acc.kv_cache_bytes
@@ -349,7 +354,6 @@ def _vllm_pool_cannot_hold(acc, f, total, budget, non_kv, bpt, cfg, rec) -> None
         options = []
         if est:
             options.append(f"--max-model-len {est}")
-            rec.settings["--max-model-len"] = est
         if need is not None and total and u0:
             margin = cfg.margin(total)
             u = ceil_step(u0 + (need - avail) / total)
@@ -357,9 +361,11 @@ def _vllm_pool_cannot_hold(acc, f, total, budget, non_kv, bpt, cfg, rec) -> None
                      f"{g(total)} = {u0 + (need - avail) / total:.4f} -> {u:.2f} (must stay <= 1 - margin/total = "
                      f"{1 - margin / total:.4f})")
             if u <= 1 - margin / total:
-                options.append(f"--gpu-memory-utilization {u:.2f}")
-                rec.settings["--gpu-memory-utilization"] = round(u, 2)
-        elif need is None or not (total and u0):
+                options.insert(0, f"--gpu-memory-utilization {u:.2f}")
+                rec.settings["--gpu-memory-utilization"] = round(u, 2)  # keeps the model length asked for
+        if est:
+            (rec.alternatives if rec.settings else rec.settings)["--max-model-len"] = est
+        if need is None or not (total and u0):
             rec.notes.append("the utilization that would hold one full-length sequence needs the GPU total, the "
                              "utilization in force and the KV bytes per token (not all in this log)")
         rec.cases.append({"case": STARTUP_OOM, "evidence": "the KV pool cannot hold one sequence of max_model_len",
