@@ -119,11 +119,20 @@ def run_cli(*args):
     (["kv-budget", "--gpu-memory-gib", "8", "--weights-gib", "16"] + SHAPE, "no memory left"),
     (FLAGS + ["--model-config", "/nonexistent/config.json"], "cannot read"),
 ])
-def test_cli_errors_are_one_line_exit_2(args, needle):
-    p = run_cli(*args)
-    assert p.returncode == 2
-    lines = p.stderr.strip().splitlines()
-    assert len(lines) == 1 and needle in lines[0] and "Traceback" not in p.stderr, p.stderr
+def test_cli_errors_are_one_line_exit_2(args, needle, monkeypatch, capsys):
+    from fragscope.cli import _run
+
+    monkeypatch.setattr(sys, "argv", ["fragscope", *args])
+    with pytest.raises(SystemExit) as ex:
+        _run(fragscope_group, "fragscope")
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert ex.value.code == 2 and len(lines) == 1 and needle in lines[0] and "Traceback" not in err, err
+
+
+def test_cli_error_subprocess_smoke():
+    p = run_cli(*FLAGS[:3])
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "missing --weights-gib" in p.stderr
 
 
 def test_block_waste_needs_no_gpu_and_explains():

@@ -378,7 +378,18 @@ def run_cli(*args):
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=60)
 
 
-def test_cli_bad_inputs_one_line_exit_2(tmp_path):
+def run_inprocess(args, monkeypatch, capsys):
+    """The real entry path (fragscope.cli._run: one-line errors, exit codes) without a subprocess."""
+    from fragscope.cli import _run
+
+    monkeypatch.setattr(sys, "argv", ["fragscope", *args])
+    with pytest.raises(SystemExit) as ex:
+        _run(_group(), "fragscope")
+    out = capsys.readouterr()
+    return ex.value.code, out.out, out.err
+
+
+def test_cli_bad_inputs_one_line_exit_2(tmp_path, monkeypatch, capsys):
     (tmp_path / "empty.log").write_text("")
     (tmp_path / "bin.log").write_bytes(b"\x00\x01\x02binary")
     (tmp_path / "bad.om").write_text("not a recording at all {{{\n")
@@ -387,11 +398,18 @@ def test_cli_bad_inputs_one_line_exit_2(tmp_path):
              (["size", "--log", str(tmp_path / "bin.log")], "not a text log"),
              (["size", "--log", str(tmp_path)], "is a directory"),
              (["size", "--log", os.path.join(DATA, "vllm_v1_shortfall.log"), "--recording", str(tmp_path / "bad.om")], "size:"),
-             (["size", "--log", os.path.join(DATA, "vllm_v1_shortfall.log"), "--margin-gib", "-1"], "--margin-gib")]
+             (["size", "--log", os.path.join(DATA, "vllm_v1_shortfall.log"), "--margin-gib", "-1"], "--margin-gib"),
+             (["size", "--log", os.path.join(DATA, "vllm_v1_shortfall.log"), "--gpu-memory", "lots"], "not a size"),
+             (["size"], "--log")]
     for args, needle in cases:
-        p = run_cli(*args)
-        lines = p.stderr.strip().splitlines()
-        assert p.returncode == 2 and len(lines) == 1 and needle in lines[0] and "Traceback" not in p.stderr, (args, p.stderr)
+        code, out, err = run_inprocess(args, monkeypatch, capsys)
+        lines = err.strip().splitlines()
+        assert code == 2 and len(lines) == 1 and needle in lines[0] and "Traceback" not in err, (args, err)
+
+
+def test_cli_bad_input_subprocess_smoke(tmp_path):
+    p = run_cli("size", "--log", str(tmp_path / "absent.log"))
+    assert p.returncode == 2 and p.stderr.strip().count("\n") == 0 and "no such file" in p.stderr
 
 
 def test_cli_subprocess_json_smoke():
