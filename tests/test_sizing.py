@@ -354,19 +354,26 @@ def test_cli_recording(tmp_path):
     rec = tmp_path / "r.om"
     rows = ["# TYPE vllm:kv_cache_usage_perc gauge", "# TYPE vllm:num_preemptions counter",
             "# TYPE fragscope_gpu_memory_used_bytes gauge", "# TYPE fragscope_gpu_memory_total_bytes gauge",
-            "# TYPE vllm:num_requests_running gauge", "# TYPE vllm:num_requests_waiting gauge"]
+            "# TYPE vllm:num_requests_running gauge", "# TYPE vllm:num_requests_waiting gauge",
+            "# TYPE vllm:num_preemptions_by_reason counter"]
     for i in range(6):
         t = 1_700_000_000 + 15 * i
         rows += [f"vllm:kv_cache_usage_perc 1.0 {t}", f"vllm:num_preemptions_total {10 * i} {t}",
                  f'fragscope_gpu_memory_used_bytes{{gpu="0"}} {14.6 * GIB:.0f} {t}',
                  f'fragscope_gpu_memory_total_bytes{{gpu="0"}} {15.77 * GIB:.0f} {t}',
-                 f"vllm:num_requests_running 8 {t}", f"vllm:num_requests_waiting {i} {t}"]
+                 f"vllm:num_requests_running 8 {t}", f"vllm:num_requests_waiting {i} {t}",
+                 f'vllm:num_preemptions_by_reason_total{{reason="kv_full"}} {8 * i} {t}',
+                 f'vllm:num_preemptions_by_reason_total{{reason="priority"}} {2 * i} {t}',
+                 f'fragscope_gpu_memory_used_bytes{{gpu="1"}} {3.0 * GIB:.0f} {t}',
+                 f'fragscope_gpu_memory_total_bytes{{gpu="1"}} {15.77 * GIB:.0f} {t}']
     rec.write_text("\n".join(rows + ["# EOF", ""]))
     r = CliRunner().invoke(_group(), ["size", "--log", os.path.join(DATA, "vllm_v0_tp_prose_blocks.log"),
                                       "--recording", str(rec), "--format", "json"])
     assert r.exit_code == 0, r.output
     d = json.loads(r.output)
     assert d["runtime"]["preemptions_total"] == 50.0 and d["runtime"]["concurrent_demand_peak"] == 13.0
+    assert d["runtime"]["preemptions_by_reason"] == {"kv_full": 40.0, "priority": 10.0}
+    assert d["runtime"]["device_used_peak_bytes"] == pytest.approx(14.6 * GIB, abs=1)  # the busiest GPU, not gpu 1
     assert d["recommendation"]["settings"]["--gpu-memory-utilization"] == 0.94
     assert d["recommendation"]["cases"][0]["case"] == "pool-too-small"
 

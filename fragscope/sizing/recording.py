@@ -18,18 +18,20 @@ PREEMPTIONS_BY_REASON = ("vllm:num_preemptions_by_reason_total", "vllm:num_preem
 
 
 def preemptions_by_reason(window) -> dict[str, np.ndarray]:
-    """{reason: cumulative values summed over engines}, from the labelled counter when present."""
-    out: dict[str, list] = {}
+    """{reason: [0, increase]} summed over engines, from the labelled counter when present (else {})."""
+    out: dict[str, float] = {}
     for name in PREEMPTIONS_BY_REASON:
         for s in window.select(name):
-            reason = s.key.label("reason") or "unknown"
             v = np.asarray(s.values, dtype=float)
-            if v.size:
-                out.setdefault(reason, []).append(float(v[-1] - v[0]) if np.all(np.diff(v) >= 0) else
-                                                  float(np.where(np.diff(v) >= 0, np.diff(v), v[1:]).sum()))
+            if v.size < 2:
+                continue
+            d = np.diff(v)
+            inc = float(np.where(d >= 0, d, v[1:]).sum())  # a drop is a restart: count from 0 again
+            reason = s.key.label("reason") or "unknown"
+            out[reason] = out.get(reason, 0.0) + inc
         if out:
             break
-    return {k: np.array([0.0, sum(v)]) for k, v in out.items()}
+    return {k: np.array([0.0, v]) for k, v in out.items()}
 
 
 def runtime_from_recording(path: str) -> dict:

@@ -97,10 +97,12 @@ def runtime_from_frame(frame, gpu: str | None = None, preemptions_by_reason: Map
     """
     e = frame.engine
     cum = frame.engine_cum
-    gpus = list(frame.gpu)
-    if gpu is None and gpus:
-        gpu = max(gpus, key=lambda k: np.nanmax(frame.gpu[k].get("gpu_memory_used_bytes", np.array([-1.0])))
-                  if np.isfinite(frame.gpu[k].get("gpu_memory_used_bytes", np.array([np.nan]))).any() else -1.0)
+    if gpu is None and frame.gpu:
+        def peak_used(k: str) -> float:
+            a = _arr(frame.gpu[k].get("gpu_memory_used_bytes"))
+            return float(a.max()) if a is not None else -1.0
+
+        gpu = max(frame.gpu, key=peak_used)
     gd = frame.gpu.get(gpu, {}) if gpu is not None else {}
     mean_len = None
     if "request_prompt_tokens" in frame.hist_avg and "request_generation_tokens" in frame.hist_avg:
