@@ -297,7 +297,8 @@ def test_detect_kv_pool_undersized():
     f = res[0]
     assert isinstance(f, Finding) and f.id == "kv-pool-undersized"
     assert "--gpu-memory-utilization 0.94" in f.summary and "now 0.9" in f.summary
-    acts = computed_actions(f.id, f.playbook["context"])
+    acts = computed_actions(f.id, f.context)
+    assert f.playbook is None and "context" not in f.to_dict()  # the registry builds the playbook from context
     assert any("--gpu-memory-utilization 0.94" in a for a in acts)
     # accounting as a dict (what a registry passes around) gives the same answer
     again = detect_kv_pool_undersized(load("vllm_v0_tp_prose_blocks.log").to_dict(), RUNTIME_FULL)
@@ -546,3 +547,19 @@ def test_cli_fills_what_the_log_does_not_print():
     r = CliRunner().invoke(_group(), ["size", "--log", os.path.join(DATA, "vllm_v0_graph_capture_oom.log"),
                                       "--gpu-memory", "10GiB", "--format", "json"])
     assert json.loads(r.output)["accounting"]["total_gpu_memory_bytes"] == round(44.53 * GIB)
+
+
+def test_declarations_fit_the_registry():
+    """What the lead registers (docs/sizing.md#diagnoses): valid signal ids, playbook ids, actions that run."""
+    from fragscope.playbooks.registry import Diagnosis
+    from fragscope.sizing.playbooks import kv_pool_undersized_actions, startup_oom_actions
+
+    pool = Diagnosis("kv-pool-undersized", KV_POOL_UNDERSIZED, source="log", alerting=False,
+                     requires=("kv_cache_usage_ratio", "gpu_memory_used_bytes", "gpu_memory_total_bytes"),
+                     corroborates=("preemptions_total", "requests_waiting", "request_prompt_tokens",
+                                   "request_generation_tokens"), actions=kv_pool_undersized_actions)
+    oom = Diagnosis("startup-oom", STARTUP_OOM, source="log", alerting=False, actions=startup_oom_actions)
+    f = detect_kv_pool_undersized(load("vllm_v0_tp_prose_blocks.log"), RUNTIME_FULL)[0]
+    assert any("--gpu-memory-utilization 0.94" in a for a in pool.actions(f.context, {}))
+    g = detect_startup_oom(load("vllm_v0_graph_capture_oom.log"))[0]
+    assert any("--gpu-memory-utilization 0.95" in a for a in oom.actions(g.context, {}))

@@ -82,7 +82,7 @@ def detect_kv_pool_undersized(accounting, runtime: dict | None, cfg: SizingConfi
     conf = 0.6 + 0.1 * sum(1 for e in ev if e.agrees)
     ctx = {"recommendation": rec.to_dict()}
     return [Finding(KV_POOL_UNDERSIZED_ID, Severity.WARNING, min(0.9, conf), summary, None, ev, [], {},
-                    playbook={"context": ctx})]
+                    context=ctx, basis="log")]
 
 
 def detect_startup_oom(accounting, cfg: SizingConfig = SizingConfig()) -> list[Finding] | Inconclusive:
@@ -113,4 +113,4 @@ def detect_startup_oom(accounting, cfg: SizingConfig = SizingConfig()) -> list[F
     conf = 0.9 if setting else 0.6
     ctx = {"recommendation": rec.to_dict(), "failure": dict(f)}
     return [Finding(STARTUP_OOM_ID, Severity.CRITICAL, conf, summary, None, ev,
-                    rec.missing if not setting else [], {}, playbook={"context": ctx})]
+                    rec.missing if not setting else [], {}, context=ctx, basis="log")]

@@ -1,11 +1,12 @@
 """Playbooks for the sizing diagnoses (``kv-pool-undersized``, ``startup-oom``). docs/sizing.md#diagnoses.
 
-Module-level constants in the project's one :class:`~fragscope.playbooks.Playbook` type, for the
-registry to pick up, plus the computed actions (values from :func:`fragscope.sizing.recommend`).
+Module-level constants in the project's one :class:`~fragscope.model.Playbook` type and the computed
+actions with the registry's signature ``(ctx, config) -> list[str]`` (values from
+:func:`fragscope.sizing.recommend`). The registry (layer above) declares the diagnoses; docs/sizing.md.
 """
 from __future__ import annotations
 
-from ..playbooks import Action, Playbook
+from ..model import Action, Playbook
 
 KV_POOL_UNDERSIZED_ID = "kv-pool-undersized"
 STARTUP_OOM_ID = "startup-oom"
@@ -65,6 +66,14 @@ STARTUP_OOM = Playbook(
      "SGLang docs / issue #6027: init OOM vs runtime OOM move mem_fraction_static in opposite directions"])
 
 PLAYBOOKS = {p.id: p for p in (KV_POOL_UNDERSIZED, STARTUP_OOM)}
+
+
+def kv_pool_undersized_actions(ctx: dict, config: dict) -> list[str]:
+    return computed_actions(KV_POOL_UNDERSIZED_ID, ctx)
+
+
+def startup_oom_actions(ctx: dict, config: dict) -> list[str]:
+    return computed_actions(STARTUP_OOM_ID, ctx)
 
 
 def computed_actions(diag_id: str, ctx: dict) -> list[str]:

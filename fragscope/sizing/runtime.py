@@ -139,3 +139,24 @@ def runtime_from_log_events(events, since_line: int = 0) -> dict:
     return summarize_runtime(kv_usage_ratio=kv or None, running=running or None, waiting=waiting or None,
                              preemptions_total=None if state.preemptions_total is None
                              else [0.0, float(state.preemptions_total)])
+
+
+def preemptions_by_reason(window, names) -> dict[str, np.ndarray]:
+    """{reason: [0, increase]} summed over engines from a labelled preemption counter (else {}).
+
+    ``window``: a :class:`fragscope.model.Window`; ``names``: the counter's raw names (from signals.py, or
+    the caller), tried in order. Recent vLLM labels its preemptions with ``reason`` (PR #58037).
+    """
+    out: dict[str, float] = {}
+    for name in names:
+        for s in window.select(name):
+            v = np.asarray(s.values, dtype=float)
+            if v.size < 2:
+                continue
+            d = np.diff(v)
+            inc = float(np.where(d >= 0, d, v[1:]).sum())  # a drop is a restart: count from 0 again
+            reason = s.key.label("reason") or "unknown"
+            out[reason] = out.get(reason, 0.0) + inc
+        if out:
+            break
+    return {k: np.array([0.0, v]) for k, v in out.items()}
