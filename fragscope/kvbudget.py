@@ -16,7 +16,7 @@ import math
 import os
 from dataclasses import asdict, dataclass, field
 
-GIB = 1024**3
+from .units import GiB as GIB  # one source for byte multiples (fragscope.units)
 
 # Block sizes vLLM accepts on CUDA (vllm.config BlockSize = Literal[1, 8, 16, 32, 64, 128] in 0.9-0.10,
 # 256 added later; the V0 CUDA paged-attention kernel stopped at 32). 1 and 256 are left out of

@@ -10,7 +10,7 @@ from .common import EXIT_OK, fail
 from .kv_budget_cmd import SIZE  # one size type: a bare number is GiB, units honoured (snapshot's parser)
 
 FORMATS = click.Choice(["human", "json"])
-GIB = 1024 ** 3
+from ..units import GiB as GIB
 # vLLM >= PR #58037: a counter with a `reason` label (kv_full, priority, prefix_cache_reset); both spellings of
 # the family. TODO(lead): a canonical signal in signals.py (it has no labelled-counter entry yet).
 PREEMPTIONS_BY_REASON = ("vllm:num_preemptions_by_reason_total", "vllm:num_preemptions_by_reason")

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import fields
 
 from ..model import Evidence, Finding, Inconclusive, Severity
+from ..units import GiB, MiB
 from .playbooks import KV_POOL_UNDERSIZED_ID, STARTUP_OOM_ID
 from .recommend import MEMORY_ELSEWHERE, POOL_TOO_SMALL, STARTUP_OOM, SizingConfig, recommend
 from .startup import StartupAccounting
@@ -77,7 +78,7 @@ def detect_kv_pool_undersized(accounting, runtime: dict | None, cfg: SizingConfi
         if out.get("max_concurrency"):
             tail += f", {out['max_concurrency']:,} sequences of {out['seq_len_tokens']:,.0f} tokens"
     flag = "--gpu-memory-utilization" if "--gpu-memory-utilization" in rec.settings else "--mem-fraction-static"
-    summary = (f"KV pool too small for the traffic ({pool[0]['evidence']}) while {headroom / 1024**3:.1f} GiB of the GPU "
+    summary = (f"KV pool too small for the traffic ({pool[0]['evidence']}) while {headroom / GiB:.1f} GiB of the GPU "
                f"stayed free at peak: set {flag} {new_u:.2f} (now {cur}){tail}.")
     conf = 0.6 + 0.1 * sum(1 for e in ev if e.agrees)
     ctx = {"recommendation": rec.to_dict()}
@@ -105,7 +106,7 @@ def detect_startup_oom(accounting, cfg: SizingConfig = SizingConfig()) -> list[F
     ev = []
     if f.get("requested_bytes") is not None and f.get("free_bytes") is not None:
         ev.append(Evidence("oom_shortfall_bytes", max(0.0, f["requested_bytes"] - f["free_bytes"]), None, 0.0, "bytes",
-                           None, f"tried {f['requested_bytes'] / 1024**2:.1f} MiB with {f['free_bytes'] / 1024**2:.1f} "
+                           None, f"tried {f['requested_bytes'] / MiB:.1f} MiB with {f['free_bytes'] / MiB:.1f} "
                            "MiB free", True))
     if acc.gpu_memory_utilization is not None:
         ev.append(Evidence("gpu_memory_utilization", acc.gpu_memory_utilization, None, None, "ratio", None,

@@ -24,8 +24,7 @@ from dataclasses import asdict, dataclass, field
 
 from .startup import StartupAccounting
 
-GIB = 1024 ** 3
-MIB = 1024 ** 2
+from ..units import GiB as GIB, MiB as MIB
 
 # Case ids (contract: docs/sizing.md#cases)
 STARTUP_OOM = "startup-oom"

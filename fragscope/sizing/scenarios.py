@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-GIB = 1024 ** 3
+from ..units import GiB as GIB
 
 FAMILIES = ("startup-oom-graphs", "startup-oom-no-kv", "runtime-oom-activations", "pool-too-small",
             "memory-held-elsewhere")

@@ -16,7 +16,7 @@ from typing import Iterable
 
 from ..collectors.logs import parse_log_line, parse_size
 
-GIB = 1024 ** 3
+from ..units import GiB as GIB
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _NUM = r"(-?\d[\d,]*(?:\.\d+)?)"
