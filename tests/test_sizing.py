@@ -563,3 +563,15 @@ def test_declarations_fit_the_registry():
     assert any("--gpu-memory-utilization 0.94" in a for a in pool.actions(f.context, {}))
     g = detect_startup_oom(load("vllm_v0_graph_capture_oom.log"))[0]
     assert any("--gpu-memory-utilization 0.95" in a for a in oom.actions(g.context, {}))
+
+
+def test_judge_log_for_diagnose_logs_and_the_agent():
+    from fragscope.sizing import judge_log
+
+    with open(os.path.join(DATA, "vllm_v0_graph_capture_oom.log"), encoding="utf-8") as fh:
+        acc, res = judge_log(fh)
+    ids = [(type(r).__name__, r.id) for r in res]
+    assert ("Finding", "startup-oom") in ids and ("Inconclusive", "kv-pool-undersized") in ids
+    lines, rt = __import__("fragscope.sizing.scenarios", fromlist=["family"]).family("pool-too-small")
+    acc, res = judge_log(lines, rt)
+    assert [r.id for r in res if isinstance(r, Finding)] == ["kv-pool-undersized"]

@@ -115,3 +115,24 @@ def detect_startup_oom(accounting, cfg: SizingConfig = SizingConfig()) -> list[F
     ctx = {"recommendation": rec.to_dict(), "failure": dict(f)}
     return [Finding(STARTUP_OOM_ID, Severity.CRITICAL, conf, summary, None, ev,
                     rec.missing if not setting else [], {}, context=ctx, basis="log")]
+
+
+def judge_log(lines, runtime: dict | None = None, cfg: SizingConfig = SizingConfig()):
+    """Both diagnoses from an engine log (a list of lines), for ``diagnose logs`` and the agent.
+
+    The log's own stats lines give the run-time evidence; ``runtime`` (NVML peaks from a recording or
+    the sidecar) is merged over it. Returns (accounting, [Finding | Inconclusive, ...]); a diagnosis that
+    found nothing adds nothing.
+    """
+    from ..collectors.logs import parse_log
+    from .runtime import runtime_from_log_events
+    from .startup import parse_startup
+
+    lines = list(lines)
+    acc = parse_startup(lines)
+    rt = runtime_from_log_events(parse_log(lines), since_line=acc.first_line)
+    rt.update(runtime or {})
+    out: list = []
+    for res in (detect_startup_oom(acc, cfg), detect_kv_pool_undersized(acc, rt, cfg)):
+        out.extend(res if isinstance(res, list) else [res])
+    return acc, out
