@@ -133,6 +133,9 @@ def judge_log(lines, runtime: dict | None = None, cfg: SizingConfig = SizingConf
     rt = runtime_from_log_events(parse_log(lines), since_line=acc.first_line)
     rt.update(runtime or {})
     out: list = []
-    for res in (detect_startup_oom(acc, cfg), detect_kv_pool_undersized(acc, rt, cfg)):
+    judged = [detect_startup_oom(acc, cfg)]
+    if acc.failure is None:  # a server that never started has no pool to judge
+        judged.append(detect_kv_pool_undersized(acc, rt, cfg))
+    for res in judged:
         out.extend(res if isinstance(res, list) else [res])
     return acc, out
