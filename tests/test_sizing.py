@@ -453,16 +453,16 @@ def test_full_v0_log_judges_the_pool_from_its_own_stats_lines():
 
 
 def test_every_marker_passes_the_line_gate():
-    from fragscope.sizing import startup as S
+    from fragscope.sizing import wordings as W
 
-    markers = [x for _, subs in S._PHASES for x in subs] + list(S._READY) + list(S._NEW_STARTUP)
-    assert all(S._gate(m) for m in markers), [m for m in markers if not S._gate(m)]
+    markers = [x for _, subs in W._PHASES for x in subs] + list(W._READY) + list(W._NEW_STARTUP)
+    assert all(W._gate(m) for m in markers), [m for m in markers if not W._gate(m)]
     for name in os.listdir(DATA):  # every fixture line that carries a figure passes it
         with open(os.path.join(DATA, name), encoding="utf-8") as fh:
             for line in fh:
                 if any(u in line for u in ("GiB", "GB", "blocks", "tokens")):
-                    assert S._gate(line), (name, line)
-    assert not S._gate('INFO:     127.0.0.1:5555 - "POST /v1/completions HTTP/1.1" 200 OK')
+                    assert W._gate(line), (name, line)
+    assert not W._gate('INFO:     127.0.0.1:5555 - "POST /v1/completions HTTP/1.1" 200 OK')
 
 
 def test_pool_sized_to_the_demand_when_it_fits_under_the_ceiling():

@@ -145,7 +145,7 @@ def register(fragscope_group: click.Group, diagnose_group: click.Group) -> None:
         cfg = SizingConfig() if margin_gib is None else SizingConfig(margin_min_bytes=margin_gib * GIB, margin_ratio=0.0)
         rec = recommend(acc, rt, cfg, target_concurrency=target_concurrency, target_len=target_len)
         if fmt == "json":
-            from ..sizing.recommend import _finite
+            from ..sizing.arith import _finite
 
             doc = _finite({"accounting": acc.to_dict(), "runtime": rt, "recommendation": rec.to_dict()})
             click.echo(json.dumps(doc, indent=2, sort_keys=True, allow_nan=False))
