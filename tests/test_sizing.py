@@ -403,8 +403,8 @@ def test_cli_bad_inputs_one_line_exit_2(tmp_path, monkeypatch, capsys):
     (tmp_path / "bad.om").write_text("not a recording at all {{{\n")
     cases = [(["size", "--log", str(tmp_path / "absent.log")], "no such file"),
              (["size", "--log", str(tmp_path / "empty.log")], "empty file"),
-             (["size", "--log", str(tmp_path / "bin.log")], "not a text log"),
-             (["size", "--log", str(tmp_path)], "is a directory"),
+             (["size", "--log", str(tmp_path / "bin.log")], "binary file"),
+             (["size", "--log", str(tmp_path)], "a directory"),
              (["size", "--log", os.path.join(DATA, "vllm_v1_shortfall.log"), "--recording", str(tmp_path / "bad.om")], "size:"),
              (["size", "--log", os.path.join(DATA, "vllm_v1_shortfall.log"), "--margin-gib", "-1"], "--margin-gib"),
              (["size", "--log", os.path.join(DATA, "vllm_v1_shortfall.log"), "--gpu-memory", "lots"], "not a size"),
@@ -436,7 +436,7 @@ SHARED_V0 = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data"
 def test_full_v0_log_judges_the_pool_from_its_own_stats_lines():
     # a full real V0 log (reference sample, not committed): profile with peak_torch_memory, then 5-s stats
     # lines at ~100 % KV usage and preemption warnings every 50th
-    from fragscope.collectors.logs import parse_log
+    from fragscope.collectors.enginelog import parse_log
     from fragscope.sizing.runtime import runtime_from_log_events
 
     with open(SHARED_V0, encoding="utf-8") as fh:

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
 
 import click
 
@@ -32,22 +31,25 @@ def _runtime_from_recording(path: str) -> dict:
     return rt
 
 
-def _read_log(path: str):
-    """Open a text log, or fail with one line (missing, directory, empty, binary)."""
-    if not os.path.exists(path):
-        fail(f"size: {path}: no such file")
-    if os.path.isdir(path):
-        fail(f"size: {path}: is a directory, expected an engine log file")
+def _lines(path: str):
+    """The log's lines (.gz too), or one line on stderr and exit 2 (missing, directory, binary, too large)."""
+    from ..collectors.enginelog import LogInputError, iter_file_lines
+
     try:
-        with open(path, "rb") as fh:
-            head = fh.read(8192)
-    except OSError as e:
-        fail(f"size: cannot read {path}: {e.strerror or e}")
-    if not head:
+        lines = iter_file_lines(path)
+        first = next(lines, None)
+    except LogInputError as e:
+        fail(f"size: {path}: {e}")
+    if first is None:
         fail(f"size: {path}: empty file")
-    if b"\x00" in head or head[:2] == b"\x1f\x8b":
-        fail(f"size: {path}: not a text log (binary data); pass the engine's stdout/stderr log")
-    return open(path, encoding="utf-8", errors="replace")
+
+    def chain():
+        yield first
+        try:
+            yield from lines
+        except LogInputError as e:
+            fail(f"size: {path}: {e}")
+    return chain()
 
 
 def _human(acc, rt: dict, rec) -> str:
@@ -122,13 +124,15 @@ def register(fragscope_group: click.Group, diagnose_group: click.Group) -> None:
         """The --gpu-memory-utilization / --mem-fraction-static to set, with the arithmetic shown."""
         from ..sizing import SizingConfig, parse_startup, recommend
 
-        from ..collectors.logs import parse_log
+        from ..collectors.enginelog import LogInputError, read_log_file
         from ..sizing.runtime import runtime_from_log_events
 
-        with _read_log(log_path) as fh:
-            acc = parse_startup(fh)
-        with _read_log(log_path) as fh:  # the log's own stats lines: KV usage, queue, preemptions
-            rt: dict = runtime_from_log_events(parse_log(fh), since_line=acc.first_line)
+        acc = parse_startup(_lines(log_path))
+        try:  # second pass: the log's own stats lines (KV usage, queue, preemptions), dated by the file's mtime
+            events = read_log_file(log_path).events
+        except LogInputError as e:
+            fail(f"size: {log_path}: {e}")
+        rt: dict = runtime_from_log_events(events, since_line=acc.first_line)
         for name, value in (("total_gpu_memory_bytes", gpu_memory), ("gpu_memory_utilization", util)):
             if value is not None and getattr(acc, name) is None:  # the log's own figure wins
                 setattr(acc, name, float(value))

@@ -124,7 +124,7 @@ def judge_log(lines, runtime: dict | None = None, cfg: SizingConfig = SizingConf
     the sidecar) is merged over it. Returns (accounting, [Finding | Inconclusive, ...]); a diagnosis that
     found nothing adds nothing.
     """
-    from ..collectors.logs import parse_log
+    from ..collectors.enginelog import parse_log
     from .runtime import runtime_from_log_events
     from .startup import parse_startup
 

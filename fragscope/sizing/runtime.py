@@ -118,12 +118,12 @@ def runtime_from_frame(frame, gpu: str | None = None, preemptions_by_reason: Map
 def runtime_from_log_events(events, since_line: int = 0) -> dict:
     """The same dict from the engine log's own stats lines and preemption/retraction lines.
 
-    ``events``: :class:`fragscope.collectors.logs.LogEvent` records (``parse_log``); only those after
+    ``events``: :class:`fragscope.collectors.enginelog.LogEvent` records (``parse_log``); only those after
     ``since_line`` (the last start-up) count. Preemption totals are folded by the collector's LogState (V0
     warnings every 50th, V1 "Preemptions: N" per interval, SGLang retractions). No NVML here: the log
     does not say how much of the GPU was free.
     """
-    from ..collectors.logs import LogState
+    from ..collectors.enginelog import LogState
 
     state = LogState()
     kv, running, waiting = [], [], []

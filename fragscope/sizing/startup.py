@@ -2,7 +2,7 @@
 
 Pure: lines in, a :class:`StartupAccounting` out; no I/O. Figures are kept exactly as logged, in bytes
 (vLLM and SGLang print "GB" but divide by 2**30, so every unit is binary: see
-:func:`fragscope.collectors.logs.parse_size`). PyTorch OOM messages are parsed by the log collector's
+:func:`fragscope.collectors.enginelog.parse_size`). PyTorch OOM messages are parsed by the log collector's
 parser (one source for that text). Every field is ``None`` when the log did not say it: absent is not 0.
 
 A log can hold several start-ups (restarts, or one line per tensor-parallel worker): the accounting of
@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Iterable
 
-from ..collectors.logs import parse_log_line
+from ..collectors.enginelog import parse_log_line
 from .wordings import (_ANSI, _AVAIL_KV, _BLOCKS, _CFG, _ENGINE_V, _GRAPH, _GRAPH_EST, _GRAPH_POOL,
                        _GRAPH_PROFILING_OFF, _GRAPH_PROFILING_ON, _KV_INSUFF, _KV_INSUFF_EST, _KV_INSUFF_OLD,
                        _KV_TOKENS, _MAX_CONC, _NEW_STARTUP, _NO_CACHE, _PHASES, _READY, _SG_AVAIL, _SG_FIELDS,

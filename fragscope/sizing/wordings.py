@@ -1,13 +1,13 @@
 """The wordings the start-up parser reads: one regular expression per engine line, and the line gate.
 
 vLLM V0 / V1 and SGLang, with the release each wording comes from (docs/sizing.md has the table).
-Sizes go through :func:`fragscope.collectors.logs.parse_size` (binary units: the engines print "GB" for GiB).
+Sizes go through :func:`fragscope.collectors.enginelog.parse_size` (binary units: the engines print "GB" for GiB).
 """
 from __future__ import annotations
 
 import re
 
-from ..collectors.logs import parse_size
+from ..collectors.enginelog import parse_size
 from ..units import GiB as GIB
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
