@@ -83,3 +83,16 @@ def test_runtime_oom_is_not_a_startup_oom():
 def test_unknown_scenario_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown sizing scenario"):
         S.family("nope")
+
+
+def test_stated_target_without_runtime():
+    lines, _ = S.family("pool-too-small", SHAPE)
+    acc = parse_startup(lines)
+    now = SHAPE.kv_tokens // 8000  # 450,224 // 8,000 = 56
+    r = recommend(acc, {}, target_concurrency=now - 6, target_len=8000)
+    assert not r.cases and any("already holds" in n for n in r.notes)
+    r = recommend(acc, {}, target_concurrency=64, target_len=8000)  # 62.5 GiB of KV + 16.31 GiB: above 0.98
+    assert r.status == "inconclusive" and "more than this GPU can hold" in r.cases[0]["change"] and not r.settings
+    r = recommend(acc, {}, target_concurrency=60, target_len=8000)
+    need = math.ceil((71.27 - SHAPE.kv_gib + 60 * 8000 * 131072 / GIB) / SHAPE.total_gib * 100 - 1e-9) / 100
+    assert f"--gpu-memory-utilization {need:.2f}" in r.cases[0]["change"] and not r.settings  # not set without NVML

@@ -125,6 +125,9 @@ def _vllm_runtime(acc, runtime, total, budget, non_kv, kv0, bpt, cfg, rec, targe
         A.append(f"KV for the demand = {demand:,.0f} sequences x {per_seq:,} tokens x {bpt / 1024:.1f} KiB = {g(need_kv)}")
         A.append(f"utilization for the demand = (non-KV {g(non_kv)} + {g(need_kv)}) / total {g(total)} = "
                  f"{t4((non_kv + need_kv) / total)} -> {need_u:.2f}")
+        safe = 1 - cfg.margin(total) / total
+        if need_u > safe:
+            A.append(f"above 1 - margin / total = {t4(safe)}: no utilization on this GPU holds that demand")
     if pressure is None and not target_concurrency:
         if runtime:
             rec.missing.append("KV usage and preemptions (or SGLang retractions) over the window")
@@ -137,11 +140,21 @@ def _vllm_runtime(acc, runtime, total, budget, non_kv, kv0, bpt, cfg, rec, targe
             rec.settings["--gpu-memory-utilization"] = round(u_max, 2)
             rec.status = "change"
         return
+    if not pressure and target_concurrency and rec.outcome.get("max_concurrency_now", -1) >= target_concurrency:
+        rec.notes.append(f"the pool already holds {rec.outcome['max_concurrency_now']:,} sequences of {L:,.0f} tokens "
+                         f">= the target {target_concurrency:,}: no change needed")
+        return
     # the pool is too small for the traffic (or for the stated target)
     ev = pressure or f"target {target_concurrency} sequences of {L} tokens"
     if u_max is None or u0 is None or total is None or kv0 is None:
-        rec.cases.append({"case": POOL_TOO_SMALL, "evidence": ev, "change": "a larger KV pool; the value needs the "
-                          "measured headroom"})
+        change = "a larger KV pool; the value needs the measured headroom"
+        if need_u is not None and total:
+            if need_u <= 1 - cfg.margin(total) / total:
+                change = (f"the demand needs --gpu-memory-utilization {need_u:.2f}; set it only once peak device "
+                          "memory (NVML) shows that headroom")
+            else:
+                change = "more than this GPU can hold: tensor parallelism, an fp8 KV cache, or fewer/shorter sequences"
+        rec.cases.append({"case": POOL_TOO_SMALL, "evidence": ev, "change": change})
         rec.status = "inconclusive"
         return
     rec.status = "change"
