@@ -578,3 +578,18 @@ def test_judge_log_for_diagnose_logs_and_the_agent():
     lines, rt = __import__("fragscope.sizing.scenarios", fromlist=["family"]).family("pool-too-small")
     acc, res = judge_log(lines, rt)
     assert [r.id for r in res if isinstance(r, Finding)] == ["kv-pool-undersized"]
+
+
+def test_hostile_and_odd_lines():
+    a = parse_startup([
+        "INFO 01-01 00:00:00 [gpu_worker.py:1] Available KV cache memory: -1.25 GiB",
+        "INFO 01-01 00:00:00 [kv_cache_utils.py:1] GPU KV cache size: 0 tokens",
+        "ERROR 01-01 00:00:01 [core.py:1] ValueError: No available memory for the cache blocks. Try increasing "
+        "`gpu_memory_utilization` when initializing the engine.",
+        "x" * 100_000 + " GiB",  # a very long line with a unit in it
+        "Available KV cache memory: 99999999999999999999999999999999999999 GiB bogus",
+    ])
+    assert a.failure["kind"] == "no-kv-memory" and a.kv_bytes_per_token is None
+    r = recommend(a)
+    json.dumps(r.to_dict(), allow_nan=False)
+    assert r.status == "inconclusive" and not r.settings

@@ -84,7 +84,7 @@ class StartupAccounting:
     def kv_bytes_per_token(self) -> float | None:
         """KV bytes one token costs, from the engine's own pool size and capacity."""
         tokens = self.pool_tokens
-        if self.kv_cache_bytes and tokens:
+        if self.kv_cache_bytes is not None and self.kv_cache_bytes > 0 and tokens:
             return self.kv_cache_bytes / tokens
         return None
 
