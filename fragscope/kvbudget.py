@@ -16,7 +16,7 @@ import math
 import os
 from dataclasses import asdict, dataclass, field
 
-GIB = 1024**3
+from .units import GiB as GIB  # one source for byte multiples (fragscope.units)
 
 # Block sizes vLLM accepts on CUDA (vllm.config BlockSize = Literal[1, 8, 16, 32, 64, 128] in 0.9-0.10,
 # 256 added later; the V0 CUDA paged-attention kernel stopped at 32). 1 and 256 are left out of
@@ -57,6 +57,7 @@ class KvBudget:
     recommended_block_size: int | None  # near avg_seq_len / 2, snapped to VLLM_BLOCK_SIZES
     recommended_waste_ratio: float | None  # expected waste at the recommended block size
     inputs: dict = field(default_factory=dict)
+    recommendation_reason: str | None = None  # the arithmetic behind recommended_block_size (None: no avg_seq_len)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -126,10 +127,11 @@ def kv_budget(*, gpu_memory_bytes: float, gpu_memory_utilization: float, weights
     if max_seq_len is not None:
         max_conc = num_blocks // math.ceil(max_seq_len / block_size)
     waste = rec = rec_waste = None
+    reason = None
     if avg_seq_len is not None:
-        waste = expected_waste_ratio(block_size, avg_seq_len)
-        rec = recommend_block_size(avg_seq_len)
-        rec_waste = expected_waste_ratio(rec, avg_seq_len)
+        bw = block_waste(block_size, avg_seq_len)
+        waste, rec, rec_waste, reason = (bw["expected_waste_ratio"], bw["recommended_block_size"],
+                                         bw["recommended_waste_ratio"], bw["reason"])
     inputs = dict(gpu_memory_bytes=gpu_memory_bytes, gpu_memory_utilization=gpu_memory_utilization,
                   weights_bytes=weights_bytes, overhead_bytes=overhead_bytes, block_size=block_size,
                   num_layers=num_layers, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype_bytes=dtype_bytes,
@@ -137,7 +139,8 @@ def kv_budget(*, gpu_memory_bytes: float, gpu_memory_utilization: float, weights
     bpb = int(bytes_per_block) if float(bytes_per_block).is_integer() else bytes_per_block
     return KvBudget(num_blocks=num_blocks, bytes_per_block=bpb, cached_tokens=cached_tokens,
                     kv_cache_bytes=int(available), max_concurrent_seqs=max_conc, expected_waste_ratio=waste,
-                    recommended_block_size=rec, recommended_waste_ratio=rec_waste, inputs=inputs)
+                    recommended_block_size=rec, recommended_waste_ratio=rec_waste, inputs=inputs,
+                    recommendation_reason=reason)
 
 
 def _dtype_bytes(v) -> float | None:
@@ -203,3 +206,124 @@ def read_model_config(path: str) -> ModelShape:
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise KvBudgetError(f"{path}: not JSON ({str(e).splitlines()[0]})") from None
     return model_shape_from_config(cfg, source=path)
+
+
+# ---------------------------------------------------------------------------------------------
+# Block-size waste alone (no GPU parameters), with the reason for the recommendation
+def block_waste(block_size: int, avg_seq_len: float, choices: tuple[int, ...] = VLLM_BLOCK_SIZES) -> dict:
+    """Waste at ``block_size``, the recommended block size, and why, for sequences of ``avg_seq_len`` tokens.
+
+    Needs no GPU figures: the waste is a ratio of tokens. The returned ``reason`` states the arithmetic.
+    """
+    _positive("block_size", block_size, integer=True)
+    _positive("avg_seq_len", avg_seq_len)
+    block_size = int(block_size)
+    waste = expected_waste_ratio(block_size, avg_seq_len)
+    rec = recommend_block_size(avg_seq_len, choices)
+    rec_waste = expected_waste_ratio(rec, avg_seq_len)
+    empty = (block_size - 1) / 2.0
+    reason = (f"each sequence's last block is on average (B - 1) / 2 = {empty:g} tokens empty: at {avg_seq_len:g} "
+              f"tokens per sequence block {block_size} wastes {empty:g} / ({avg_seq_len:g} + {empty:g}) = "
+              f"{waste * 100:.1f} % of the KV memory it allocates")
+    if rec < block_size:
+        reason += (f"; block {rec} (the supported size nearest avg / 2 = {avg_seq_len / 2:g} tokens) wastes "
+                   f"{rec_waste * 100:.1f} %, so the same pool holds {(1 - rec_waste) / (1 - waste):.2f}x the tokens")
+    elif rec > block_size:
+        reason += (f"; block {rec} (the supported size nearest avg / 2 = {avg_seq_len / 2:g}) would waste "
+                   f"{rec_waste * 100:.1f} % with fewer blocks per sequence (shorter block tables); the gain is "
+                   f"bookkeeping, not memory: a change is optional")
+    else:
+        reason += "; it is already the supported size nearest avg / 2: keep it"
+    return {"block_size": block_size, "avg_seq_len": avg_seq_len, "expected_waste_ratio": waste,
+            "recommended_block_size": rec, "recommended_waste_ratio": rec_waste, "reason": reason}
+
+
+# ---------------------------------------------------------------------------------------------
+# The reverse question: N concurrent sequences of L tokens -> which utilization, which GPU memory
+@dataclass
+class KvRequirement:
+    concurrency: int
+    seq_len: int
+    block_size: int
+    tokens_per_seq: int  # whole blocks
+    kv_bytes_per_token: float  # per GPU, for the tensor-parallel size below
+    kv_cache_bytes: float  # KV the target needs on one GPU
+    tensor_parallel_size: int
+    weights_bytes: float  # on one GPU
+    overhead_bytes: float
+    needed_bytes: float  # weights + overhead + KV, one GPU
+    gpu_memory_bytes: float | None
+    gpu_memory_utilization: float | None  # the utilization that holds the target on that GPU (None: no GPU given)
+    fits: bool | None  # the utilization is <= max_utilization
+    max_utilization: float
+    min_gpu_memory_bytes: float  # smallest GPU that holds it at max_utilization
+    per_tp: list[dict] = field(default_factory=list)  # the same for TP 1, 2, 4, 8
+    arithmetic: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype_bytes: float, tp: int = 1) -> float:
+    """K and V for one token on one GPU. With TP > KV heads vLLM replicates heads: each GPU keeps at least one."""
+    heads = max(1, num_kv_heads // tp) if num_kv_heads >= tp else 1
+    return 2.0 * num_layers * heads * head_dim * dtype_bytes
+
+
+def kv_requirement(*, concurrency: int, seq_len: int, block_size: int, num_layers: int, num_kv_heads: int,
+                   head_dim: int, dtype_bytes: float, weights_bytes: float, overhead_bytes: float = 0.0,
+                   gpu_memory_bytes: float | None = None, tensor_parallel_size: int = 1,
+                   max_utilization: float = 0.95) -> KvRequirement:
+    """What it takes to keep ``concurrency`` sequences of ``seq_len`` tokens in the KV cache at once.
+
+    ``weights_bytes`` is the whole model's weights (divided by the TP size per GPU). The utilization is
+    rounded *up* to 0.01; ``max_utilization`` (default 0.95) keeps room for CUDA graphs and the allocator
+    outside the budget (docs/sizing.md). Block rounding is included: each sequence takes whole blocks.
+    """
+    for name, v in (("concurrency", concurrency), ("seq_len", seq_len), ("block_size", block_size),
+                    ("num_layers", num_layers), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim),
+                    ("tensor_parallel_size", tensor_parallel_size)):
+        _positive(name, v, integer=True)
+    _positive("dtype_bytes", dtype_bytes)
+    for name, v in (("weights_bytes", weights_bytes), ("overhead_bytes", overhead_bytes)):
+        if v is None or isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise KvBudgetError(f"--{name.replace('_bytes', '').replace('_', '-')} must be a number ≥ 0, got {v!r}")
+    if gpu_memory_bytes is not None:
+        _positive("gpu_memory_bytes", gpu_memory_bytes)
+    if not 0 < max_utilization <= 1:
+        raise KvBudgetError(f"max utilization is a fraction in (0, 1], got {max_utilization!r}")
+
+    def one(tp: int) -> dict:
+        per_seq = int(math.ceil(seq_len / block_size) * block_size)
+        bpt = kv_bytes_per_token(num_layers, num_kv_heads, head_dim, dtype_bytes, tp)
+        kv = concurrency * per_seq * bpt
+        need = weights_bytes / tp + overhead_bytes + kv
+        util = None
+        if gpu_memory_bytes:
+            util = math.ceil(need / gpu_memory_bytes * 100 - 1e-9) / 100
+        return {"tensor_parallel_size": tp, "kv_bytes_per_token": bpt, "kv_cache_bytes": kv, "needed_bytes": need,
+                "gpu_memory_utilization": util, "fits": None if util is None else util <= max_utilization,
+                "min_gpu_memory_bytes": need / max_utilization}
+
+    r = one(int(tensor_parallel_size))
+    per_seq = int(math.ceil(seq_len / block_size) * block_size)
+    A = [f"tokens per sequence = ceil({seq_len} / {block_size}) x {block_size} = {per_seq:,}",
+         f"KV bytes per token = 2 x {num_layers} layers x {max(1, num_kv_heads // tensor_parallel_size)} KV heads"
+         f"{' (on this GPU)' if tensor_parallel_size > 1 else ''} x {head_dim} x {dtype_bytes:g} B = "
+         f"{r['kv_bytes_per_token']:,.0f} B",
+         f"KV = {concurrency:,} x {per_seq:,} x {r['kv_bytes_per_token']:,.0f} B = {r['kv_cache_bytes'] / GIB:.2f} GiB",
+         f"needed = weights {weights_bytes / GIB:.2f} GiB / TP {tensor_parallel_size} + overhead "
+         f"{overhead_bytes / GIB:.2f} GiB + KV = {r['needed_bytes'] / GIB:.2f} GiB per GPU"]
+    if gpu_memory_bytes:
+        A.append(f"utilization = {r['needed_bytes'] / GIB:.2f} GiB / {gpu_memory_bytes / GIB:.2f} GiB = "
+                 f"{r['needed_bytes'] / gpu_memory_bytes:.4f} -> {r['gpu_memory_utilization']:.2f}"
+                 + ("" if r["fits"] else f" > {max_utilization:g}: does not fit this GPU"))
+    A.append(f"smallest GPU = needed / {max_utilization:g} = {r['min_gpu_memory_bytes'] / GIB:.2f} GiB")
+    return KvRequirement(concurrency=int(concurrency), seq_len=int(seq_len), block_size=int(block_size),
+                         tokens_per_seq=per_seq, kv_bytes_per_token=r["kv_bytes_per_token"],
+                         kv_cache_bytes=r["kv_cache_bytes"], tensor_parallel_size=int(tensor_parallel_size),
+                         weights_bytes=float(weights_bytes), overhead_bytes=float(overhead_bytes),
+                         needed_bytes=r["needed_bytes"], gpu_memory_bytes=gpu_memory_bytes,
+                         gpu_memory_utilization=r["gpu_memory_utilization"], fits=r["fits"],
+                         max_utilization=max_utilization, min_gpu_memory_bytes=r["min_gpu_memory_bytes"],
+                         per_tp=[one(tp) for tp in (1, 2, 4, 8)], arithmetic=A)

@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from fragscope.cli import fragscope_group
-from fragscope.kvbudget import (GIB, KvBudgetError, expected_waste_ratio, kv_budget, model_shape_from_config,
-                                read_model_config, recommend_block_size)
+from fragscope.kvbudget import (GIB, KvBudgetError, block_waste, expected_waste_ratio, kv_budget, kv_requirement,
+                                model_shape_from_config, read_model_config, recommend_block_size)
 
 LLAMA3_8B = dict(num_layers=32, num_kv_heads=8, head_dim=128, dtype_bytes=2)
 WORKED = dict(gpu_memory_bytes=80 * GIB, gpu_memory_utilization=0.9, weights_bytes=16 * GIB,
@@ -109,14 +109,89 @@ def run_cli(*args):
 @pytest.mark.parametrize("args,needle", [
     (FLAGS[:3], "missing --weights-gib"),
     (FLAGS + SHAPE[:-2], "missing --dtype-bytes"),
-    (FLAGS[:-1] + ["abc"] + SHAPE, "--block-size must be a number"),
-    (FLAGS[:-1] + ["16.5"] + SHAPE, "whole number"),
+    (FLAGS[:-1] + ["abc"] + SHAPE, "'--block-size': 'abc' is not a valid integer"),
+    (FLAGS[:-1] + ["16.5"] + SHAPE, "'--block-size': '16.5' is not a valid integer"),
+    (["kv-budget", "--gpu-memory-gib", "eighty"], "'eighty' is not a size"),
+    (["kv-budget", "--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization"),
+    (["kv-budget", "--target-concurrency", "8"] + SHAPE, "needs both --target-concurrency and --target-len"),
+    (["kv-budget", "--target-concurrency", "8", "--target-len", "100"] + SHAPE, "missing --weights-gib"),
     (FLAGS + SHAPE + ["--format", "xml"], "--format"),
     (["kv-budget", "--gpu-memory-gib", "8", "--weights-gib", "16"] + SHAPE, "no memory left"),
     (FLAGS + ["--model-config", "/nonexistent/config.json"], "cannot read"),
 ])
-def test_cli_errors_are_one_line_exit_2(args, needle):
-    p = run_cli(*args)
-    assert p.returncode == 2
-    lines = p.stderr.strip().splitlines()
-    assert len(lines) == 1 and needle in lines[0] and "Traceback" not in p.stderr, p.stderr
+def test_cli_errors_are_one_line_exit_2(args, needle, monkeypatch, capsys):
+    from fragscope.cli import _run
+
+    monkeypatch.setattr(sys, "argv", ["fragscope", *args])
+    with pytest.raises(SystemExit) as ex:
+        _run(fragscope_group, "fragscope")
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert ex.value.code == 2 and len(lines) == 1 and needle in lines[0] and "Traceback" not in err, err
+
+
+def test_cli_error_subprocess_smoke():
+    p = run_cli(*FLAGS[:3])
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "missing --weights-gib" in p.stderr
+
+
+def test_block_waste_needs_no_gpu_and_explains():
+    w = block_waste(64, 32)
+    assert w["expected_waste_ratio"] == pytest.approx(63 / 127) and w["recommended_block_size"] == 16
+    assert w["recommended_waste_ratio"] == pytest.approx(15 / 79)
+    # the reason carries the arithmetic: (B - 1) / 2 = 31.5 empty tokens, 49.6 %, and the gain
+    assert "31.5" in w["reason"] and "49.6 %" in w["reason"] and "19.0 %" in w["reason"]
+    assert f"{(1 - 15 / 79) / (1 - 63 / 127):.2f}x" in w["reason"]
+    assert "keep it" in block_waste(16, 32)["reason"]
+    assert "optional" in block_waste(8, 1000)["reason"]  # bigger block suggested: bookkeeping, not memory
+    b = kv_budget(**{**WORKED, "block_size": 64}, avg_seq_len=32)
+    assert b.recommendation_reason == w["reason"]
+
+
+def test_reverse_question_inverts_the_worked_example():
+    r = kv_requirement(concurrency=216, seq_len=2048, block_size=16, weights_bytes=16 * GIB, overhead_bytes=2 * GIB,
+                       gpu_memory_bytes=80 * GIB, **LLAMA3_8B)
+    assert r.kv_cache_bytes == 54 * GIB and r.needed_bytes == 72 * GIB
+    assert r.gpu_memory_utilization == 0.90 and r.fits  # exactly the forward example's 216 sequences at 0.9
+    assert r.min_gpu_memory_bytes == pytest.approx(72 * GIB / 0.95)
+    tp = {t["tensor_parallel_size"]: t for t in r.per_tp}
+    assert tp[2]["needed_bytes"] == 8 * GIB + 2 * GIB + 27 * GIB  # weights and KV heads split in two
+    assert tp[8]["kv_bytes_per_token"] == 2 * 32 * 1 * 128 * 2  # 8 KV heads over 8 GPUs: one each
+    # block rounding: 2,049 tokens take 129 blocks of 16
+    r2 = kv_requirement(concurrency=1, seq_len=2049, block_size=16, weights_bytes=0, **LLAMA3_8B)
+    assert r2.tokens_per_seq == 2064 and r2.gpu_memory_utilization is None and r2.fits is None
+    too_big = kv_requirement(concurrency=1000, seq_len=8192, block_size=16, weights_bytes=16 * GIB,
+                             gpu_memory_bytes=80 * GIB, **LLAMA3_8B)
+    assert too_big.fits is False and too_big.gpu_memory_utilization > 1
+
+
+def test_cli_sizes_waste_only_and_reverse():
+    r = CliRunner().invoke(fragscope_group, ["kv-budget", "--gpu-memory-gib", "80GiB", "--weights-gib", "16384MiB",
+                                             "--overhead-gib", "2GiB", "--block-size", "16", *SHAPE,
+                                             "--max-seq-len", "2048"])
+    assert r.exit_code == 0, r.output
+    assert "27,648" in r.output and "216" in r.output
+    r = CliRunner().invoke(fragscope_group, ["kv-budget", "--block-size", "64", "--avg-seq-len", "32"])
+    assert r.exit_code == 0, r.output
+    assert "49.6 %" in r.output and "recommended block size: 16" in r.output and "why:" in r.output
+    r = CliRunner().invoke(fragscope_group, ["kv-budget", "--block-size", "64", "--avg-seq-len", "32",
+                                             "--format", "json"])
+    d = json.loads(r.output)
+    assert d["mode"] == "block-waste" and d["recommended_block_size"] == 16
+    r = CliRunner().invoke(fragscope_group, ["kv-budget", "--target-concurrency", "216", "--target-len", "2048",
+                                             "--weights-gib", "16", "--overhead-gib", "2", "--gpu-memory-gib", "80",
+                                             *SHAPE, "--format", "json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    assert d["mode"] == "reverse" and d["gpu_memory_utilization"] == 0.9 and d["fits"] is True
+    r = CliRunner().invoke(fragscope_group, ["kv-budget", "--target-concurrency", "216", "--target-len", "2048",
+                                             "--weights-gib", "16", "--overhead-gib", "2", *SHAPE])
+    assert "smallest GPU: 75.79 GiB" in r.output and "TP 2:" in r.output
+
+
+def test_help_shows_option_types():
+    r = CliRunner().invoke(fragscope_group, ["kv-budget", "--help"], terminal_width=200)
+    assert r.exit_code == 0
+    out = r.output
+    assert "--gpu-memory-gib SIZE" in out and "--block-size INTEGER RANGE" in out
+    assert "--format [human|json]" in out and " TEXT" not in out

@@ -1,4 +1,11 @@
-"""``fragscope kv-budget``: how many KV blocks fit, and how much the block size wastes (docs/kv-budget.md)."""
+"""``fragscope kv-budget``: KV blocks that fit, block-size waste, and the reverse question (docs/kv-budget.md).
+
+Three questions, chosen by the flags given:
+- block-size waste alone: ``--block-size B --avg-seq-len L`` (no GPU figures needed);
+- forward: GPU memory, utilization, weights and model shape -> blocks, tokens, concurrency;
+- reverse: ``--target-concurrency N --target-len L`` -> the utilization (with ``--gpu-memory-gib``) and the
+  smallest GPU, per tensor-parallel size.
+"""
 from __future__ import annotations
 
 import json
@@ -6,8 +13,35 @@ import math
 
 import click
 
-from ..kvbudget import GIB, KvBudgetError, kv_budget, read_model_config
+from ..kvbudget import GIB, KvBudgetError, block_waste, kv_budget, kv_requirement, read_model_config
 from .common import fail
+from .snapshot_cmd import parse_size  # one size parser for every CLI flag (snapshot --device-memory)
+
+
+class GibSize(click.ParamType):
+    """A size: a bare number is GiB (``80``); a unit is honoured (``80GiB``, ``81920MiB``; 'GB' is GiB)."""
+
+    name = "SIZE"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, (int, float)):
+            return float(value) * GIB
+        text = str(value).strip()
+        try:
+            v = float(text) * GIB
+        except ValueError:
+            try:
+                v = float(parse_size(text))
+            except ValueError:
+                self.fail(f"{value!r} is not a size (write e.g. 80, 80GiB or 81920MiB)", param, ctx)
+        if not math.isfinite(v) or v < 0:
+            self.fail(f"{value!r} must be a finite size ≥ 0", param, ctx)
+        return v
+
+
+SIZE = GibSize()
+POS_INT = click.IntRange(min=1)
+FORMATS = click.Choice(["human", "json"])
 
 
 def _fmt(n: float) -> str:
@@ -28,88 +62,124 @@ def _human(b) -> str:
     if b.max_concurrent_seqs is not None:
         lines.append(f"max concurrent sequences of {_fmt(i['max_seq_len'])} tokens: {_fmt(b.max_concurrent_seqs)}")
     if b.expected_waste_ratio is not None:
-        lines.append(f"expected waste at {i['avg_seq_len']:g} tokens per sequence: "
-                     f"{b.expected_waste_ratio * 100:.1f} % of allocated KV (block size {i['block_size']})")
-        if b.recommended_block_size != i["block_size"]:
-            lines.append(f"recommended block size: {b.recommended_block_size} "
-                         f"(expected waste {b.recommended_waste_ratio * 100:.1f} %; vLLM --block-size "
-                         f"{b.recommended_block_size})")
-        else:
-            lines.append(f"recommended block size: {b.recommended_block_size} (the current one)")
+        lines.extend(_waste_lines({"block_size": i["block_size"], "avg_seq_len": i["avg_seq_len"],
+                                   "expected_waste_ratio": b.expected_waste_ratio,
+                                   "recommended_block_size": b.recommended_block_size,
+                                   "recommended_waste_ratio": b.recommended_waste_ratio,
+                                   "reason": b.recommendation_reason}))
     return "\n".join(lines)
 
 
-def _num(flag: str, raw: str | None, integer: bool = False, required: bool = False):
-    """Parse one flag's value; a bad one is a one-line error naming the flag."""
-    if raw is None:
-        return None
-    try:
-        v = float(raw)
-    except ValueError:
-        fail(f"kv-budget: {flag} must be a number, got {raw!r}")
-    if not math.isfinite(v) or v < 0 or (v == 0 and flag != "--overhead-gib" and flag != "--weights-gib"):
-        fail(f"kv-budget: {flag} must be a positive finite number, got {raw!r}")
-    if integer:
-        if v != int(v):
-            fail(f"kv-budget: {flag} must be a whole number, got {raw!r}")
-        return int(v)
-    return v
+def _waste_lines(w: dict) -> list[str]:
+    lines = [f"expected waste at {w['avg_seq_len']:g} tokens per sequence: {w['expected_waste_ratio'] * 100:.1f} % "
+             f"of allocated KV (block size {w['block_size']})"]
+    if w["recommended_block_size"] != w["block_size"]:
+        lines.append(f"recommended block size: {w['recommended_block_size']} (expected waste "
+                     f"{w['recommended_waste_ratio'] * 100:.1f} %; vLLM --block-size {w['recommended_block_size']})")
+    else:
+        lines.append(f"recommended block size: {w['recommended_block_size']} (the current one)")
+    lines.append(f"why: {w['reason']}")
+    return lines
+
+
+def _reverse_human(r) -> str:
+    lines = [f"target: {r.concurrency:,} sequences of {r.seq_len:,} tokens at once "
+             f"(TP {r.tensor_parallel_size}, block {r.block_size})"]
+    if r.gpu_memory_utilization is not None:
+        verdict = "fits" if r.fits else f"does NOT fit (above {r.max_utilization:g})"
+        lines.append(f"--gpu-memory-utilization {r.gpu_memory_utilization:.2f} on a {r.gpu_memory_bytes / GIB:g} GiB GPU: "
+                     f"{verdict}")
+    lines.append(f"smallest GPU: {r.min_gpu_memory_bytes / GIB:.2f} GiB per GPU at utilization {r.max_utilization:g}")
+    lines.append("arithmetic:")
+    lines.extend(f"  {n}. {s}" for n, s in enumerate(r.arithmetic, 1))
+    lines.append("per tensor-parallel size (per GPU):")
+    for t in r.per_tp:
+        u = "" if t["gpu_memory_utilization"] is None else \
+            f", utilization {t['gpu_memory_utilization']:.2f}{'' if t['fits'] else ' (does not fit)'}"
+        lines.append(f"  TP {t['tensor_parallel_size']}: needs {t['needed_bytes'] / GIB:.2f} GiB (KV "
+                     f"{t['kv_cache_bytes'] / GIB:.2f} GiB), smallest GPU {t['min_gpu_memory_bytes'] / GIB:.2f} GiB{u}")
+    lines.append("limits: activations, CUDA graphs and non-torch memory are the --overhead-gib you give; prefix "
+                 "sharing is not counted (it only lowers the need)")
+    return "\n".join(lines)
 
 
 def register(fragscope_group: click.Group, diagnose_group: click.Group) -> None:
     """Attach ``fragscope kv-budget``."""
 
     @fragscope_group.command("kv-budget")
-    @click.option("--gpu-memory-gib", type=str, default=None, help="GPU memory per GPU, GiB (e.g. 80).")
-    @click.option("--gpu-memory-utilization", type=str, default="0.9", show_default=True,
-                  help="vLLM --gpu-memory-utilization.")
-    @click.option("--weights-gib", type=str, default=None, help="Model weights on this GPU, GiB.")
-    @click.option("--overhead-gib", type=str, default="0", show_default=True,
-                  help="Activations, CUDA graphs and non-torch memory, GiB.")
-    @click.option("--block-size", type=str, default="16", show_default=True, help="KV block size, tokens.")
-    @click.option("--num-layers", type=str, default=None, help="Transformer layers (or --model-config).")
-    @click.option("--num-kv-heads", type=str, default=None, help="KV heads on this GPU (or --model-config).")
-    @click.option("--head-dim", type=str, default=None, help="Head dimension (or --model-config).")
-    @click.option("--dtype-bytes", type=str, default=None, help="Bytes per KV element (bf16: 2, fp8: 1).")
-    @click.option("--max-seq-len", type=str, default=None, help="Sequence length for max concurrency.")
-    @click.option("--avg-seq-len", type=str, default=None, help="Average prompt + output tokens, for waste.")
-    @click.option("--model-config", type=str, default=None,
+    @click.option("--gpu-memory-gib", type=SIZE, default=None, help="Memory of one GPU: GiB, or a size like 80GiB.")
+    @click.option("--gpu-memory-utilization", type=click.FloatRange(min=0, max=1, min_open=True), default=0.9,
+                  show_default=True, help="vLLM --gpu-memory-utilization.")
+    @click.option("--weights-gib", type=SIZE, default=None,
+                  help="Model weights: on this GPU (forward), or the whole model (reverse, split by TP).")
+    @click.option("--overhead-gib", type=SIZE, default="0", show_default=True,
+                  help="Activations, CUDA graphs and non-torch memory per GPU.")
+    @click.option("--block-size", type=POS_INT, default=16, show_default=True, help="KV block size, tokens.")
+    @click.option("--num-layers", type=POS_INT, default=None, help="Transformer layers (or --model-config).")
+    @click.option("--num-kv-heads", type=POS_INT, default=None,
+                  help="KV heads: on this GPU (forward), of the model (reverse) (or --model-config).")
+    @click.option("--head-dim", type=POS_INT, default=None, help="Head dimension (or --model-config).")
+    @click.option("--dtype-bytes", type=click.FloatRange(min=0, min_open=True), default=None,
+                  help="Bytes per KV element (bf16: 2, fp8: 1).")
+    @click.option("--max-seq-len", type=POS_INT, default=None, help="Sequence length for max concurrency.")
+    @click.option("--avg-seq-len", type=click.FloatRange(min=0, min_open=True), default=None,
+                  help="Average prompt + output tokens: block-size waste (needs no GPU figures).")
+    @click.option("--target-concurrency", type=POS_INT, default=None, metavar="N",
+                  help="Reverse question: N sequences at once ...")
+    @click.option("--target-len", type=POS_INT, default=None, metavar="TOKENS",
+                  help="... of this many tokens each: which utilization, which GPU.")
+    @click.option("--tensor-parallel-size", type=POS_INT, default=1, show_default=True,
+                  help="Reverse question: GPUs the model is split over.")
+    @click.option("--model-config", type=click.Path(), default=None,
                   help="Hugging Face config.json (or its directory) for layers, KV heads, head dim, dtype.")
-    @click.option("--format", "fmt", type=str, default="human", show_default=True, help="human | json")
+    @click.option("--format", "fmt", type=FORMATS, default="human", show_default=True, help="Output format.")
     def kv_budget_cmd(gpu_memory_gib, gpu_memory_utilization, weights_gib, overhead_gib, block_size, num_layers,
-                      num_kv_heads, head_dim, dtype_bytes, max_seq_len, avg_seq_len, model_config, fmt):
-        """KV-cache blocks, cached tokens, concurrency and block-size waste (seed 001's maths)."""
-        if fmt not in ("human", "json"):
-            fail(f"kv-budget: --format must be human or json, got {fmt!r}")
-        gpu_memory_gib = _num("--gpu-memory-gib", gpu_memory_gib)
-        gpu_memory_utilization = _num("--gpu-memory-utilization", gpu_memory_utilization)
-        weights_gib = _num("--weights-gib", weights_gib)
-        overhead_gib = _num("--overhead-gib", overhead_gib)
-        block_size = _num("--block-size", block_size, integer=True)
-        num_layers = _num("--num-layers", num_layers, integer=True)
-        num_kv_heads = _num("--num-kv-heads", num_kv_heads, integer=True)
-        head_dim = _num("--head-dim", head_dim, integer=True)
-        dtype_bytes = _num("--dtype-bytes", dtype_bytes)
-        max_seq_len = _num("--max-seq-len", max_seq_len, integer=True)
-        avg_seq_len = _num("--avg-seq-len", avg_seq_len)
+                      num_kv_heads, head_dim, dtype_bytes, max_seq_len, avg_seq_len, target_concurrency, target_len,
+                      tensor_parallel_size, model_config, fmt):
+        """KV-cache blocks, concurrency, block-size waste, and the GPU a target needs (seed 001's maths)."""
+        gpu_bytes, weights_bytes, overhead_bytes = gpu_memory_gib, weights_gib, overhead_gib
+        reverse = target_concurrency is not None or target_len is not None
         try:
+            if reverse and (target_concurrency is None or target_len is None):
+                fail("kv-budget: the reverse question needs both --target-concurrency and --target-len")
+            if (not reverse and avg_seq_len is not None and gpu_bytes is None and weights_bytes is None
+                    and model_config is None and num_layers is None):
+                w = block_waste(block_size, avg_seq_len)
+                if fmt == "json":
+                    click.echo(json.dumps({"mode": "block-waste", **w}, indent=2, sort_keys=True))
+                else:
+                    click.echo("\n".join(_waste_lines(w)))
+                return
             if model_config:
                 shape = read_model_config(model_config)
                 num_layers = num_layers or shape.num_layers
                 num_kv_heads = num_kv_heads or shape.num_kv_heads
                 head_dim = head_dim or shape.head_dim
                 dtype_bytes = dtype_bytes or shape.dtype_bytes
-            missing = [f for f, v in (("--gpu-memory-gib", gpu_memory_gib), ("--weights-gib", weights_gib),
-                                      ("--num-layers", num_layers), ("--num-kv-heads", num_kv_heads),
-                                      ("--head-dim", head_dim), ("--dtype-bytes", dtype_bytes)) if v is None]
+            need = [("--weights-gib", weights_bytes), ("--num-layers", num_layers), ("--num-kv-heads", num_kv_heads),
+                    ("--head-dim", head_dim), ("--dtype-bytes", dtype_bytes)]
+            if not reverse:
+                need.insert(0, ("--gpu-memory-gib", gpu_bytes))
+            missing = [f for f, v in need if v is None]
             if missing:
                 hint = "" if model_config else " (or --model-config config.json for the model shape)"
+                if not reverse and avg_seq_len is None:
+                    hint += "; --block-size with --avg-seq-len alone gives the block-size waste"
                 fail(f"kv-budget: missing {', '.join(missing)}{hint}")
-            b = kv_budget(gpu_memory_bytes=gpu_memory_gib * GIB, gpu_memory_utilization=gpu_memory_utilization,
-                          weights_bytes=weights_gib * GIB, overhead_bytes=overhead_gib * GIB,
-                          block_size=block_size, num_layers=num_layers, num_kv_heads=num_kv_heads,
-                          head_dim=head_dim, dtype_bytes=dtype_bytes, max_seq_len=max_seq_len,
-                          avg_seq_len=avg_seq_len)
+            if reverse:
+                r = kv_requirement(concurrency=target_concurrency, seq_len=target_len, block_size=block_size,
+                                   num_layers=num_layers, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                                   dtype_bytes=dtype_bytes, weights_bytes=weights_bytes, overhead_bytes=overhead_bytes,
+                                   gpu_memory_bytes=gpu_bytes, tensor_parallel_size=tensor_parallel_size)
+                if fmt == "json":
+                    click.echo(json.dumps({"mode": "reverse", **r.to_dict()}, indent=2, sort_keys=True))
+                else:
+                    click.echo(_reverse_human(r))
+                return
+            b = kv_budget(gpu_memory_bytes=gpu_bytes, gpu_memory_utilization=gpu_memory_utilization,
+                          weights_bytes=weights_bytes, overhead_bytes=overhead_bytes, block_size=block_size,
+                          num_layers=num_layers, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                          dtype_bytes=dtype_bytes, max_seq_len=max_seq_len, avg_seq_len=avg_seq_len)
         except KvBudgetError as e:
             fail(f"kv-budget: {e}")
             return

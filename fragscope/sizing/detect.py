@@ -1,0 +1,141 @@
+"""The sizing diagnoses as pure detectors (for the registry): ``kv-pool-undersized`` and ``startup-oom``.
+
+Input: the start-up accounting (a :class:`StartupAccounting` or its ``to_dict()``) and, for the pool,
+the run-time summary of :mod:`fragscope.sizing.runtime`. Output: findings or an Inconclusive naming
+what is missing. No I/O, no clock. docs/sizing.md#diagnoses.
+"""
+from __future__ import annotations
+
+from dataclasses import fields
+
+from ..model import Evidence, Finding, Inconclusive, Severity
+from ..units import GiB, MiB
+from .playbooks import KV_POOL_UNDERSIZED_ID, STARTUP_OOM_ID
+from .recommend import MEMORY_ELSEWHERE, POOL_TOO_SMALL, STARTUP_OOM, SizingConfig, recommend
+from .startup import StartupAccounting
+
+REQUIRES_POOL = ("startup_accounting", "kv_cache_usage_ratio", "preemptions_total", "gpu_memory_used_bytes",
+                 "gpu_memory_total_bytes")
+CORROBORATES_POOL = ("requests_waiting", "request_prompt_tokens", "request_generation_tokens")
+REQUIRES_STARTUP = ("startup_accounting",)
+
+
+def _acc(a) -> StartupAccounting:
+    if isinstance(a, StartupAccounting):
+        return a
+    if isinstance(a, dict):
+        names = {f.name for f in fields(StartupAccounting)}
+        return StartupAccounting(**{k: v for k, v in a.items() if k in names})
+    raise TypeError("startup accounting must be a StartupAccounting or its dict")
+
+
+def _window(runtime: dict | None, window: tuple[float, float] | None):
+    if window:
+        return window
+    if runtime and runtime.get("window"):
+        w = runtime["window"]
+        return (float(w[0]), float(w[1]))
+    return None
+
+
+def detect_kv_pool_undersized(accounting, runtime: dict | None, cfg: SizingConfig = SizingConfig(),
+                              window: tuple[float, float] | None = None) -> list[Finding] | Inconclusive:
+    """The pool ran full under demand while the GPU had headroom: the value to set."""
+    acc = _acc(accounting)
+    if not acc.has_accounting:
+        return Inconclusive(KV_POOL_UNDERSIZED_ID, ["engine start-up log (KV cache size lines)"],
+                            "the pool's size and the memory split come from the start-up log")
+    names = {"kv_usage_peak_ratio": "vllm:kv_cache_usage_perc (or sglang:token_usage)",
+             "device_used_peak_bytes": "gpu_memory_used_bytes (NVML)",
+             "device_total_bytes": "gpu_memory_total_bytes (NVML)"}
+    missing = [name for key, name in names.items() if not runtime or runtime.get(key) is None]
+    if missing:
+        return Inconclusive(KV_POOL_UNDERSIZED_ID, missing, "pool pressure and the GPU's headroom are both needed")
+    rec = recommend(acc, runtime, cfg)
+    pool = [c for c in rec.cases if c["case"] == POOL_TOO_SMALL]
+    if not pool:
+        if rec.status == "inconclusive":
+            return Inconclusive(KV_POOL_UNDERSIZED_ID, rec.missing, "could not judge the pool against the traffic")
+        return []
+    new_u = rec.settings.get("--gpu-memory-utilization") or rec.settings.get("--mem-fraction-static")
+    if new_u is None:
+        return []  # no headroom: kv-cache-pressure says what to do; this diagnosis needs a value to set
+    w = _window(runtime, window)
+    cur = rec.current.get("--gpu-memory-utilization", rec.current.get("--mem-fraction-static"))
+    headroom = runtime["device_total_bytes"] - runtime["device_used_peak_bytes"]
+    ev = [Evidence("kv_cache_usage_peak_ratio", runtime["kv_usage_peak_ratio"], None, cfg.full_kv_usage, "ratio", w,
+                   "peak KV usage over the window", runtime["kv_usage_peak_ratio"] >= cfg.full_kv_usage),
+          Evidence("gpu_memory_free_at_peak_bytes", headroom, None, cfg.margin(runtime["device_total_bytes"]), "bytes", w,
+                   "NVML total - peak used", True)]
+    if runtime.get("preemptions_total") is not None:
+        kvf = (runtime.get("preemptions_by_reason") or {}).get("kv_full")
+        ev.append(Evidence("preemptions_total", runtime["preemptions_total"], None, 0.0, "preemptions", w,
+                           f"kv_full: {kvf:,.0f}" if kvf is not None else "reason not exported", True))
+    out = rec.outcome
+    tail = ""
+    if out.get("kv_cache_tokens"):
+        tail = f" -> {out['kv_cache_tokens']:,} KV tokens"
+        if out.get("max_concurrency"):
+            tail += f", {out['max_concurrency']:,} sequences of {out['seq_len_tokens']:,.0f} tokens"
+    flag = "--gpu-memory-utilization" if "--gpu-memory-utilization" in rec.settings else "--mem-fraction-static"
+    summary = (f"KV pool too small for the traffic ({pool[0]['evidence']}) while {headroom / GiB:.1f} GiB of the GPU "
+               f"stayed free at peak: set {flag} {new_u:.2f} (now {cur}){tail}.")
+    conf = 0.6 + 0.1 * sum(1 for e in ev if e.agrees)
+    ctx = {"recommendation": rec.to_dict()}
+    return [Finding(KV_POOL_UNDERSIZED_ID, Severity.WARNING, min(0.9, conf), summary, None, ev, [], {},
+                    context=ctx, basis="log")]
+
+
+def detect_startup_oom(accounting, cfg: SizingConfig = SizingConfig()) -> list[Finding] | Inconclusive:
+    """The engine failed to start for memory: the value that would have started."""
+    acc = _acc(accounting)
+    if not acc.has_accounting:
+        return Inconclusive(STARTUP_OOM_ID, ["engine start-up log"], "no start-up lines in the log")
+    if acc.failure is None:
+        return []
+    rec = recommend(acc, None, cfg)
+    cases = [c for c in rec.cases if c["case"] in (STARTUP_OOM, MEMORY_ELSEWHERE)]
+    f = acc.failure
+    what = {"oom": f"out of memory during {f.get('phase') or 'start-up'}",
+            "no-kv-memory": "no memory left for the KV cache blocks",
+            "kv-insufficient": "KV pool smaller than one max-length sequence",
+            "startup-shortfall": "less free memory than requested"}.get(f["kind"], f["kind"])
+    setting = " ".join(f"{k} {v}" for k, v in rec.settings.items())
+    summary = f"The engine did not start: {what}" + (f"; {setting} would have started by its own figures." if setting
+                                                     else "; the value cannot be computed from this log.")
+    ev = []
+    if f.get("requested_bytes") is not None and f.get("free_bytes") is not None:
+        ev.append(Evidence("oom_shortfall_bytes", max(0.0, f["requested_bytes"] - f["free_bytes"]), None, 0.0, "bytes",
+                           None, f"tried {f['requested_bytes'] / MiB:.1f} MiB with {f['free_bytes'] / MiB:.1f} "
+                           "MiB free", True))
+    if acc.gpu_memory_utilization is not None:
+        ev.append(Evidence("gpu_memory_utilization", acc.gpu_memory_utilization, None, None, "ratio", None,
+                           "in force at start-up", True))
+    conf = 0.9 if setting else 0.6
+    ctx = {"recommendation": rec.to_dict(), "failure": dict(f)}
+    return [Finding(STARTUP_OOM_ID, Severity.CRITICAL, conf, summary, None, ev,
+                    rec.missing if not setting else [], {}, context=ctx, basis="log")]
+
+
+def judge_log(lines, runtime: dict | None = None, cfg: SizingConfig = SizingConfig()):
+    """Both diagnoses from an engine log (a list of lines), for ``diagnose logs`` and the agent.
+
+    The log's own stats lines give the run-time evidence; ``runtime`` (NVML peaks from a recording or
+    the sidecar) is merged over it. Returns (accounting, [Finding | Inconclusive, ...]); a diagnosis that
+    found nothing adds nothing.
+    """
+    from ..collectors.enginelog import parse_log
+    from .runtime import runtime_from_log_events
+    from .startup import parse_startup
+
+    lines = list(lines)
+    acc = parse_startup(lines)
+    rt = runtime_from_log_events(parse_log(lines), since_line=acc.first_line)
+    rt.update(runtime or {})
+    out: list = []
+    judged = [detect_startup_oom(acc, cfg)]
+    if acc.failure is None:  # a server that never started has no pool to judge
+        judged.append(detect_kv_pool_undersized(acc, rt, cfg))
+    for res in judged:
+        out.extend(res if isinstance(res, list) else [res])
+    return acc, out

@@ -1,0 +1,431 @@
+"""The engine's own start-up memory accounting, read from its log (vLLM V0 / V1, SGLang). docs/sizing.md.
+
+Pure: lines in, a :class:`StartupAccounting` out; no I/O. Figures are kept exactly as logged, in bytes
+(vLLM and SGLang print "GB" but divide by 2**30, so every unit is binary: see
+:func:`fragscope.collectors.enginelog.parse_size`). PyTorch OOM messages are parsed by the log collector's
+parser (one source for that text). Every field is ``None`` when the log did not say it: absent is not 0.
+
+A log can hold several start-ups (restarts, or one line per tensor-parallel worker): the accounting of
+the *last* start-up wins; tensor-parallel workers print the same figures, and the last one is kept.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Iterable
+
+from ..collectors.enginelog import parse_log_line
+from .wordings import (_ANSI, _AVAIL_KV, _BLOCKS, _CFG, _ENGINE_V, _GRAPH, _GRAPH_EST, _GRAPH_POOL,
+                       _GRAPH_PROFILING_OFF, _GRAPH_PROFILING_ON, _KV_INSUFF, _KV_INSUFF_EST, _KV_INSUFF_OLD,
+                       _KV_TOKENS, _MAX_CONC, _NEW_STARTUP, _NO_CACHE, _PHASES, _READY, _SG_AVAIL, _SG_FIELDS,
+                       _SG_GRAPH_END, _SG_KV, _SG_LOAD_BEGIN, _SG_LOAD_END, _SG_MAX_TOTAL, _SG_POOL_END,
+                       _SHORTFALL, _SUMMARY_DESIRED, _SUMMARY_FIT, _SUMMARY_FREE, _SUMMARY_FULL, _SUMMARY_INUSE,
+                       _SUMMARY_PARTS, _V0_KV, _V0_KV_GMU, _V0_PROSE, _V0_PROSE_BUDGET, _V0_TABLE, _V0_TABLE_GMU,
+                       _VERSION, _WEIGHTS, _gate, _gib, _int, _size)
+
+
+@dataclass
+class StartupAccounting:
+    """What the engine said about its memory at (the last) start-up. Bytes throughout; None: not logged."""
+
+    engine: str | None = None  # "vllm-v0" | "vllm-v1" | "vllm" (generation not told) | "sglang"
+    version: str | None = None
+    # the budget
+    total_gpu_memory_bytes: float | None = None  # what the engine counts as the device's memory
+    gpu_memory_utilization: float | None = None
+    requested_memory_bytes: float | None = None  # total x utilization (vLLM's budget)
+    kv_cache_memory_bytes_setting: float | None = None  # --kv-cache-memory-bytes when set
+    mem_fraction_static: float | None = None  # SGLang
+    # the split
+    weights_bytes: float | None = None
+    non_torch_memory_bytes: float | None = None
+    activation_peak_bytes: float | None = None
+    peak_torch_memory_bytes: float | None = None  # older V0 key=value wording (weights + activations)
+    consumed_memory_bytes: float | None = None  # V1 >= 0.2x summary: weights + non-torch
+    kv_cache_bytes: float | None = None
+    kv_cache_tokens: int | None = None
+    gpu_blocks: int | None = None
+    cpu_blocks: int | None = None
+    block_size: int | None = None
+    max_concurrency: float | None = None
+    max_concurrency_tokens_per_request: int | None = None
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+    tensor_parallel_size: int | None = None
+    # CUDA graphs
+    cuda_graph_bytes: float | None = None  # measured at capture ("took X GiB", SGLang "mem usage")
+    cuda_graph_seconds: float | None = None
+    cuda_graph_estimate_bytes: float | None = None  # V1 >= 0.21 profiles it before sizing the pool
+    cuda_graph_in_budget: bool | None = None  # True: the estimate was taken out of the KV budget
+    # V1 >= 0.2x one-line summary
+    startup_free_bytes: float | None = None
+    kv_cache_memory_bytes_fit: int | None = None  # the engine's own "to fit into requested memory"
+    kv_cache_memory_bytes_full: int | None = None  # "... to fully utilize gpu memory"
+    # SGLang
+    sglang_free_at_init_bytes: float | None = None  # "Load weight begin. avail mem" (SGLang's total)
+    sglang_free_after_weights_bytes: float | None = None
+    sglang_free_after_pool_bytes: float | None = None
+    sglang_free_after_graphs_bytes: float | None = None
+    max_total_num_tokens: int | None = None
+    max_running_requests: int | None = None
+    context_len: int | None = None
+    page_size: int | None = None
+    # outcome
+    started: bool = False  # a KV pool was sized and the server went on (ready line or stats lines)
+    served: bool = False  # stats lines after start-up: it served traffic
+    failure: dict | None = None  # {"kind", "phase", ...figures}; None: no start-up failure in the log
+    runtime_ooms: list[dict] = field(default_factory=list)  # PyTorch OOMs after start-up
+    startups: int = 0  # start-ups seen (the last one's figures are kept)
+    lines: dict[str, int] = field(default_factory=dict)  # field -> 1-based line it came from
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @property
+    def kv_bytes_per_token(self) -> float | None:
+        """KV bytes one token costs, from the engine's own pool size and capacity."""
+        tokens = self.pool_tokens
+        if self.kv_cache_bytes is not None and self.kv_cache_bytes > 0 and tokens:
+            return self.kv_cache_bytes / tokens
+        return None
+
+    @property
+    def pool_tokens(self) -> int | None:
+        """Tokens the KV pool holds: logged tokens, else blocks x block size, else SGLang's count."""
+        if self.kv_cache_tokens:
+            return self.kv_cache_tokens
+        if self.gpu_blocks and self.block_size:
+            return self.gpu_blocks * self.block_size
+        if self.max_total_num_tokens:
+            return self.max_total_num_tokens
+        return None
+
+    @property
+    def first_line(self) -> int:
+        """The first log line of this start-up's accounting (0 when none)."""
+        got = [v for v in self.lines.values() if v > 0]
+        return min(got) if got else 0
+
+    @property
+    def has_accounting(self) -> bool:
+        return any(v is not None for v in (self.kv_cache_bytes, self.kv_cache_tokens, self.gpu_blocks,
+                                           self.max_total_num_tokens, self.requested_memory_bytes,
+                                           self.weights_bytes)) or self.failure is not None
+
+
+class StartupParser:
+    """Feed lines one by one (or use :func:`parse_startup`)."""
+
+    def __init__(self) -> None:
+        self.acc = StartupAccounting()
+        self.line_no = 0
+        self.phase: str | None = None
+        self._in_profile_table = False
+        self._sg_loads: list[float] = []
+        self._sg_base: float | None = None
+        self._sg_after_begin = False
+
+    def _set(self, name: str, value) -> None:
+        setattr(self.acc, name, value)
+        self.acc.lines[name] = self.line_no
+
+    def _new_startup(self) -> None:
+        if self.acc.has_accounting or self.acc.started:  # the previous start-up is complete: begin anew
+            self.acc = StartupAccounting(startups=max(1, self.acc.startups) + 1)
+            self.phase = None
+            self._sg_loads = []
+            self._sg_base = None
+            self._sg_after_begin = False
+        elif self.acc.startups == 0:
+            self.acc.startups = 1
+
+    def feed(self, raw: str) -> None:
+        self.line_no += 1
+        if not _gate(raw):
+            return
+        if ("is preempted by" in raw or (self.acc.served and ("Avg prompt throughput" in raw or "batch" in raw))) \
+                and "out of memory" not in raw:
+            return  # stats lines after start-up: the run-time summary reads them, not this parser
+        line = _ANSI.sub("", raw).rstrip("\r\n") if "\x1b" in raw else raw.rstrip("\r\n")
+        if not line.strip():
+            return
+        a = self.acc
+        if any(m in line for m in _NEW_STARTUP):
+            if not ("Load weight begin" in line and self.phase == "load"):
+                self._new_startup()
+                a = self.acc
+        m = _ENGINE_V.search(line)
+        if m:
+            a.engine = "vllm-" + m.group(1).lower()
+        m = _VERSION.search(line)
+        if m:
+            a.version = next(g for g in m.groups() if g)
+            a.engine = a.engine or "vllm"
+        for name, sub in _PHASES:
+            if any(s in line for s in sub):
+                self.phase = name
+                break
+        if any(s in line for s in _READY):
+            if a.pool_tokens or a.kv_cache_bytes is not None:
+                a.started = True
+                if any(s in line for s in ("Avg prompt throughput", "Decode batch", "Prefill batch")):
+                    a.served = True
+                self.phase = "runtime"
+        self._config(line)
+        self._vllm(line)
+        self._sglang(line)
+        self._failures(line)
+
+    # --- pieces --------------------------------------------------------------------------------
+    def _config(self, line: str) -> None:
+        if not ("Namespace(" in line or "args" in line or "config" in line or "ServerArgs(" in line):
+            return
+        for name, (rx, conv) in _CFG.items():
+            m = rx.search(line)
+            if m:
+                target = "kv_cache_memory_bytes_setting" if name == "kv_cache_memory_bytes" else name
+                if target == "block_size" and "ServerArgs(" in line:
+                    continue
+                self._set(target, conv(m.group(1)))
+        if "ServerArgs(" in line or "server_args=" in line:
+            self.acc.engine = "sglang"
+
+    def _vllm(self, line: str) -> None:
+        a = self.acc
+        if "Memory profiling results" in line:
+            self._in_profile_table = True
+            a.engine = a.engine or "vllm-v0"
+        m = _V0_PROSE_BUDGET.search(line)
+        if m:
+            self._set("total_gpu_memory_bytes", _size(m, 1))
+            self._set("gpu_memory_utilization", float(m.group(3)))
+            self._set("requested_memory_bytes", _size(m, 4))
+            a.engine = a.engine or "vllm"
+        for rx_table in (_V0_PROSE, _V0_KV):
+            for name, rx in rx_table.items():
+                m = rx.search(line)
+                if m:
+                    self._set(name, _size(m))
+        if "kv_cache_size=" in line:
+            m = _V0_KV_GMU.search(line)
+            if m:
+                self._set("gpu_memory_utilization", float(m.group(1)))
+        if self._in_profile_table:
+            hit = False
+            for name, rx in _V0_TABLE.items():
+                m = rx.search(line)
+                if m:
+                    self._set(name, _size(m))
+                    hit = True
+            m = _V0_TABLE_GMU.search(line)
+            if m:
+                self._set("gpu_memory_utilization", float(m.group(1)))
+                hit = True
+            if not hit and "Memory profiling results" not in line and "duration" not in line:
+                self._in_profile_table = False
+        m = _WEIGHTS.search(line)
+        if m:
+            self._set("weights_bytes", _size(m))
+            a.engine = a.engine or "vllm"
+        m = _BLOCKS.search(line)
+        if m:
+            self._set("gpu_blocks", int(m.group(2)))
+            if m.group(3) is not None:
+                self._set("cpu_blocks", int(m.group(3)))
+            a.engine = a.engine or "vllm"
+        m = _KV_TOKENS.search(line)
+        if m:
+            self._set("kv_cache_tokens", _int(m.group(1)))
+            a.engine = a.engine or "vllm-v1"
+        m = _MAX_CONC.search(line)
+        if m:
+            self._set("max_concurrency_tokens_per_request", _int(m.group(1)))
+            self._set("max_concurrency", float(m.group(2).replace(",", "")))
+        m = _AVAIL_KV.search(line)
+        if m:
+            self._set("kv_cache_bytes", _size(m))
+            a.engine = a.engine or "vllm-v1"
+        m = _GRAPH.search(line)
+        if m:
+            self._set("cuda_graph_seconds", float(m.group(1)))
+            if m.group(2) is not None:
+                self._set("cuda_graph_bytes", _size(m, 2))
+        m = _GRAPH_EST.search(line)
+        if m:
+            self._set("cuda_graph_estimate_bytes", _size(m))
+            if a.cuda_graph_in_budget is None:
+                self._set("cuda_graph_in_budget", True)
+        m = _GRAPH_POOL.search(line)
+        if m:
+            self._set("cuda_graph_bytes", _size(m, 1))
+            self._set("cuda_graph_estimate_bytes", _size(m, 3))
+        if _GRAPH_PROFILING_ON.search(line):
+            self._set("cuda_graph_in_budget", True)
+            self._set("gpu_memory_utilization", float(_GRAPH_PROFILING_ON.search(line).group(1)))
+        elif _GRAPH_PROFILING_OFF in line:
+            self._set("cuda_graph_in_budget", False)
+        m = _SUMMARY_FREE.search(line)
+        if m:
+            self._set("startup_free_bytes", _gib(m.group(1)))
+            self._set("total_gpu_memory_bytes", _gib(m.group(2)))
+            d = _SUMMARY_DESIRED.search(line)
+            if d:
+                self._set("gpu_memory_utilization", float(d.group(1)))
+                self._set("requested_memory_bytes", _gib(d.group(2)))
+            for name, rx in _SUMMARY_PARTS.items():
+                p = rx.search(line)
+                if p:
+                    self._set(name, _gib(p.group(1)))
+            for name, rx in (("kv_cache_memory_bytes_fit", _SUMMARY_FIT), ("kv_cache_memory_bytes_full", _SUMMARY_FULL)):
+                p = rx.search(line)
+                if p:
+                    self._set(name, int(p.group(1)))
+            p = _SUMMARY_INUSE.search(line)
+            if p:
+                self._set("kv_cache_bytes", _gib(p.group(1)))
+            a.engine = "vllm-v1"
+
+    def _sglang(self, line: str) -> None:
+        a = self.acc
+        m = _SG_LOAD_BEGIN.search(line)
+        if m:
+            if a.sglang_free_at_init_bytes is None:  # a draft model (MTP / EAGLE) loads second: keep the first
+                self._set("sglang_free_at_init_bytes", _size(m))
+            if self._sg_loads and not self._sg_after_begin:
+                # a begin after an end: another model (draft) loads; its ends add to what is loaded so far
+                self._sg_base = a.weights_bytes
+            self._sg_after_begin = True
+            a.engine = "sglang"
+        m = _SG_LOAD_END.search(line)
+        if m:
+            self._set("sglang_free_after_weights_bytes", _size(m, 1))
+            # a draft model's "mem usage" adds to the target's (it can be negative: shared embeddings freed);
+            # tensor-parallel workers print their own end lines after all begins: those replace, not add
+            usage = _size(m, 3)
+            if self._sg_base is not None:
+                usage += self._sg_base
+            self._sg_after_begin = False
+            self._sg_loads.append(_size(m, 3))
+            self._set("weights_bytes", usage)
+            a.engine = "sglang"
+        m = _SG_KV.search(line)
+        if m:
+            self._set("kv_cache_tokens", _int(m.group(1)))
+            self._set("kv_cache_bytes", _size(m, 2) + _size(m, 4))
+            a.engine = "sglang"
+        m = _SG_POOL_END.search(line)
+        if m:
+            self._set("sglang_free_after_pool_bytes", _size(m))
+        m = _SG_GRAPH_END.search(line)
+        if m:
+            self._set("cuda_graph_seconds", float(m.group(1)))
+            if m.group(2) is not None:
+                self._set("cuda_graph_bytes", _size(m, 2))
+            if m.group(4) is not None:
+                self._set("sglang_free_after_graphs_bytes", _size(m, 4))
+        m = _SG_MAX_TOTAL.search(line)
+        if m:
+            self._set("max_total_num_tokens", int(m.group(1)))
+            for name, rx in _SG_FIELDS.items():
+                g = rx.search(line)
+                if g:
+                    self._set(name, int(g.group(1)))
+            g = _SG_AVAIL.search(line)
+            if g:
+                self._set("sglang_free_after_graphs_bytes", _size(g))
+            a.engine = "sglang"
+            a.started = True  # SGLang prints this once the scheduler is up
+
+    def _failures(self, line: str) -> None:
+        a = self.acc
+        if a.failure is not None and not a.started:
+            # one failure per start-up: the first is the cause, the rest is its traceback. An OOM's
+            # figures may still come on the next line of the same message.
+            if a.failure["kind"] == "oom" and "figures" not in a.failure and "out of memory" in line:
+                self._oom(line, into=a.failure)
+            if self.phase in ("graph-capture", "profile", "kv-allocation", "load") and a.failure.get("phase") is None:
+                a.failure["phase"] = self.phase
+            return
+        m = _SHORTFALL.search(line)
+        if m:
+            a.failure = {"kind": "startup-shortfall", "phase": "init", "line": self.line_no,
+                         "free_bytes": _gib(m.group(1)), "total_bytes": _gib(m.group(2)),
+                         "gpu_memory_utilization": float(m.group(3)), "requested_bytes": _gib(m.group(4))}
+            self._set("total_gpu_memory_bytes", _gib(m.group(2)))
+            self._set("gpu_memory_utilization", float(m.group(3)))
+            self._set("requested_memory_bytes", _gib(m.group(4)))
+            self._set("startup_free_bytes", _gib(m.group(1)))
+            return
+        if _NO_CACHE.search(line):
+            a.failure = {"kind": "no-kv-memory", "phase": "kv-allocation", "line": self.line_no}
+            return
+        m = _KV_INSUFF_OLD.search(line)
+        if m:
+            a.failure = {"kind": "kv-insufficient", "phase": "kv-allocation", "line": self.line_no,
+                         "max_model_len": int(m.group(1)), "available_tokens": int(m.group(2))}
+            return
+        m = _KV_INSUFF.search(line)
+        if m:
+            f = {"kind": "kv-insufficient", "phase": "kv-allocation", "line": self.line_no,
+                 "max_model_len": int(m.group(1)), "needed_bytes": _gib(m.group(2)),
+                 "available_bytes": _gib(m.group(3))}
+            e = _KV_INSUFF_EST.search(line)
+            if e:
+                f["estimated_max_model_len"] = int(e.group(1))
+            a.failure = f
+            return
+        if "out of memory" in line:
+            ev = self._oom(line, into=None)
+            if ev is None:
+                return
+            if a.started:
+                ev["phase"] = "runtime"
+                if not any(o.get("figures") == ev.get("figures") and o.get("figures") for o in a.runtime_ooms):
+                    a.runtime_ooms.append(ev)
+            else:
+                ev["phase"] = self.phase if self.phase != "runtime" else None
+                a.failure = ev
+
+    def _oom(self, line: str, into: dict | None) -> dict | None:
+        ev = parse_log_line(line)
+        if ev is None or ev.kind != "oom":
+            return None
+        f = dict(ev.fields)
+        out = into if into is not None else {"kind": "oom", "line": self.line_no}
+        if f.get("wording") == "cuda-error":
+            out.setdefault("wording", "cuda-error")
+            return out
+        out["figures"] = True
+        for k in ("requested_bytes", "total_bytes", "free_bytes", "process_in_use_bytes", "allocated_bytes",
+                  "reserved_unallocated_bytes", "reserved_bytes", "other_processes", "wording", "gpu"):
+            if k in f:
+                out[k] = f[k]
+        return out
+
+
+def parse_startup(lines: Iterable[str]) -> StartupAccounting:
+    """The start-up accounting of the last start-up in ``lines`` (an open file works)."""
+    p = StartupParser()
+    for line in lines:
+        p.feed(line)
+    acc = p.acc
+    if acc.activation_peak_bytes is None and acc.peak_torch_memory_bytes is not None and acc.weights_bytes is not None:
+        # older V0 prints the torch peak including the weights: the activation part is the difference
+        acc.activation_peak_bytes = max(0.0, acc.peak_torch_memory_bytes - acc.weights_bytes)
+        acc.lines["activation_peak_bytes"] = -1
+    if acc.startups == 0 and acc.has_accounting:
+        acc.startups = 1  # a log that begins after the start-up banner
+    if acc.block_size is None and acc.engine == "sglang" and acc.page_size:
+        acc.block_size = acc.page_size
+    if acc.block_size is None and acc.gpu_blocks and acc.max_concurrency and acc.max_concurrency_tokens_per_request:
+        # concurrency = blocks x B / tokens_per_request (printed to 2 decimals): solve for B and accept it
+        # only when it lands within 2 % of a block size vLLM accepts (1.54 x 40000 / 3852 = 15.99 -> 16)
+        est = acc.max_concurrency * acc.max_concurrency_tokens_per_request / acc.gpu_blocks
+        for b in (1, 8, 16, 32, 64, 128, 256):
+            if abs(est - b) <= 0.02 * b:
+                acc.block_size = b
+                acc.lines["block_size"] = -1  # derived, not logged
+                break
+    if acc.started is False and acc.failure is None and acc.pool_tokens and acc.startups <= 1:
+        # the log ends after sizing the pool: it started as far as this log shows
+        acc.started = p.phase == "runtime"
+    return acc
