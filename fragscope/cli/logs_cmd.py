@@ -33,9 +33,23 @@ def _read_log(path: str, tz_offset_hours: float, max_bytes: int):
         fail(f"{path}: cannot read: {e.strerror or e}")
     if info.text_bytes == 0:
         fail(f"{path}: empty file" + (" (after decompression)" if info.compressed else "") + ": nothing to diagnose")
-    if not info.events and not info.engine_lines:
+    if not info.events and not info.engine_lines and not _has_startup_accounting(path, max_bytes):
         fail(f"{path}: not an engine log: {describe_text(info.head)}")
     return info
+
+
+def _has_startup_accounting(path: str, max_bytes: int) -> bool:
+    """An excerpt of start-up accounting lines alone (e.g. SGLang's max_total_num_tokens line, vLLM's memory
+    summary pasted into a bug report) is still an engine log for the sizing checks."""
+    from ..collectors.enginelog.reader import iter_file_lines
+    from ..sizing.startup import parse_startup
+
+    try:
+        acc = parse_startup(iter_file_lines(path, max_bytes=max_bytes))
+    except (OSError, ValueError):
+        return False
+    d = acc.to_dict() if hasattr(acc, "to_dict") else vars(acc)
+    return any(v not in (None, [], {}, "", 0) for k, v in d.items() if k not in ("first_line", "engine", "lines"))
 
 
 def _finite(ctx, param, value):
@@ -216,7 +230,18 @@ def logs_cmd(file: str, fmt: str, fail_on: str, tz_offset: float, max_bytes: int
     tr = summary["time_range"]
     start = tr["start"] if tr["start"] is not None else float("nan")
     end = tr["end"] if tr["end"] is not None else float("nan")
+    # Sizing from the engine's own start-up accounting (docs/sizing.md): kv-pool-undersized, startup-oom.
+    from ..collectors.enginelog.reader import iter_file_lines
+    from ..sizing import judge_log
+
+    try:
+        acc, judged = judge_log(iter_file_lines(file, max_bytes=max_bytes))
+    except (OSError, ValueError):  # read above already; a race or a decode problem leaves sizing out
+        judged = []
+    sized = [x for x in judged if not isinstance(x, Inconclusive)]
+    findings = list(findings) + sized
     report = Report(window=(start, end), findings=findings, source=file)
+    report.inconclusive.extend(x for x in judged if isinstance(x, Inconclusive))
     from ..playbooks import attach_playbooks
 
     attach_playbooks(report)  # findings leave the log detector without a playbook
