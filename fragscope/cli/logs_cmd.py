@@ -241,7 +241,6 @@ def logs_cmd(file: str, fmt: str, fail_on: str, tz_offset: float, max_bytes: int
     sized = [x for x in judged if not isinstance(x, Inconclusive)]
     findings = list(findings) + sized
     report = Report(window=(start, end), findings=findings, source=file)
-    report.inconclusive.extend(x for x in judged if isinstance(x, Inconclusive))
     from ..playbooks import attach_playbooks
 
     attach_playbooks(report)  # findings leave the log detector without a playbook
@@ -253,6 +252,7 @@ def logs_cmd(file: str, fmt: str, fail_on: str, tz_offset: float, max_bytes: int
     elif summary["preemptions"]["count"] is None and summary["stats"]["count"]:
         report.inconclusive.append(Inconclusive("kv-cache-pressure", ["preemptions_total"],
                                                 "this log does not report preemptions"))
+    report.inconclusive.extend(x for x in judged if isinstance(x, Inconclusive))
     if fmt == "json":
         d = report.to_dict()
         d["log"] = summary

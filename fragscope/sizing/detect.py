@@ -93,6 +93,11 @@ def detect_startup_oom(accounting, cfg: SizingConfig = SizingConfig()) -> list[F
         return Inconclusive(STARTUP_OOM_ID, ["engine start-up log"], "no start-up lines in the log")
     if acc.failure is None:
         return []
+    if acc.failure.get("kind") == "oom" and not acc.failure.get("phase"):
+        # an OOM message without the start-up lines around it (a pasted traceback): it may as well come
+        # from serving; the OOM itself is judged by the log detector (oom-*)
+        return Inconclusive(STARTUP_OOM_ID, ["engine start-up log around the OOM"],
+                            "an OOM without start-up lines: start-up or run time cannot be told")
     rec = recommend(acc, None, cfg)
     cases = [c for c in rec.cases if c["case"] in (STARTUP_OOM, MEMORY_ELSEWHERE)]
     f = acc.failure
