@@ -15,7 +15,10 @@ from .playbooks.registry import Diagnosis
 from .units import iso as _iso
 
 # Too short a window cannot separate a baseline from the present.
-MIN_SPAN_S = 5 * 60.0
+# A window must hold the detectors' baseline (>= 20 min) and recent (>= 10 min) spans apart
+# (detectors/stats.py) before a change can be told from noise; shorter ones are judged on the present
+# state alone (level evidence, detectors/level.py).
+MIN_SPAN_S = stats.BASELINE_MIN_S + stats.RECENT_MIN_S
 MIN_POINTS = 8
 MIN_SEGMENT_S = 30 * 60.0  # a segment between restarts shorter than this has no baseline of its own
 
@@ -34,7 +37,7 @@ def run_detectors(window: Window) -> Report:
         report.signals.setdefault("notes", []).append(
             "one scrape: lifetime counters are totals since each process started; rates need two scrapes"
             if frame.points <= 1 else
-            f"window of {span:.0f} s holds no baseline (need >= {MIN_SPAN_S:.0f} s): findings are judged on the "
+            f"window of {span / 60:.0f} min holds no baseline (need >= {MIN_SPAN_S / 60:.0f} min): findings are judged on the "
             "present state")
         _run_all(report, frame, short=True)
         report.findings = rank_findings(_merge_gpus(report.findings))
@@ -93,8 +96,8 @@ def _run_all(report: Report, frame: Frame, short: bool = False) -> None:
             _run_one(report, d, frame)
         else:
             report.inconclusive.append(Inconclusive(
-                d.id, [], d.short_window_reason or f"window of {span:.0f} s is too short to compare a baseline "
-                f"with the present (need >= {MIN_SPAN_S:.0f} s)"))
+                d.id, [], d.short_window_reason or f"window of {span / 60:.0f} min is too short to compare a baseline "
+                f"with the present (need >= {MIN_SPAN_S / 60:.0f} min), and the present state alone does not show it"))
 
 
 def unmet_requirements(d: Diagnosis, frame: Frame) -> list[str]:
