@@ -23,7 +23,8 @@ from fragscope.report import render_html, render_snapshot_html, render_trace_htm
 from report_common import ROOT, agent_state, example, serve_agent
 
 CHROME = next((p for p in (shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome")) if p), None)
-pytestmark = pytest.mark.skipif(CHROME is None, reason="no chromium (apt-get install -y chromium)")
+pytestmark = [pytest.mark.e2e,  # headless chromium: ~30 s on 2 cores
+              pytest.mark.skipif(CHROME is None, reason="no chromium (apt-get install -y chromium)")]
 WIDTH, HEIGHT = 1200, 3000
 
 # test-only: measures each chart after layout; added to a copy of the page whose CSP allows exactly
