@@ -217,7 +217,8 @@ LAUNCH_BOUND = Diagnosis(
         ["HTA idle time and kernel launch statistics"]),
     detect=launch_bound.detect, config=launch_bound.Config,
     requires=launch_bound.REQUIRES, corroborates=launch_bound.CORROBORATES,
-    actions=_launch_actions, also_from=("trace",))
+    actions=_launch_actions, also_from=("trace",),
+    runs_on_short_windows=True)  # its evidence is level already: work waiting while the GPU idles between kernels
 
 
 # --- capacity-saturation -----------------------------------------------------------------------
