@@ -27,7 +27,8 @@ from fragscope.model import Reason
 from fragscope.probe.core import FORMAT, parse_record, select_stats, write_atomic
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "collectors")
-SHARED = "/work/shared/data"
+# ../shared/data beside the checkout (absent in a clean clone: those tests skip)
+SHARED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data")
 MIB = 1024 * 1024
 
 
@@ -215,7 +216,7 @@ class TestVllm:
         assert not any(n.endswith("_created") for n in names)
         assert not any(n.startswith(("http_", "python_", "process_")) for n in names)
         lab = {"engine": "0", "model_name": "Qwen/Qwen2.5-0.5B-Instruct"}
-        assert one(s, "vllm:kv_cache_usage_perc", **lab) >= 0
+        assert one(s, "vllm:kv_cache_usage_perc", **lab) == 0.0  # an idle server, as scraped
         info = by_name(s, "vllm:cache_config_info")
         assert dict(info[0].labels)["num_gpu_blocks"] == "101625"
         assert by_name(s, "vllm:time_to_first_token_seconds_bucket", le="+Inf")
@@ -228,7 +229,7 @@ class TestVllm:
         assert one(before, "vllm:num_preemptions_total", **lab) == 0
         assert one(after, "vllm:num_preemptions_total", **lab) == 68
         assert one(after, "vllm:generation_tokens_total", **lab) == 16384
-        assert one(after, "vllm:num_requests_waiting_by_reason", reason="capacity", **lab) >= 0
+        assert one(after, "vllm:num_requests_waiting_by_reason", reason="capacity", **lab) == 0.0  # drained
 
     def test_ray_prefix_several_engines_and_models(self):
         text = data("vllm_cpu_0.32.0_tiny_after_preemption.metrics.txt")
