@@ -149,6 +149,15 @@ class Window:
     source: str = ""
     dropped_points: int = 0  # non-finite values and duplicate timestamps removed at ingest
     notes: list[str] = field(default_factory=list)
+    # How the times were obtained (docs/collectors.md#scrapes-without-timestamps), set by the readers:
+    # "recorded": every sample carries its own time (a recording, a live scrape); "none": scrape text
+    # without timestamps (a `curl /metrics` file, a paste): the times are synthetic.
+    timestamps: str = "recorded"
+    # Successive scrapes of one target in a file without timestamps (1: a single scrape, only the
+    # present state and lifetime counters); None when the samples carry their own times.
+    scrapes: int | None = None
+    # False: the spacing between scrapes is assumed, not known: no per-second rate from it.
+    scrape_interval_known: bool = True
 
     @classmethod
     def from_samples(cls, samples: Iterable[Sample], source: str = "",
@@ -201,7 +210,8 @@ class Window:
             c = s.between(start, end)
             if len(c):
                 out[k] = c
-        return Window(out, start, end, self.source, self.dropped_points, list(self.notes))
+        return Window(out, start, end, self.source, self.dropped_points, list(self.notes),
+                      self.timestamps, self.scrapes, self.scrape_interval_known)
 
     def __iter__(self) -> Iterator[Series]:
         return iter(self.series.values())
