@@ -10,17 +10,19 @@ recording: bench/bench_ingest.py). This parser keeps one cache entry per distinc
 """
 from __future__ import annotations
 
-import gzip
+import html
 import io
 import math
 import os
 import re
-import zlib
 from dataclasses import dataclass, field
-from typing import IO, Iterable, Iterator
+from typing import Iterable
 
 from ..model import Labels, Sample, SeriesKey, Window
-from ..signals import DCGM_BLANK_THRESHOLD, normalise_name
+from ..signals import DCGM_BLANK_THRESHOLD, SIGNALS, normalise_name
+from .inputs import (ENV_MAX_DECOMPRESSED, MAX_DECOMPRESSED_BYTES, MAX_FILE_BYTES, SNIFF_BYTES, GunzipCapped,
+                     InputError, check_regular, describe_binary, describe_text, env_int, iter_lines, open_binary)
+from .scrapes import GENERIC_PREFIXES, SegmentTracker, build_window
 
 
 class ParseError(ValueError):
@@ -29,9 +31,25 @@ class ParseError(ValueError):
 
 _LABEL_RE = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
 _NAME_RE = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
+_NAME_START = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*(?:\{|$)")
 _SUFFIXES = ("_total", "_bucket", "_count", "_sum", "_created", "_info", "_gcount", "_gsum")
-# Timestamps above this are milliseconds (1e11 s is the year 5138).
+# Timestamp units by magnitude (now is ~1.8e9 s): above 1e11 (the year 5138 in seconds) milliseconds,
+# above 1e14 microseconds, above 1e17 nanoseconds; 1e20 and more is not a timestamp (a bad line).
+# Every converted time is then below 1e11 s, so no date printed later is past the year 9999.
 _MS_THRESHOLD = 1e11
+_US_THRESHOLD = 1e14
+_NS_THRESHOLD = 1e17
+_TS_MAX = 1e20
+# A run of this many lines without a sample (blank lines, comments, junk) is not metrics text: a gzip
+# bomb of newlines stops here (~0.3 s) instead of at the decompression cap.
+_MAX_LINES_WITHOUT_SAMPLE = 1_000_000
+# Caps on what one input may hold (read_recording; raise with the environment variables). A point costs
+# ~64 bytes while parsing (two Python floats in lists) and 16 in the window; a series ~1 KB. 10 M points
+# is 60 times an 8-hour, 15 s recording of every signal (bench/bench_ingest.py: 165k points... lines).
+MAX_SERIES = 1_000_000
+MAX_POINTS = 20_000_000
+ENV_MAX_SERIES = "FRAGSCOPE_MAX_SERIES"
+ENV_MAX_POINTS = "FRAGSCOPE_MAX_POINTS"
 # Give up when this many of the first lines are not metrics text (e.g. an HTML page, a binary).
 _EARLY_BAD_LIMIT = 20
 # ...or when more than this share of all sample lines are unparsable.
@@ -76,6 +94,14 @@ class Parsed:
     openmetrics: bool = False
     openmetrics_ts: bool = False  # some timestamp was in seconds (the OpenMetrics convention)
     notes: list[str] = field(default_factory=list)
+    saw_meta: bool = False  # a # HELP / # TYPE / # UNIT / # EOF line
+    scrape_mode: bool = False  # samples without timestamps, read as scrapes (parse_lines(scrapes=True))
+    segments: SegmentTracker | None = None  # the scrapes found (scrape mode)
+    junk_lines: int = 0  # paste debris skipped: fences, the curl command, ellipses
+    joined_lines: int = 0  # samples a wrapped paste had split over two lines
+    bad_bounds: int = 0  # bucket / quantile series dropped: le or quantile not a number
+    ts_units: set = field(default_factory=set)  # "microseconds", "nanoseconds" when converted
+    ignored_timestamps: int = 0  # scrape mode: samples whose own timestamp was ignored
 
     def to_window(self, source: str = "") -> Window:
         w = Window.from_columns(self.cols, source=source, types=self.types)
@@ -109,51 +135,104 @@ def _family_type(types: dict[str, str], family_types: dict[str, str], name: str)
 
 
 def parse_lines(lines: Iterable[str], default_ts: float | None = None, source: str = "input",
-                keep_created: bool = False, key_cache: dict | None = None) -> Parsed:
+                keep_created: bool = False, key_cache: dict | None = None, *, scrapes: bool = False,
+                max_series: int | None = None, max_points: int | None = None) -> Parsed:
     """Parse exposition text line by line.
 
     ``default_ts`` (unix seconds) applies to samples without a timestamp; when it is None such
-    samples are an error (a recording must carry timestamps). ``key_cache``, a dict the caller
-    keeps between scrapes, remembers each series line's parsed name and labels: a collector that
-    scrapes the same ~600 series every second then skips the label parsing (~60 % of the cost).
+    samples are an error (a recording must carry timestamps), unless ``scrapes``: then the first
+    sample decides: with a timestamp the file is a recording (as above), without one it is one or
+    more scrapes, each sample's time is its scrape's index (``Parsed.segments`` tells the scrapes
+    apart; scrapes.build_window makes the window). ``key_cache``, a dict the caller keeps between
+    scrapes, remembers each series line's parsed name and labels: a collector that scrapes the same
+    ~600 series every second then skips the label parsing (~60 % of the cost). ``max_series`` and
+    ``max_points`` stop the parse with a ParseError naming the cap.
     """
     p = Parsed()
     family_types: dict[str, str] = {}
-    cache: dict[str, tuple[SeriesKey, list[float], list[float]] | None] = {}
+    cache: dict[str, tuple | None] = {}
     cols = p.cols
     types = p.types
     bad = 0
     early_ok = 0
     lineno = 0
+    # 0: not known yet; 1: recording (own timestamps); 2: scrapes without timestamps; 3: live scrape
+    mode = 0 if scrapes else (1 if default_ts is None else 3)
+    seg = SegmentTracker() if scrapes else None
+    p.segments = seg
+    pending: str | None = None  # an incomplete sample line (a paste wrapped by a browser or terminal)
+    pending_no = 0
+    since_sample = 0
+    series_cap = max_series if max_series is not None else -1
+    points_cap = max_points if max_points is not None else -1
     for line in lines:
         lineno += 1
+        since_sample += 1
+        if since_sample > _MAX_LINES_WITHOUT_SAMPLE:
+            raise ParseError(f"{source}: {_MAX_LINES_WITHOUT_SAMPLE:,} lines in a row without a sample "
+                             f"(line {lineno}): not metrics text")
         if not line or line == "\n":
             continue
+        if line[0] in _PASTE_START:
+            line = _depaste(line)
+            if line is None:
+                p.junk_lines += 1
+                continue
+            if line == "\n":
+                continue
+        if pending is not None:
+            joined = _join_wrapped(pending, line)
+            if joined is not None:
+                line = joined
+                p.joined_lines += 1
+            else:
+                bad += 1
+                if p.first_bad is None:
+                    p.first_bad = f"line {pending_no}: incomplete sample: {pending.strip()[:80]!r}"
+            pending = None
         if line[0] == "#":
             if line.startswith("# EOF") or line.startswith("#EOF"):
                 p.saw_eof = True
                 p.openmetrics = True
+                p.saw_meta = True
+                if mode == 2:
+                    seg.eof()
                 continue
+            if mode != 1 and "&" in line:
+                line = _unescape_html(line)
             parts = line[1:].split(None, 3)
             if len(parts) >= 3 and parts[0] == "TYPE":
-                family_types[normalise_name(parts[1])] = parts[2].strip().lower()
+                fam = normalise_name(parts[1])
+                family_types[fam] = parts[2].strip().lower()
                 early_ok += 1
+                p.saw_meta = True
+                if seg is not None and mode != 1:
+                    seg.meta("TYPE", fam)
             elif parts and parts[0] in ("HELP", "UNIT"):
                 early_ok += 1
+                p.saw_meta = True
+                if seg is not None and mode != 1 and parts[0] == "HELP" and len(parts) >= 2:
+                    seg.meta("HELP", normalise_name(parts[1]))
             elif line.startswith("#HELP") or line.startswith("#TYPE"):  # old Triton: no space
-                seg = line[5:].split(None, 2)
-                if line.startswith("#TYPE") and len(seg) >= 2:
-                    family_types[normalise_name(seg[0])] = seg[1].strip().lower()
+                seg_ = line[5:].split(None, 2)
+                if line.startswith("#TYPE") and len(seg_) >= 2:
+                    family_types[normalise_name(seg_[0])] = seg_[1].strip().lower()
                 early_ok += 1
+                p.saw_meta = True
             continue
-        if p.saw_eof:
+        if p.saw_eof and mode != 2:
             continue  # nothing is allowed after # EOF; ignore trailing garbage quietly
         # --- a sample line ------------------------------------------------------------------
+        if mode != 1 and "&" in line:
+            line = _unescape_html(line)
         brace = line.find("{")
         try:
             if brace >= 0:
                 close = line.rfind("}")
                 if close < brace:
+                    if mode != 1 and _could_continue(line):
+                        pending, pending_no = line, lineno
+                        continue
                     raise ValueError("unbalanced braces")
                 head = line[: close + 1]
                 rest = line[close + 1:].split()
@@ -162,6 +241,9 @@ def parse_lines(lines: Iterable[str], default_ts: float | None = None, source: s
                 head = parts[0]
                 rest = parts[1:]
             if not rest or len(rest) > 3:
+                if not rest and mode != 1 and _could_continue(line):
+                    pending, pending_no = line, lineno
+                    continue
                 raise ValueError("expected 'name value [timestamp]'")
             entry = cache.get(head, False)
             if entry is False:
@@ -185,20 +267,41 @@ def parse_lines(lines: Iterable[str], default_ts: float | None = None, source: s
                 t = _family_type(types, family_types, name)
                 if not keep_created and name.endswith("_created") and t in ("counter", "histogram", "summary", "gaugehistogram"):
                     entry = None
+                elif _bad_bound(name, labels):
+                    entry = None
+                    p.bad_bounds += 1
                 else:
                     key = SeriesKey(name, labels)
                     col = cols.get(key)
                     if col is None:
+                        if len(cols) == series_cap:
+                            raise ParseError(
+                                f"{source}: more than {series_cap:,} series (line {lineno}): the cap on series "
+                                f"per input; raise it with {ENV_MAX_SERIES}=N if the file is genuine")
                         col = cols[key] = ([], [])
-                    entry = (key, col[0], col[1])
+                    entry = (key, col[0], col[1], name.startswith(GENERIC_PREFIXES))
                 cache[head] = entry
             value = float(rest[0])
-            if len(rest) >= 2 and not rest[1].startswith("#"):
+            has_ts = len(rest) >= 2 and not rest[1].startswith("#")
+            if mode == 0:
+                mode = 1 if has_ts else 2
+                if mode == 1:
+                    p.segments = seg = None
+            if mode == 2:
+                if has_ts:
+                    p.ignored_timestamps += 1
+                ts = 0.0  # set below, once the series is known
+            elif has_ts:
                 ts = float(rest[1])
                 if ts > _MS_THRESHOLD:
-                    ts /= 1000.0
-                else:
+                    if ts < _US_THRESHOLD:
+                        ts /= 1000.0
+                    else:
+                        ts = _big_timestamp(ts, p)
+                elif ts >= 0.0:
                     p.openmetrics_ts = True
+                else:
+                    raise ValueError("timestamp before 1970 or not a number")
                 p.saw_timestamps = True
             else:
                 if default_ts is None:
@@ -208,6 +311,9 @@ def parse_lines(lines: Iterable[str], default_ts: float | None = None, source: s
         except ParseError:
             raise
         except (ValueError, IndexError) as e:
+            if mode != 1 and _is_debris(line):
+                p.junk_lines += 1
+                continue
             bad += 1
             if p.first_bad is None:
                 p.first_bad = f"line {lineno}: {e}: {line.strip()[:80]!r}"
@@ -215,15 +321,26 @@ def parse_lines(lines: Iterable[str], default_ts: float | None = None, source: s
                 raise ParseError(f"{source}: not Prometheus/OpenMetrics text ({p.first_bad})") from None
             continue
         early_ok += 1
+        since_sample = 0
         if entry is None:
             continue
         if entry[0].name.startswith("DCGM_") and value > DCGM_BLANK_THRESHOLD:
             continue  # DCGM blank sentinel: not available, not a value
+        if mode == 2:
+            ts = seg.sample(head, entry[0], entry[3], value)
         entry[1].append(ts)
         entry[2].append(value)
         p.samples += 1
+        if p.samples == points_cap:
+            raise ParseError(f"{source}: {points_cap:,} points reached (line {lineno}): the cap on points per "
+                             f"input; raise it with {ENV_MAX_POINTS}=N if the file is genuine")
+    if pending is not None:
+        bad += 1
+        if p.first_bad is None:
+            p.first_bad = f"line {pending_no}: incomplete sample at the end: {pending.strip()[:80]!r}"
     p.lines = lineno
     p.bad_lines = bad
+    p.scrape_mode = mode == 2
     if p.samples == 0:
         if bad:
             raise ParseError(f"{source}: not Prometheus/OpenMetrics text ({p.first_bad})")
@@ -232,7 +349,127 @@ def parse_lines(lines: Iterable[str], default_ts: float | None = None, source: s
         raise ParseError(f"{source}: {bad} of {p.samples + bad} sample lines unparsable ({p.first_bad})")
     if bad:
         p.notes.append(f"{bad} unparsable lines skipped (first: {p.first_bad})")
+    if p.bad_bounds:
+        p.notes.append(f"{p.bad_bounds} histogram bucket / summary quantile series with a bound that is not a "
+                       "number (le=\"NaN\", le=\"\", ...) dropped")
+    if p.ts_units:
+        p.notes.append("timestamps in " + " and ".join(sorted(p.ts_units)) + " (by magnitude) converted to seconds")
+    if p.joined_lines:
+        p.notes.append(f"{p.joined_lines} sample lines split over two lines (a wrapped paste) joined")
+    if p.ignored_timestamps:
+        p.notes.append(f"{p.ignored_timestamps} samples carried their own timestamp in a file read as scrapes "
+                       "(its first sample had none): those timestamps were ignored")
     return p
+
+
+# --- paste repair (issue: /metrics pasted into bug reports) ------------------------------------
+# First characters of lines that need cleaning before parsing: indentation, markdown quotes and
+# fences, shell prompts, non-breaking spaces, a byte-order mark, HTML tags around code blocks.
+_PASTE_START = frozenset(" \t>`~$\u00a0\ufeff<")
+_FENCE = ("```", "~~~")
+_HTML_TAG = re.compile(r"^</?(?:details|summary|pre|code|p|br|div|span)\b[^>]*>\s*(?:</?\w+>\s*)*$", re.I)
+_COMMAND = re.compile(r"(?:^|\s)(?:curl|wget|http|kubectl|docker|oc|grep)\s|^\S*[$#%]\s|^\$\s*$")
+_ELLIPSIS = re.compile(r"^\s*(?:\.{2,}|\u2026|\[(?:\.{3}|\u2026|snip|truncated)[^\]]*\])\s*$", re.I)
+_ENTITY = re.compile(r"&(?:quot|gt|lt|amp|apos|#\d{1,7}|#[xX][0-9a-fA-F]{1,6});")
+
+
+def _depaste(line: str) -> str | None:
+    """A line with paste debris around it cleaned, or None when the whole line is debris."""
+    s = line.replace("\u00a0", " ").lstrip(" \t\ufeff")
+    while s[:1] == ">":  # markdown quote, possibly nested
+        s = s[1:].lstrip(" \t")
+    if not s.strip():
+        return "\n"
+    if s.startswith(_FENCE) or _HTML_TAG.match(s.strip()):
+        return None
+    if s[0] == "$" and (len(s) < 2 or s[1] in " \t\n"):
+        return None  # a shell prompt line: "$ curl ... /metrics"
+    return s
+
+
+def _is_debris(line: str) -> bool:
+    """A line of a paste that is not data and not worth an error: the command that made the scrape,
+    an ellipsis where the reporter cut it, markdown or HTML around the code block."""
+    s = line.strip()
+    if not s:
+        return True
+    return bool(_COMMAND.search(s) or _ELLIPSIS.match(s) or _HTML_TAG.match(s) or s.startswith(_FENCE))
+
+
+def _unescape_html(line: str) -> str:
+    if _ENTITY.search(line) is None:
+        return line
+    return html.unescape(line)
+
+
+def _could_continue(line: str) -> bool:
+    """An incomplete sample (a name or label set cut by a wrap): the next line may finish it."""
+    s = line.strip()
+    return bool(s) and len(s) < 4096 and bool(_NAME_START.match(s))
+
+
+def _join_wrapped(first: str, second: str) -> str | None:
+    """``first`` (incomplete) joined with ``second`` when that makes one valid sample line."""
+    a = first.rstrip("\r\n")
+    b = second.lstrip(" \t")
+    for sep in ("", " "):
+        cand = a + sep + b
+        if _valid_sample(cand):
+            return cand
+    return None
+
+
+def _valid_sample(line: str) -> bool:
+    brace = line.find("{")
+    try:
+        if brace >= 0:
+            close = line.rfind("}")
+            if close < brace:
+                return False
+            name = line[:brace].strip()
+            parse_labels(line[brace + 1: close])
+            rest = line[close + 1:].split()
+        else:
+            parts = line.split()
+            if not parts:
+                return False
+            name, rest = parts[0], parts[1:]
+        if not rest or len(rest) > 3 or not _NAME_RE.match(name):
+            return False
+        float(rest[0])
+        return True
+    except ValueError:
+        return False
+
+
+def _bad_bound(name: str, labels: Labels) -> bool:
+    """A histogram bucket whose ``le``, or a summary sample whose ``quantile``, is not a number
+    (NaN, empty, text): the series means nothing and would poison sorting by bound."""
+    if name.endswith("_bucket"):
+        bound = "le"
+    elif labels and any(k == "quantile" for k, _ in labels):
+        bound = "quantile"
+    else:
+        return False
+    for k, v in labels:
+        if k == bound:
+            try:
+                f = float(v)
+            except ValueError:
+                return True
+            return f != f  # NaN
+    return False
+
+
+def _big_timestamp(ts: float, p: Parsed) -> float:
+    """Microseconds or nanoseconds since 1970, told by magnitude; beyond that, not a timestamp."""
+    if ts < _NS_THRESHOLD:
+        p.ts_units.add("microseconds")
+        return ts / 1e6
+    if ts < _TS_MAX:
+        p.ts_units.add("nanoseconds")
+        return ts / 1e9
+    raise ValueError(f"timestamp {ts:.3g} out of range (not seconds, ms, µs or ns since 1970)")
 
 
 def parse_text(text: str, default_ts: float | None, source: str = "scrape",
@@ -246,49 +483,110 @@ def scrape_samples(text: str, ts: float, source: str = "scrape", key_cache: dict
 
 
 # ---------------------------------------------------------------------------------------------
-_MAX_RECORDING_BYTES = 4 * 1024**3
+# Metric name prefixes of the exporters fragscope knows: a file without timestamps and without any
+# # HELP/# TYPE line is read as a scrape only when it names one of these (else "key value" text such
+# as a config would pass for metrics).
+_KNOWN_PREFIXES = ("vllm:", "sglang:", "DCGM_", "fragscope_", "tgi_", "nv_", "trtllm_", "lmcache:")
+_KNOWN_NAMES = frozenset(src.metric for sig in SIGNALS.values() for src in sig.sources)
+# ParseErrors after which the file is looked at again to say what it is instead (a trace, a log...)
+_SNIFF_AFTER = ("not Prometheus/OpenMetrics text", "no samples", "unparsable", "sample without a timestamp",
+                "lines in a row without a sample")
 
 
-def _open_text(path: str) -> Iterator[str]:
-    with open(path, "rb") as raw:
-        magic = raw.read(2)
-    if magic == b"\x1f\x8b":
-        fh: IO[bytes] = gzip.open(path, "rb")
-    else:
-        fh = open(path, "rb")
+def read_recording(path: str, scrape_interval_s: float | None = None, *, scrape_time: float | None = None,
+                   max_series: int | None = None, max_points: int | None = None,
+                   max_decompressed_bytes: int | None = None) -> Window:
+    """Read a recording or scrapes: OpenMetrics / Prometheus text with timestamps, or one or more
+    ``/metrics`` scrapes without them (a ``curl`` output, a paste from a bug report), gzipped or not.
+
+    Scrapes without timestamps get synthetic times: the last one at ``scrape_time`` (default: the
+    file's modification time), successive ones ``scrape_interval_s`` apart when given, else
+    scrapes.ASSUMED_INTERVAL_S flagged as assumed (``window.scrape_interval_known``). The window says
+    how its times were obtained (``timestamps``, ``scrapes``) and its notes what the scrapes can show.
+    Raises ParseError with a one-line message naming the file and the problem (and, for a file that
+    is something else, the command that reads it). Caps: keyword arguments, else the environment
+    variables FRAGSCOPE_MAX_SERIES, FRAGSCOPE_MAX_POINTS, FRAGSCOPE_MAX_DECOMPRESSED_BYTES.
+    """
     try:
-        text = io.TextIOWrapper(fh, encoding="utf-8", errors="strict", newline=None)
-        yield from text
+        return _read(path, scrape_interval_s, scrape_time, max_series, max_points, max_decompressed_bytes)
+    except InputError as e:
+        raise ParseError(str(e)) from None
+
+
+def _read(path: str, interval: float | None, scrape_time: float | None, max_series: int | None,
+          max_points: int | None, max_decompressed: int | None) -> Window:
+    if interval is not None and not (isinstance(interval, (int, float)) and math.isfinite(interval)
+                                     and 0 < interval <= 86400):
+        raise ParseError(f"scrape interval {interval!r}: expected a number of seconds in (0, 86400]")
+    st = check_regular(path)
+    if st.st_size == 0:
+        raise ParseError(f"{path}: empty file")
+    if st.st_size > MAX_FILE_BYTES:
+        raise ParseError(f"{path}: {st.st_size} bytes is larger than the 4 GiB limit")
+    series_cap = max_series or env_int(ENV_MAX_SERIES, MAX_SERIES)
+    points_cap = max_points or env_int(ENV_MAX_POINTS, MAX_POINTS)
+    cap = max_decompressed or env_int(ENV_MAX_DECOMPRESSED, MAX_DECOMPRESSED_BYTES)
+    fh = open_binary(path)
+    try:
+        gz = fh.peek(2)[:2] == b"\x1f\x8b"
+        raw = io.BufferedReader(GunzipCapped(fh, cap, path), 1 << 16) if gz else fh
+        what = describe_binary(raw.peek(16)[:16])
+        if what:
+            raise ParseError(f"{path}: {what.replace('FILE', path)}")
+        text = io.TextIOWrapper(raw, encoding="utf-8", errors="strict", newline=None)
+        try:
+            p = parse_lines(iter_lines(text), default_ts=None, source=path, scrapes=True,
+                            max_series=series_cap, max_points=points_cap)
+        except UnicodeDecodeError:
+            raise ParseError(f"{path}: not text (binary data that is not gzip); expected OpenMetrics or "
+                             "Prometheus text with timestamps, or a /metrics scrape") from None
+        except ParseError as e:
+            if any(m in str(e) for m in _SNIFF_AFTER):
+                what = describe_text(_head_text(path, gz, cap))
+                if what:
+                    raise ParseError(f"{path}: {what.replace('FILE', path)}") from None
+            raise
+        except EOFError:
+            raise ParseError(f"{path}: truncated gzip stream") from None
     finally:
         fh.close()
-
-
-def read_recording(path: str) -> Window:
-    """Read a recording (OpenMetrics / Prometheus text with timestamps, optionally gzipped).
-
-    Raises ParseError with a one-line message naming the file and the problem.
-    """
-    if not os.path.exists(path):
-        raise ParseError(f"{path}: no such file")
-    if os.path.isdir(path):
-        raise ParseError(f"{path}: is a directory, expected a recording file")
-    size = os.path.getsize(path)
-    if size == 0:
-        raise ParseError(f"{path}: empty file")
-    if size > _MAX_RECORDING_BYTES:
-        raise ParseError(f"{path}: {size} bytes is larger than the 4 GiB limit")
-    try:
-        p = parse_lines(_open_text(path), default_ts=None, source=path)
-    except UnicodeDecodeError:
-        raise ParseError(f"{path}: not text (binary data that is not gzip); expected OpenMetrics or "
-                         "Prometheus text with timestamps") from None
-    except EOFError:
-        raise ParseError(f"{path}: truncated gzip stream") from None
-    except (gzip.BadGzipFile, zlib.error) as e:
-        raise ParseError(f"{path}: corrupt gzip ({e})") from None
-    if p.openmetrics_ts and not p.saw_eof:
-        p.notes.append(f"{path}: no '# EOF' line: the file may be truncated")
-    w = p.to_window(source=path)
+    if p.scrape_mode:
+        if not p.saw_meta and not any(k.name.startswith(_KNOWN_PREFIXES) or k.name in _KNOWN_NAMES
+                                      for k in p.cols):
+            first = next(iter(p.cols)).name
+            raise ParseError(f"{path}: sample without a timestamp, and nothing marks the file as a /metrics scrape "
+                             f"(no # HELP/# TYPE line, no metric fragscope reads; first: {first[:60]!r}); "
+                             "save a whole scrape (curl -s URL/metrics > FILE) or record with timestamps")
+        anchor = scrape_time if scrape_time is not None else st.st_mtime
+        w = build_window(p.cols, p.types, p.segments, path, anchor, interval)
+        w.notes[:0] = p.notes
+    else:
+        if p.openmetrics_ts and not p.saw_eof:
+            p.notes.append(f"{path}: no '# EOF' line: the file may be truncated")
+        if interval is not None:
+            p.notes.append(f"scrape interval {interval:g} s ignored: the file carries its own timestamps")
+        w = p.to_window(source=path)
+        if not math.isfinite(w.start):
+            raise ParseError(f"{path}: no finite sample values")
+        return w
+    if w.dropped_points:
+        w.notes.append(f"{w.dropped_points} points dropped (NaN/Inf values or duplicate timestamps)")
     if not math.isfinite(w.start):
         raise ParseError(f"{path}: no finite sample values")
     return w
+
+
+def _head_text(path: str, gz: bool, cap: int) -> str:
+    """The decoded start of the file (for telling what it is after it failed to parse)."""
+    try:
+        fh = open_binary(path)
+    except InputError:
+        return ""
+    try:
+        raw = io.BufferedReader(GunzipCapped(fh, cap, path), 1 << 16) if gz else fh
+        data = raw.read(SNIFF_BYTES)
+    except (InputError, OSError):
+        return ""
+    finally:
+        fh.close()
+    return data.decode("utf-8", errors="replace")

@@ -1,0 +1,263 @@
+"""Opening a file given to ``diagnose FILE``: safely, within caps, and telling what it is when it is not
+metrics text (a trace, a snapshot, fragscope's own JSON, an engine log) so the error names the command
+that reads it.
+
+Caps (docs/collectors.md#recordings, limits): each has a keyword argument and an environment variable.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import stat
+import zlib
+from typing import IO, Iterator
+
+
+class InputError(ValueError):
+    """The file cannot be read as metrics text; the message is one line naming the file, what it
+    looks like and what reads it. (exposition.ParseError subclasses nothing here: the reader wraps it.)"""
+
+
+# --- caps ------------------------------------------------------------------------------------
+# A plain recording: 4 GiB (unchanged since the first reader). An 8-hour recording of every signal at
+# 15 s is ~19 MB (bench/bench_ingest.py), so these leave two orders of magnitude of room.
+MAX_FILE_BYTES = 4 * 1024**3
+# Decompressed bytes of a .gz input: 1 GiB. A gzip bomb of newlines (400 KB -> 400 MB) took 103 s
+# before; a real recording compresses 10-20x.
+MAX_DECOMPRESSED_BYTES = 1024**3
+ENV_MAX_DECOMPRESSED = "FRAGSCOPE_MAX_DECOMPRESSED_BYTES"
+# One line longer than this is not exposition text (a label set of a MiB does not exist); reading
+# stops at the cap instead of building a string of the whole line.
+MAX_LINE_CHARS = 1 << 20
+# How much of the (decompressed) start of a file is looked at to tell what it is.
+SNIFF_BYTES = 64 * 1024
+
+
+def env_int(name: str, default: int) -> int:
+    """A positive integer cap from the environment, else ``default``; a bad value is an error."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        v = int(float(raw.strip().replace("_", "")))
+    except (ValueError, OverflowError):
+        raise InputError(f"{name}={raw[:40]!r}: not a number (a positive integer cap)") from None
+    if v <= 0:
+        raise InputError(f"{name}={raw[:40]!r}: must be a positive integer")
+    return v
+
+
+_KINDS = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFCHR: "a character device",
+          stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket"}
+
+
+def check_regular(path: str) -> os.stat_result:
+    """Refuse what is not a regular file before opening it: a FIFO would block ``open`` forever,
+    /dev/zero never ends, a directory is not data."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except OSError as e:
+        raise InputError(f"{path}: {e.strerror or e}") from None
+    if not stat.S_ISREG(st.st_mode):
+        what = _KINDS.get(stat.S_IFMT(st.st_mode), "not a regular file")
+        raise InputError(f"{path}: is {what}, expected a recording or scrape file")
+    return st
+
+
+def open_binary(path: str) -> IO[bytes]:
+    """Open a regular file without blocking (O_NONBLOCK: a FIFO swapped in after the check does not
+    hang the open) and check again on the open descriptor."""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as e:
+        raise InputError(f"{path}: {e.strerror or e}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise InputError(f"{path}: is {_KINDS.get(stat.S_IFMT(st.st_mode), 'not a regular file')}, "
+                             "expected a recording or scrape file")
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+class GunzipCapped(io.RawIOBase):
+    """A gzip stream (several members allowed, like ``gzip``) decompressed in chunks, refusing to
+    produce more than ``cap`` bytes. zlib does the work; this only counts and stops."""
+
+    def __init__(self, raw: IO[bytes], cap: int, name: str) -> None:
+        self._raw = raw
+        self._cap = cap
+        self._name = name
+        self._d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        self._buf = b""
+        self._out = 0
+        self._done = False
+        self._members = 0
+        self._in_member = False
+        self._pending = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def _fill(self) -> None:
+        while not self._buf and not self._done:
+            if self._d.unconsumed_tail:
+                data = self._d.unconsumed_tail
+            elif self._pending:  # bytes after a finished member: the next member
+                data, self._pending = self._pending, b""
+            else:
+                data = self._raw.read(1 << 16)
+                if not data:
+                    if self._in_member or self._members == 0:
+                        raise InputError(f"{self._name}: truncated gzip stream (it ends before its end marker)")
+                    self._done = True
+                    return
+            if not self._in_member and self._members and not data.strip(b"\x00"):
+                continue  # trailing zero padding after the last member is allowed (gzip's rule)
+            try:
+                chunk = self._d.decompress(data, 1 << 16)
+            except zlib.error as e:
+                raise InputError(f"{self._name}: corrupt gzip ({e})") from None
+            self._in_member = True
+            if self._d.eof:
+                self._members += 1
+                self._pending = self._d.unused_data
+                self._d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+                self._in_member = False
+            self._out += len(chunk)
+            if self._out > self._cap:
+                raise InputError(
+                    f"{self._name}: decompresses to more than {self._cap:,} bytes (the cap on decompressed "
+                    f"input; a gzip bomb?); raise it with {ENV_MAX_DECOMPRESSED}=BYTES if the file is genuine")
+            self._buf = chunk
+
+    def readinto(self, b) -> int:
+        self._fill()
+        if not self._buf:
+            return 0
+        n = min(len(b), len(self._buf))
+        b[:n] = self._buf[:n]
+        self._buf = self._buf[n:]
+        return n
+
+    def close(self) -> None:
+        try:
+            self._raw.close()
+        finally:
+            super().close()
+
+
+def open_text(path: str, max_decompressed_bytes: int | None = None) -> tuple[IO[str], bool]:
+    """(text stream, gzipped?) of a regular file, gunzipped with a cap when it starts with the gzip
+    magic. The stream decodes UTF-8 strictly (binary data raises UnicodeDecodeError while reading)."""
+    cap = max_decompressed_bytes or env_int(ENV_MAX_DECOMPRESSED, MAX_DECOMPRESSED_BYTES)
+    fh = open_binary(path)
+    try:
+        magic = fh.read(2)
+        fh.seek(0)
+        gz = magic == b"\x1f\x8b"
+        raw: IO[bytes] = io.BufferedReader(GunzipCapped(fh, cap, path), 1 << 16) if gz else fh
+        return io.TextIOWrapper(raw, encoding="utf-8", errors="strict", newline=None), gz
+    except BaseException:
+        fh.close()
+        raise
+
+
+def iter_lines(text: IO[str], max_line: int = MAX_LINE_CHARS) -> Iterator[str]:
+    """Lines of ``text``, each at most ``max_line`` characters: a longer line is yielded as one
+    marker line (never parsed as data) and its remainder skipped, so no string grows past the cap."""
+    readline = text.readline
+    while True:
+        line = readline(max_line)
+        if not line:
+            return
+        if len(line) >= max_line and not line.endswith("\n"):
+            while True:  # skip the rest of the overlong line
+                more = readline(max_line)
+                if not more or more.endswith("\n"):
+                    break
+            yield "\x00overlong line\n"
+            continue
+        yield line
+
+
+# --- what is this file? ----------------------------------------------------------------------
+_LOG_LINE = re.compile(
+    r"^(?:\S+\s+\|\s)?(?:\((?:[A-Za-z][\w\-]*) pid=\d+[^)]*\)\s*)?(?:"
+    r"(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s+\d\d-\d\d \d\d:\d\d:\d\d"  # vLLM
+    r"|\[\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d[^\]]*\]"  # SGLang, CI
+    r"|\[\d\d:\d\d:\d\d[^\]]*\]"  # short SGLang
+    r"|\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d"  # kubectl --timestamps, python logging
+    r"|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\s*[:\-]\s)")
+_LOG_WORDS = re.compile(r"KV cache|preempted|Avg prompt throughput|Decode batch|Prefill batch|"
+                        r"OutOfMemoryError|CUDA out of memory|Traceback \(most recent call last\)|Uvicorn|"
+                        r"Started server process|Loading model|vLLM|sglang", re.I)
+
+
+def describe_binary(head: bytes) -> str | None:
+    """What a file that is not text is, by its first bytes, and the command that reads it."""
+    if head.startswith(b"SQLite format 3\x00"):
+        return ("an SQLite database (an Nsight Systems export?), not metrics text; "
+                "read a kernel timeline with: diagnose trace FILE")
+    if head[:1] == b"\x80" and len(head) > 1 and 2 <= head[1] <= 5:
+        return ("a Python pickle (a PyTorch memory snapshot?), not metrics text; "
+                "read a memory snapshot with: diagnose snapshot FILE")
+    if head.startswith(b"PK\x03\x04"):
+        return "a zip archive (a torch.save checkpoint or a zipped export?), not metrics text; unzip it first"
+    return None
+
+
+def describe_text(head: str) -> str | None:
+    """What a text file that failed to parse as metrics is (JSON of some kind, an engine log), with
+    the command that reads it. ``head`` is the first SNIFF_BYTES characters."""
+    s = head.lstrip("\ufeff \t\r\n")
+    if s[:1] in ("{", "["):
+        return _describe_json(s)
+    lines = [ln for ln in s.splitlines()[:200] if ln.strip()]
+    if lines:
+        logish = sum(1 for ln in lines if _LOG_LINE.match(ln.strip()))
+        words = sum(1 for ln in lines if _LOG_WORDS.search(ln))
+        if logish >= max(2, len(lines) // 3) or (logish and words >= max(2, len(lines) // 3)):
+            return ("an engine log (vLLM / SGLang lines), not metrics text; "
+                    "read it with: diagnose logs FILE")
+    return None
+
+
+def _describe_json(s: str) -> str:
+    keys = set(re.findall(r'"([A-Za-z_][A-Za-z0-9_]*)"\s*:', s[:SNIFF_BYTES]))
+    top = _top_keys(s)
+    if top is not None:
+        keys = top | keys
+    if {"traceEvents"} & keys or ({"ph", "ts"} <= keys and ({"dur", "pid", "tid"} & keys)):
+        return ("a JSON trace (PyTorch profiler / Chrome trace format), not metrics text; "
+                "read it with: diagnose trace FILE")
+    if {"segments", "device_traces"} & keys and ({"blocks", "total_size", "allocated_size", "device_traces"} & keys):
+        return ("a PyTorch memory snapshot as JSON, not metrics text; read it with: diagnose snapshot FILE")
+    if {"findings", "inconclusive"} <= keys or ({"findings"} & keys and {"window", "verdict", "attachments"} & keys):
+        return ("fragscope's own JSON output (findings), not an input; run diagnose on the recording, "
+                "trace or snapshot it was made from")
+    if {"resultType", "result"} <= keys or ({"status", "data"} <= keys and "resultType" in s[:SNIFF_BYTES]):
+        return ("a Prometheus HTTP API response (JSON), not exposition text; diagnose a fleet with: "
+                "diagnose --prometheus URL, or save the target's /metrics page instead")
+    return ("a JSON document (a config?), not metrics text; diagnose FILE reads Prometheus/OpenMetrics text "
+            "(traces: diagnose trace FILE, memory snapshots: diagnose snapshot FILE, logs: diagnose logs FILE)")
+
+
+def _top_keys(s: str) -> set[str] | None:
+    """Top-level keys when the sniffed head is a whole, small JSON object (else None)."""
+    if len(s) >= SNIFF_BYTES or s[:1] != "{":
+        return None
+    try:
+        obj = json.loads(s)
+    except (ValueError, RecursionError):
+        return None
+    return set(obj) if isinstance(obj, dict) else None
