@@ -54,6 +54,9 @@ ENV_MAX_POINTS = "FRAGSCOPE_MAX_POINTS"
 _EARLY_BAD_LIMIT = 20
 # ...or when more than this share of all sample lines are unparsable.
 _BAD_RATIO_LIMIT = 0.05
+# Scrapes (pastes): up to this many unparsable lines are skipped whatever their share (prose around
+# a paste in a bug report: "When I run this command, I get the following results:").
+_PASTE_BAD_LINES = 3
 
 
 def _unescape(v: str) -> str:
@@ -102,6 +105,7 @@ class Parsed:
     bad_bounds: int = 0  # bucket / quantile series dropped: le or quantile not a number
     ts_units: set = field(default_factory=set)  # "microseconds", "nanoseconds" when converted
     ignored_timestamps: int = 0  # scrape mode: samples whose own timestamp was ignored
+    truncated: bool = False  # the text ended inside a sample line
 
     def to_window(self, source: str = "") -> Window:
         w = Window.from_columns(self.cols, source=source, types=self.types)
@@ -190,6 +194,8 @@ def parse_lines(lines: Iterable[str], default_ts: float | None = None, source: s
                 if p.first_bad is None:
                     p.first_bad = f"line {pending_no}: incomplete sample: {pending.strip()[:80]!r}"
             pending = None
+        if line[0] in "HT" and mode != 1 and line.startswith(("HELP ", "TYPE ")):
+            line = "# " + line  # a paste where markdown ate the "# " (a heading inside a quote)
         if line[0] == "#":
             if line.startswith("# EOF") or line.startswith("#EOF"):
                 p.saw_eof = True
@@ -334,10 +340,10 @@ def parse_lines(lines: Iterable[str], default_ts: float | None = None, source: s
         if p.samples == points_cap:
             raise ParseError(f"{source}: {points_cap:,} points reached (line {lineno}): the cap on points per "
                              f"input; raise it with {ENV_MAX_POINTS}=N if the file is genuine")
-    if pending is not None:
-        bad += 1
-        if p.first_bad is None:
-            p.first_bad = f"line {pending_no}: incomplete sample at the end: {pending.strip()[:80]!r}"
+    if pending is not None:  # the text ends inside a sample: a paste or a download cut short
+        p.notes.append(f"the text ends inside a sample (line {pending_no}: {pending.strip()[:60]!r}): "
+                       "cut short; that sample is not read")
+        p.truncated = True
     p.lines = lineno
     p.bad_lines = bad
     p.scrape_mode = mode == 2
@@ -345,7 +351,11 @@ def parse_lines(lines: Iterable[str], default_ts: float | None = None, source: s
         if bad:
             raise ParseError(f"{source}: not Prometheus/OpenMetrics text ({p.first_bad})")
         raise ParseError(f"{source}: no samples (empty or comments only)")
-    if bad and bad > _BAD_RATIO_LIMIT * (p.samples + bad):
+    # A paste (scrapes) may carry a few lines of prose around the data ("here is the output:").
+    allowed = _BAD_RATIO_LIMIT * (p.samples + bad)
+    if p.scrape_mode:
+        allowed = max(allowed, _PASTE_BAD_LINES)
+    if bad and bad > allowed:
         raise ParseError(f"{source}: {bad} of {p.samples + bad} sample lines unparsable ({p.first_bad})")
     if bad:
         p.notes.append(f"{bad} unparsable lines skipped (first: {p.first_bad})")
