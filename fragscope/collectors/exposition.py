@@ -57,6 +57,8 @@ _BAD_RATIO_LIMIT = 0.05
 # Scrapes (pastes): up to this many unparsable lines are skipped whatever their share (prose around
 # a paste in a bug report: "When I run this command, I get the following results:").
 _PASTE_BAD_LINES = 3
+# A sample wrapped over more than this many lines is not rejoined.
+_MAX_PIECES = 64
 
 
 def _unescape(v: str) -> str:
@@ -166,6 +168,9 @@ def parse_lines(lines: Iterable[str], default_ts: float | None = None, source: s
     p.segments = seg
     pending: str | None = None  # an incomplete sample line (a paste wrapped by a browser or terminal)
     pending_no = 0
+    pieces = 0
+    last = None  # scrape mode: (entry, value text) of the last sample, for a value cut by a wrap
+    after_comment = 0  # lines after a # HELP that may continue its text (a wrapped paste)
     since_sample = 0
     series_cap = max_series if max_series is not None else -1
     points_cap = max_points if max_points is not None else -1
@@ -189,14 +194,21 @@ def parse_lines(lines: Iterable[str], default_ts: float | None = None, source: s
             if joined is not None:
                 line = joined
                 p.joined_lines += 1
+                pending = None
+            elif pieces < _MAX_PIECES and line[0] != "#" and not _valid_sample(line):
+                pending = pending.rstrip("\r\n") + line.strip(" \t\r\n")  # a third piece, and so on
+                pieces += 1
+                continue
             else:
                 bad += 1
                 if p.first_bad is None:
                     p.first_bad = f"line {pending_no}: incomplete sample: {pending.strip()[:80]!r}"
-            pending = None
+                pending = None
         if line[0] in "HT" and mode != 1 and line.startswith(("HELP ", "TYPE ")):
             line = "# " + line  # a paste where markdown ate the "# " (a heading inside a quote)
         if line[0] == "#":
+            # free text: a wrap continues it on the next lines (a HELP of ~300 characters at 80 columns)
+            after_comment = 3 if line.startswith("# HELP") else 0
             if line.startswith("# EOF") or line.startswith("#EOF"):
                 p.saw_eof = True
                 p.openmetrics = True
@@ -228,6 +240,9 @@ def parse_lines(lines: Iterable[str], default_ts: float | None = None, source: s
             continue
         if p.saw_eof and mode != 2:
             continue  # nothing is allowed after # EOF; ignore trailing garbage quietly
+        continues_comment = after_comment > 0
+        cont_left = after_comment - 1
+        after_comment = 0
         # --- a sample line ------------------------------------------------------------------
         if mode != 1 and "&" in line:
             line = _unescape_html(line)
@@ -237,7 +252,7 @@ def parse_lines(lines: Iterable[str], default_ts: float | None = None, source: s
                 close = line.rfind("}")
                 if close < brace:
                     if mode != 1 and _could_continue(line):
-                        pending, pending_no = line, lineno
+                        pending, pending_no, pieces = line, lineno, 2
                         continue
                     raise ValueError("unbalanced braces")
                 head = line[: close + 1]
@@ -247,8 +262,12 @@ def parse_lines(lines: Iterable[str], default_ts: float | None = None, source: s
                 head = parts[0]
                 rest = parts[1:]
             if not rest or len(rest) > 3:
+                if not rest and mode != 1 and continues_comment and len(parts) <= 1:
+                    p.junk_lines += 1  # the rest of a # HELP line that a wrap moved to its own line
+                    after_comment = cont_left
+                    continue
                 if not rest and mode != 1 and _could_continue(line):
-                    pending, pending_no = line, lineno
+                    pending, pending_no, pieces = line, lineno, 2
                     continue
                 raise ValueError("expected 'name value [timestamp]'")
             entry = cache.get(head, False)
@@ -317,8 +336,20 @@ def parse_lines(lines: Iterable[str], default_ts: float | None = None, source: s
         except ParseError:
             raise
         except (ValueError, IndexError) as e:
-            if mode != 1 and _is_debris(line):
+            if mode == 2 and last is not None and _NUM_TAIL.match(line):
+                # a wrap cut the last sample's value: "...} 1.7740114" + "61287601e+09"
+                try:
+                    fixed = float(last[1] + line.strip())
+                except ValueError:
+                    pass
+                else:
+                    last[0][2][-1] = fixed
+                    p.joined_lines += 1
+                    last = None
+                    continue
+            if mode != 1 and (continues_comment or _is_debris(line)):
                 p.junk_lines += 1
+                after_comment = cont_left if continues_comment else 0
                 continue
             bad += 1
             if p.first_bad is None:
@@ -334,6 +365,7 @@ def parse_lines(lines: Iterable[str], default_ts: float | None = None, source: s
             continue  # DCGM blank sentinel: not available, not a value
         if mode == 2:
             ts = seg.sample(head, entry[0], entry[3], value)
+            last = (entry, rest[0]) if len(rest) == 1 else None
         entry[1].append(ts)
         entry[2].append(value)
         p.samples += 1
@@ -380,6 +412,7 @@ _FENCE = ("```", "~~~")
 _HTML_TAG = re.compile(r"^</?(?:details|summary|pre|code|p|br|div|span)\b[^>]*>\s*(?:</?\w+>\s*)*$", re.I)
 _COMMAND = re.compile(r"(?:^|\s)(?:curl|wget|http|kubectl|docker|oc|grep)\s|^\S*[$#%]\s|^\$\s*$")
 _ELLIPSIS = re.compile(r"^\s*(?:\.{2,}|\u2026|\[(?:\.{3}|\u2026|snip|truncated)[^\]]*\])\s*$", re.I)
+_NUM_TAIL = re.compile(r"^\s*[0-9.eE+\-]+\s*$")
 _ENTITY = re.compile(r"&(?:quot|gt|lt|amp|apos|#\d{1,7}|#[xX][0-9a-fA-F]{1,6});")
 
 
