@@ -1,6 +1,7 @@
 """Ingest + diagnose an 8-hour, 15 s recording against promtool's backfill of the same file.
 
     python bench/bench_ingest.py [--repeat 3] [--kind allocator-fragmentation] [--keep DIR]
+    python bench/bench_ingest.py --churn 50000 [--no-diagnose]
 
 Prints, for one generated OpenMetrics file with every signal (~165k lines, ~19 MB):
   fragscope   read_recording + playbooks.diagnose (detectors + playbooks) (best of --repeat)
@@ -8,6 +9,11 @@ Prints, for one generated OpenMetrics file with every signal (~165k lines, ~19 M
   prometheus_client text_string_to_metric_families on the Prometheus-text twin of the file (ms timestamps;
               its OpenMetrics parser rejects multi-point histograms, so it gets the text format)
 and the ratios. Target: fragscope no slower than promtool.
+
+``--churn N``: the short-lived-series case (issue 12: N series of 2 points each, one after the other over
+a long span, e.g. one series per request id). Runs N and 2N series, each in a fresh process (so peak RSS
+is its own), and prints read_recording and diagnose times, peak RSS, and the 2N/N ratios: about 2 means
+linear, about 4 quadratic. Run it with PYTHONPATH pointing at two trees to compare before and after.
 """
 from __future__ import annotations
 
@@ -32,12 +38,78 @@ def best_of(fn, repeat: int) -> tuple[float, object]:
     return best, out
 
 
+_CHURN_CHILD = r"""
+import json, resource, sys, time
+from fragscope.collectors.exposition import read_recording
+t = time.perf_counter()
+w = read_recording(sys.argv[1])
+t_read = time.perf_counter() - t
+rss_read = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+t_diag = None
+if sys.argv[2] == "1":
+    from fragscope.playbooks import diagnose
+    t = time.perf_counter()
+    diagnose(w)
+    t_diag = time.perf_counter() - t
+print(json.dumps({"read": t_read, "diag": t_diag, "series": len(w), "rss_read": rss_read,
+                  "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+"""
+
+
+def write_churn(path: str, n: int) -> None:
+    """n series of 2 points each, 15 s apart, series i living from 15*i to 15*(i+1): a span of 15*n s."""
+    t0 = 1_700_000_000
+    with open(path, "w") as fh:
+        fh.write("# TYPE vllm:num_requests_running gauge\n")
+        for i in range(n):
+            k = f'vllm:num_requests_running{{model_name="m",request_id="req-{i:08d}"}}'
+            fh.write(f"{k} 1 {t0 + 15 * i}\n{k} 2 {t0 + 15 * i + 15}\n")
+        fh.write("# EOF\n")
+
+
+def churn(n: int, with_diagnose: bool, work: str) -> int:
+    import json
+
+    rows = []
+    for size in (n, 2 * n):
+        path = os.path.join(work, f"churn_{size}.om")
+        write_churn(path, size)
+        p = subprocess.run([sys.executable, "-c", _CHURN_CHILD, path, "1" if with_diagnose else "0"],
+                           capture_output=True, text=True, timeout=3600)
+        if p.returncode != 0:
+            print(f"churn {size:,}: failed: {(p.stderr.strip().splitlines() or ['?'])[-1]}")
+            return 1
+        r = json.loads(p.stdout.strip().splitlines()[-1])
+        r["size"], r["mb"] = size, os.path.getsize(path) / 1e6
+        rows.append(r)
+        diag = f"{r['diag']:7.2f} s" if r["diag"] is not None else "      -"
+        print(f"churn {size:>9,} series ({r['mb']:5.1f} MB): read_recording {r['read']:6.2f} s "
+              f"(peak RSS {r['rss_read'] / 2**20:6.0f} MiB), diagnose {diag} (peak RSS {r['rss'] / 2**20:6.0f} MiB)")
+    a, b = rows
+    line = f"ratio 2N/N: read {b['read'] / a['read']:.2f}x, read RSS {b['rss_read'] / a['rss_read']:.2f}x"
+    if a["diag"]:
+        line += f", diagnose {b['diag'] / a['diag']:.2f}x, RSS {b['rss'] / a['rss']:.2f}x"
+    print(line + "  (2 = linear, 4 = quadratic)")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--kind", default="allocator-fragmentation")
     ap.add_argument("--keep", help="write the recordings here instead of a temporary directory")
+    ap.add_argument("--churn", type=int, default=0, metavar="N",
+                    help="instead: the short-lived-series case with N and 2N series")
+    ap.add_argument("--no-diagnose", action="store_true", help="--churn: time read_recording only")
     a = ap.parse_args()
+    if a.churn:
+        work = a.keep or tempfile.mkdtemp(prefix="fragscope-churn-")
+        os.makedirs(work, exist_ok=True)
+        try:
+            return churn(a.churn, not a.no_diagnose, work)
+        finally:
+            if not a.keep:
+                shutil.rmtree(work, ignore_errors=True)
     work = a.keep or tempfile.mkdtemp(prefix="fragscope-bench-")
     os.makedirs(work, exist_ok=True)
     om = os.path.join(work, "recording.om")

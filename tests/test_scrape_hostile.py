@@ -92,7 +92,8 @@ def test_histogram_bucket_le_nan_dropped_and_both_outputs_print(tmp_path, capsys
         rows.append(f'vllm:time_to_first_token_seconds_sum{{model_name="m"}} {0.3 * i} {t}')
         rows.append(f'vllm:num_requests_running{{model_name="m"}} 3 {t}')
         rows.append(f'summ{{quantile="NaN"}} 1 {t}')
-    p = _w(tmp_path, "h.om", "# TYPE vllm:time_to_first_token_seconds histogram\n" + "\n".join(rows) + "\n# EOF\n")
+    p = _w(tmp_path, "h.om", "# TYPE vllm:time_to_first_token_seconds histogram\n# TYPE summ summary\n"
+           + "\n".join(rows) + "\n# EOF\n")
     w = read_recording(p)
     les = sorted(s.key.label("le") for s in w.select("vllm:time_to_first_token_seconds_bucket"))
     assert les == ["+Inf", "0.1", "1.0"]

@@ -292,7 +292,7 @@ def parse_lines(lines: Iterable[str], default_ts: float | None = None, source: s
                 t = _family_type(types, family_types, name)
                 if not keep_created and name.endswith("_created") and t in ("counter", "histogram", "summary", "gaugehistogram"):
                     entry = None
-                elif _bad_bound(name, labels):
+                elif labels and (t == "summary" or name.endswith("_bucket")) and _bad_bound(name, labels):
                     entry = None
                     p.bad_bounds += 1
                 else:
@@ -488,12 +488,7 @@ def _valid_sample(line: str) -> bool:
 def _bad_bound(name: str, labels: Labels) -> bool:
     """A histogram bucket whose ``le``, or a summary sample whose ``quantile``, is not a number
     (NaN, empty, text): the series means nothing and would poison sorting by bound."""
-    if name.endswith("_bucket"):
-        bound = "le"
-    elif labels and any(k == "quantile" for k, _ in labels):
-        bound = "quantile"
-    else:
-        return False
+    bound = "le" if name.endswith("_bucket") else "quantile"
     for k, v in labels:
         if k == bound:
             try:
