@@ -247,3 +247,35 @@ def test_cli_single_scrape_end_to_end(tmp_path):
     d = json.loads(r.stdout, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
     assert any("one scrape without timestamps" in n for n in d["signals"]["notes"])
     assert d["window"]["start"] == d["window"]["end"] and math.isfinite(d["window"]["start"])
+
+
+def test_bulk_window_equals_from_columns():
+    """The reader's bulk window builder against the model's per-series one, on clean, unsorted,
+    duplicate, NaN/Inf and empty series (lists and arrays)."""
+    import numpy as np
+
+    from fragscope.collectors.scrapes import bulk_window
+    from fragscope.model import SeriesKey, Window
+
+    rng = np.random.default_rng(7)
+    cols = {}
+    for i in range(300):
+        n = int(rng.integers(0, 6))
+        ts = (1_700_000_000 + rng.choice(np.arange(20), size=n, replace=bool(i % 3 == 0)) * 15.0)
+        if i % 2:
+            ts = np.sort(ts)
+        vs = rng.normal(size=n)
+        if n and i % 5 == 0:
+            vs[0] = [np.nan, np.inf, -np.inf][i % 3]
+        cols[SeriesKey("m", (("i", str(i)),))] = (ts.tolist(), vs.tolist())
+    types = {"m": "gauge"}
+    for c in (cols, {k: (np.asarray(a), np.asarray(b)) for k, (a, b) in cols.items()}):
+        a, b = bulk_window(c, "src", types), Window.from_columns(c, source="src", types=types)
+        assert (a.start, a.end, a.dropped_points, list(a.series)) == (b.start, b.end, b.dropped_points, list(b.series))
+        assert a.dropped_points > 0
+        for k in a.series:
+            assert a.series[k].ts.tolist() == b.series[k].ts.tolist()
+            assert a.series[k].values.tolist() == b.series[k].values.tolist()
+            assert a.series[k].type == "gauge"
+    empty = bulk_window({SeriesKey("x"): ([], [])})
+    assert len(empty) == 0 and math.isnan(empty.start)

@@ -22,7 +22,7 @@ from ..model import Labels, Sample, SeriesKey, Window
 from ..signals import DCGM_BLANK_THRESHOLD, SIGNALS, normalise_name
 from .inputs import (ENV_MAX_DECOMPRESSED, MAX_DECOMPRESSED_BYTES, MAX_FILE_BYTES, SNIFF_BYTES, GunzipCapped,
                      InputError, check_regular, describe_binary, describe_text, env_int, iter_lines, open_binary)
-from .scrapes import GENERIC_PREFIXES, SegmentTracker, build_window
+from .scrapes import GENERIC_PREFIXES, SegmentTracker, build_window, bulk_window
 
 
 class ParseError(ValueError):
@@ -110,7 +110,7 @@ class Parsed:
     truncated: bool = False  # the text ended inside a sample line
 
     def to_window(self, source: str = "") -> Window:
-        w = Window.from_columns(self.cols, source=source, types=self.types)
+        w = bulk_window(self.cols, source=source, types=self.types)
         w.notes.extend(self.notes)
         if w.dropped_points:
             w.notes.append(f"{w.dropped_points} points dropped (NaN/Inf values or duplicate timestamps)")
