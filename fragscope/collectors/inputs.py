@@ -222,6 +222,9 @@ def describe_text(head: str) -> str | None:
     s = head.lstrip("\ufeff \t\r\n")
     if s[:1] in ("{", "["):
         return _describe_json(s)
+    if re.match(r"<(?:!doctype\s+html|html|head|body)\b", s[:200], re.I):
+        return ("not Prometheus/OpenMetrics text: an HTML page (a login page, a proxy error, a dashboard?); "
+                "save the /metrics URL itself (curl -s URL/metrics > FILE)")
     lines = [ln for ln in s.splitlines()[:200] if ln.strip()]
     if lines:
         logish = sum(1 for ln in lines if _LOG_LINE.match(ln.strip()))
