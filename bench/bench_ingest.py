@@ -47,7 +47,7 @@ t_read = time.perf_counter() - t
 rss_read = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 t_diag = None
 if sys.argv[2] == "1":
-    from fragscope.playbooks import diagnose
+    from fragscope.pipeline import diagnose
     t = time.perf_counter()
     diagnose(w)
     t_diag = time.perf_counter() - t

@@ -36,7 +36,7 @@ def _print_both(path, capsys):
     """What `diagnose FILE` does after reading, in-process (the crash site was the rendering):
     the human output and JSON, which must parse without NaN/Infinity tokens."""
     from fragscope.cli.render import print_report
-    from fragscope.playbooks import diagnose
+    from fragscope.pipeline import diagnose
 
     report = diagnose(read_recording(path))
     print_report(report, "human")
