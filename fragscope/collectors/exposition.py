@@ -392,8 +392,8 @@ def parse_lines(lines: Iterable[str], default_ts: float | None = None, source: s
     if bad:
         p.notes.append(f"{bad} unparsable lines skipped (first: {p.first_bad})")
     if p.bad_bounds:
-        p.notes.append(f"{p.bad_bounds} histogram bucket / summary quantile series with a bound that is not a "
-                       "number (le=\"NaN\", le=\"\", ...) dropped")
+        p.notes.append(f"{p.bad_bounds} histogram bucket / summary quantile series with a bound that is missing or "
+                       "not a number (le=\"NaN\", le=\"\", ...) dropped")
     if p.ts_units:
         p.notes.append("timestamps in " + " and ".join(sorted(p.ts_units)) + " (by magnitude) converted to seconds")
     if p.joined_lines:
@@ -486,9 +486,10 @@ def _valid_sample(line: str) -> bool:
 
 
 def _bad_bound(name: str, labels: Labels) -> bool:
-    """A histogram bucket whose ``le``, or a summary sample whose ``quantile``, is not a number
-    (NaN, empty, text): the series means nothing and would poison sorting by bound."""
-    bound = "le" if name.endswith("_bucket") else "quantile"
+    """A histogram bucket whose ``le`` is missing or not a number (NaN, empty, text), or a summary
+    sample whose ``quantile`` is not a number: the series means nothing and would poison sorting by bound."""
+    bucket = name.endswith("_bucket")
+    bound = "le" if bucket else "quantile"
     for k, v in labels:
         if k == bound:
             try:
@@ -496,7 +497,7 @@ def _bad_bound(name: str, labels: Labels) -> bool:
             except ValueError:
                 return True
             return f != f  # NaN
-    return False
+    return bucket  # a bucket without le has no place in its histogram
 
 
 def _big_timestamp(ts: float, p: Parsed) -> float:
