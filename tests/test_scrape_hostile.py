@@ -279,3 +279,22 @@ def test_bulk_window_equals_from_columns():
             assert a.series[k].type == "gauge"
     empty = bulk_window({SeriesKey("x"): ([], [])})
     assert len(empty) == 0 and math.isnan(empty.start)
+
+
+def test_gzip_ratio_stops_a_bomb_early_and_real_files_pass(tmp_path, monkeypatch):
+    from fragscope.collectors import inputs
+
+    monkeypatch.setattr(inputs, "GZIP_RATIO_AFTER", 256 << 10)
+    bomb = _w(tmp_path, "b.om.gz", gzip.compress(b"g 1 1700000000\n" + b"\n" * (4 << 20), 9))
+    with pytest.raises(ParseError, match=r"more than 200 times its compressed size.*FRAGSCOPE_MAX_GZIP_RATIO"):
+        read_recording(bomb)
+    monkeypatch.setenv("FRAGSCOPE_MAX_GZIP_RATIO", "100000")
+    with pytest.raises(ParseError, match="lines in a row without a sample|no samples|not metrics"):
+        read_recording(bomb)  # past the ratio, the newline guard or the parse still refuses it
+    monkeypatch.delenv("FRAGSCOPE_MAX_GZIP_RATIO")
+    src = os.path.join(DATA, "collectors", "vllm_v1_cncf_kops.metrics.txt")
+    with open(src, "rb") as fh:
+        body = fh.read()
+    real = _w(tmp_path, "loop.txt.gz", gzip.compress(body * 40, 9))  # 2.1 MB of scrapes, ratio ~11
+    w = read_recording(real, 10.0, scrape_time=T)
+    assert w.scrapes == 40
