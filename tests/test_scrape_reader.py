@@ -203,3 +203,19 @@ def test_key_value_text_is_not_taken_for_a_scrape(tmp_path):
 def test_bad_interval_is_refused(bad):
     with pytest.raises(ParseError, match="scrape interval"):
         read_recording(CPU_AFTER, bad)
+
+
+def test_split_targets_gives_one_window_per_process(tmp_path):
+    from fragscope.collectors.scrapes import split_targets
+
+    w = read_recording(_write(tmp_path, "two.txt", _read(CPU_BEFORE) + _read(CPU_AFTER)), scrape_time=T)
+    parts = split_targets(w)
+    assert [t for t, _ in parts] == ["1", "2"]
+    for (t, part), alone in zip(parts, (CPU_BEFORE, CPU_AFTER)):
+        ref = read_recording(alone, scrape_time=T)
+        assert set(part.series) == set(ref.series)  # the label is gone, every series is back
+        assert part.select("vllm:num_preemptions_total")[0].values.tolist() == \
+            ref.select("vllm:num_preemptions_total")[0].values.tolist()
+        assert part.scrapes == 1 and part.timestamps == "none" and t in part.source
+    single = read_recording(CPU_AFTER, scrape_time=T)
+    assert split_targets(single) == [(None, single)]

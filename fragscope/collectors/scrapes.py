@@ -170,6 +170,30 @@ def bulk_window(cols: Mapping[SeriesKey, tuple], source: str = "", types: Mappin
     return Window(out, start, end, source, dropped)
 
 
+def split_targets(w: Window) -> list[tuple[str | None, Window]]:
+    """One window per scraped process when ``build_window`` kept targets apart with the label
+    ``scrape_target`` (two servers of the same model, or a restart, in one file); else ``[(None, w)]``.
+    Each part has the label removed, the metadata and notes of ``w``, and its own start/end."""
+    groups: dict[str, dict[SeriesKey, Series]] = {}
+    for k, s in w.series.items():
+        t = k.label(TARGET_LABEL)
+        if t is None:
+            return [(None, w)]
+        nk = SeriesKey(k.name, k.without(TARGET_LABEL))
+        groups.setdefault(t, {})[nk] = Series(nk, s.ts, s.values, s.type)
+    if len(groups) <= 1:
+        return [(None, w)]
+    out = []
+    for t in sorted(groups, key=lambda x: (len(x), x)):
+        series = groups[t]
+        start = min(float(s.ts[0]) for s in series.values())
+        end = max(float(s.ts[-1]) for s in series.values())
+        part = Window(series, start, end, f"{w.source} ({TARGET_LABEL}={t})", 0, list(w.notes),
+                      w.timestamps, max((len(s) for s in series.values()), default=0), w.scrape_interval_known)
+        out.append((t, part))
+    return out
+
+
 def _iso(ts: float) -> str:
     return _dt.datetime.fromtimestamp(ts, tz=_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
