@@ -75,7 +75,8 @@ def churn(n: int, with_diagnose: bool, work: str) -> int:
         path = os.path.join(work, f"churn_{size}.om")
         write_churn(path, size)
         p = subprocess.run([sys.executable, "-c", _CHURN_CHILD, path, "1" if with_diagnose else "0"],
-                           capture_output=True, text=True, timeout=3600, cwd=work)  # cwd: not this tree, PYTHONPATH decides
+                           capture_output=True, text=True, timeout=3600,
+                           cwd=work)  # not this tree's directory: PYTHONPATH decides which code runs
         if p.returncode != 0:
             print(f"churn {size:,}: failed: {(p.stderr.strip().splitlines() or ['?'])[-1]}")
             return 1

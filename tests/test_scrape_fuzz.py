@@ -10,7 +10,6 @@ import os
 import random
 
 import numpy as np
-import pytest
 
 from fragscope.collectors.exposition import ParseError, read_recording
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import html
 import io
 import math
-import os
 import re
 from dataclasses import dataclass, field
 from typing import Iterable
