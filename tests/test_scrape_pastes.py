@@ -121,3 +121,10 @@ def test_garbage_is_still_refused(tmp_path):
         head = "".join(fh.readlines()[:40])
     with pytest.raises(ParseError, match="unparsable"):
         read_recording(_write(tmp_path, "mixed.txt", head + prose))
+
+
+def test_escaped_and_wrapped_together(tmp_path, clean):
+    text, want = clean
+    esc = html.escape(text, quote=True)
+    wrapped = "\n".join(line[i:i + 100] for line in esc.splitlines() for i in range(0, max(len(line), 1), 100))
+    assert _values(read_recording(_write(tmp_path, "both.txt", wrapped), scrape_time=T)) == want

@@ -188,6 +188,8 @@ def parse_lines(lines: Iterable[str], default_ts: float | None = None, source: s
                 continue
             if line == "\n":
                 continue
+        if mode != 1 and "&" in line:
+            line = _unescape_html(line)  # a paste copied from HTML source: &quot; &gt; &amp;
         if pending is not None:
             joined = _join_wrapped(pending, line)
             if joined is not None:
@@ -215,8 +217,6 @@ def parse_lines(lines: Iterable[str], default_ts: float | None = None, source: s
                 if mode == 2:
                     seg.eof()
                 continue
-            if mode != 1 and "&" in line:
-                line = _unescape_html(line)
             parts = line[1:].split(None, 3)
             if len(parts) >= 3 and parts[0] == "TYPE":
                 fam = normalise_name(parts[1])
@@ -243,8 +243,6 @@ def parse_lines(lines: Iterable[str], default_ts: float | None = None, source: s
         cont_left = after_comment - 1
         after_comment = 0
         # --- a sample line ------------------------------------------------------------------
-        if mode != 1 and "&" in line:
-            line = _unescape_html(line)
         brace = line.find("{")
         try:
             if brace >= 0:
@@ -439,9 +437,11 @@ def _is_debris(line: str) -> bool:
 
 
 def _unescape_html(line: str) -> str:
+    """Complete entities only (``&quot;``, not ``&quot`` which html.unescape also decodes): a wrap
+    may cut an entity in two, and the join must see it whole."""
     if _ENTITY.search(line) is None:
         return line
-    return html.unescape(line)
+    return _ENTITY.sub(lambda m: html.unescape(m.group(0)), line)
 
 
 def _could_continue(line: str) -> bool:
@@ -456,6 +456,8 @@ def _join_wrapped(first: str, second: str) -> str | None:
     b = second.lstrip(" \t")
     for sep in ("", " "):
         cand = a + sep + b
+        if "&" in cand:
+            cand = _unescape_html(cand)  # an entity the wrap cut in two: "&quot" + ";"
         if _valid_sample(cand):
             return cand
     return None
