@@ -205,11 +205,11 @@ def parse_lines(lines: Iterable[str], default_ts: float | None = None, source: s
                 if p.first_bad is None:
                     p.first_bad = f"line {pending_no}: incomplete sample: {pending.strip()[:80]!r}"
                 pending = None
-        if line[0] in "HT" and mode != 1 and line.startswith(("HELP ", "TYPE ")):
+        if mode != 1 and line[0] in "HT" and line.startswith(("HELP ", "TYPE ")):
             line = "# " + line  # a paste where markdown ate the "# " (a heading inside a quote)
         if line[0] == "#":
-            # free text: a wrap continues it on the next lines (a HELP of ~300 characters at 80 columns)
-            after_comment = 3 if line.startswith("# HELP") else 0
+            if mode != 1:  # free text: a wrap continues it on the next lines (~300 characters at 80 columns)
+                after_comment = 3 if line.startswith("# HELP") else 0
             if line.startswith("# EOF") or line.startswith("#EOF"):
                 p.saw_eof = True
                 p.openmetrics = True
@@ -239,9 +239,10 @@ def parse_lines(lines: Iterable[str], default_ts: float | None = None, source: s
             continue
         if p.saw_eof and mode != 2:
             continue  # nothing is allowed after # EOF; ignore trailing garbage quietly
-        continues_comment = after_comment > 0
-        cont_left = after_comment - 1
-        after_comment = 0
+        if after_comment:
+            continues_comment, cont_left, after_comment = True, after_comment - 1, 0
+        else:
+            continues_comment, cont_left = False, 0
         # --- a sample line ------------------------------------------------------------------
         brace = line.find("{")
         try:

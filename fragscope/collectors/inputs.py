@@ -186,22 +186,33 @@ def open_text(path: str, max_decompressed_bytes: int | None = None) -> tuple[IO[
         raise
 
 
-def iter_lines(text: IO[str], max_line: int = MAX_LINE_CHARS) -> Iterator[str]:
-    """Lines of ``text``, each at most ``max_line`` characters: a longer line is yielded as one
-    marker line (never parsed as data) and its remainder skipped, so no string grows past the cap."""
-    readline = text.readline
+def iter_lines(text: IO[str], max_line: int = MAX_LINE_CHARS, chunk: int = 1 << 20) -> Iterator[str]:
+    """Lines of ``text`` without their line ends, each at most ``max_line`` characters: a longer
+    line is yielded as one marker line (never parsed as data) and the rest of it skipped, so no
+    string grows past the cap. Reads in chunks and splits them in C (faster than readline per line)."""
+    read = text.read
+    buf = ""
+    skipping = False
     while True:
-        line = readline(max_line)
-        if not line:
-            return
-        if len(line) >= max_line and not line.endswith("\n"):
-            while True:  # skip the rest of the overlong line
-                more = readline(max_line)
-                if not more or more.endswith("\n"):
-                    break
-            yield "\x00overlong line\n"
-            continue
-        yield line
+        data = read(chunk)
+        if not data:
+            break
+        if skipping:
+            nl = data.find("\n")
+            if nl < 0:
+                continue
+            data = data[nl + 1:]
+            skipping = False
+        buf += data
+        lines = buf.split("\n")
+        buf = lines.pop()
+        yield from lines
+        if len(buf) > max_line:
+            yield "\x00overlong line"
+            buf = ""
+            skipping = True
+    if buf and not skipping:
+        yield buf
 
 
 # --- what is this file? ----------------------------------------------------------------------
