@@ -173,6 +173,14 @@ def test_agent_own_metrics_text_and_openmetrics(tmp_path):
         assert w.select("fragscope_torch_fragmentation_ratio")[0].values.tolist() == [pytest.approx(0.25)]
     w = read_recording(_write(tmp_path, "agent2.txt", om + om), 15, scrape_time=T)
     assert w.scrapes == 2 and w.select("fragscope_torch_reserved_bytes")[0].ts.tolist() == [T - 15, T]
+    # the sidecar's page, the engine's and the DCGM exporter's in one file, twice (a curl loop over three URLs)
+    loop = (text + _read(CPU_AFTER) + _read(DCGM)) * 2
+    w = read_recording(_write(tmp_path, "pod.txt", loop), 10, scrape_time=T)
+    assert w.scrapes == 2 and w.scrape_interval_known
+    for name in ("fragscope_torch_reserved_bytes", "vllm:num_preemptions_total", "DCGM_FI_DEV_GPU_TEMP"):
+        (s,) = w.select(name)
+        assert s.ts.tolist() == [T - 10, T], name
+    assert not any(k.label(TARGET_LABEL) for k in w.series if not k.name.startswith(("process_", "python_")))
 
 
 def test_recordings_keep_their_behaviour_and_metadata(tmp_path):
