@@ -44,6 +44,21 @@ def _write(tmp_path, name, text, newline=None):
      2231.0, 5),
     # a prose line before the output
     ("vllm_issue26762_prose_unfenced.paste.txt", "process_virtual_memory_bytes", {}, 1.1701968896e10, 11),
+    # Triton 20.03: prose, a bare "curl ..." line, families with HELP/TYPE and no samples, one gauge
+    ("triton_issue2755_prose_curl.paste.txt", "nv_gpu_utilization",
+     {"gpu_uuid": "GPU-d4d0dbb0-037e-652e-6df4-a742b597738c"}, 0.12, 1),
+    # a fence and a "❯ curl" prompt
+    ("triton_issue7583_fancy_prompt.paste.txt", "nv_inference_request_failure",
+     {"model": "llama2", "reason": "REJECTED", "version": "1"}, 0.0, 12),
+    # inline code: the paste starts with a backtick
+    ("triton_issue6448_inline_code.paste.txt", "nv_inference_request_duration_us",
+     {"model": "triton-vllm-code-llama-model", "version": "1"}, 2885180.0, 5),
+    # <details><summary>...</summary> and a fence around it
+    ("prometheus_docs_pr1953_details.paste.txt", "nv_inference_request_success",
+     {"gpu_uuid": "GPU-a763c375-aefc-7f0c-76da-1c5554011402", "model": "inception_v3", "version": "42"}, 54.0, 2),
+    # TGIS: label values holding braces and quotes ("{'method': 'prefill'}")
+    ("tgis_ibm_vllm_pr18_brace_labels.paste.txt", "tgi_batch_inference_duration_bucket",
+     {"le": "0.05", "method": "{'method': 'prefill'}"}, 211.0, 15),
 ])
 def test_real_pastes(name, series, labels, value, n_series):
     w = read_recording(os.path.join(PASTES, name), scrape_time=T)
@@ -61,6 +76,11 @@ def test_real_paste_notes_say_what_was_skipped():
     w = read_recording(os.path.join(PASTES, "sglang_pr1853_prompt_fence.paste.txt"), scrape_time=T)
     assert not any("unparsable" in n for n in w.notes)  # the fence and the prompt are not errors
     assert w.select("sglang:context_len")[0].values.tolist() == [131072.0]
+    for name in ("prometheus_docs_pr1953_details.paste.txt", "triton_issue7583_fancy_prompt.paste.txt"):
+        w = read_recording(os.path.join(PASTES, name), scrape_time=T)
+        assert not any("unparsable" in n for n in w.notes), (name, w.notes)  # <details>, fences, prompts
+    w = read_recording(os.path.join(PASTES, "triton_issue6448_inline_code.paste.txt"), scrape_time=T)
+    assert w.select("nv_inference_request_success")[0].type == "counter"  # the backticked # TYPE was read
 
 
 # --- damage done by pasting, on the real V1 scrape ----------------------------------------------

@@ -407,7 +407,7 @@ def parse_lines(lines: Iterable[str], default_ts: float | None = None, source: s
 # fences, shell prompts, non-breaking spaces, a byte-order mark, HTML tags around code blocks.
 _PASTE_START = frozenset(" \t>`~$\u00a0\ufeff<")
 _FENCE = ("```", "~~~")
-_HTML_TAG = re.compile(r"^</?(?:details|summary|pre|code|p|br|div|span)\b[^>]*>\s*(?:</?\w+>\s*)*$", re.I)
+_HTML_TAG = re.compile(r"^</?(?:details|summary|pre|code|p|br|div|span|b|i)\b[^>]*>.*$", re.I)
 _COMMAND = re.compile(r"(?:^|\s)(?:curl|wget|http|kubectl|docker|oc|grep)\s|^\S*[$#%]\s|^\$\s*$")
 _ELLIPSIS = re.compile(r"^\s*(?:\.{2,}|\u2026|\[(?:\.{3}|\u2026|snip|truncated)[^\]]*\])\s*$", re.I)
 _NUM_TAIL = re.compile(r"^\s*[0-9.eE+\-]+\s*$")
@@ -423,6 +423,8 @@ def _depaste(line: str) -> str | None:
         return "\n"
     if s.startswith(_FENCE) or _HTML_TAG.match(s.strip()):
         return None
+    if s[0] == "`":  # inline code around a paste: "`# HELP ..."
+        s = s.lstrip("`")
     if s[0] == "$" and (len(s) < 2 or s[1] in " \t\n"):
         return None  # a shell prompt line: "$ curl ... /metrics"
     return s
