@@ -1,7 +1,7 @@
 """Ingest + diagnose an 8-hour, 15 s recording against promtool's backfill of the same file.
 
     python bench/bench_ingest.py [--repeat 3] [--kind allocator-fragmentation] [--keep DIR]
-    python bench/bench_ingest.py --churn 50000 [--no-diagnose]
+    python bench/bench_ingest.py --churn 50000 [--no-diagnose] [--before OTHER_TREE]
 
 Prints, for one generated OpenMetrics file with every signal (~165k lines, ~19 MB):
   fragscope   read_recording + playbooks.diagnose (detectors + playbooks) (best of --repeat)
@@ -13,7 +13,8 @@ and the ratios. Target: fragscope no slower than promtool.
 ``--churn N``: the short-lived-series case (issue 12: N series of 2 points each, one after the other over
 a long span, e.g. one series per request id). Runs N and 2N series, each in a fresh process (so peak RSS
 is its own), and prints read_recording and diagnose times, peak RSS, and the 2N/N ratios: about 2 means
-linear, about 4 quadratic. Run it with PYTHONPATH pointing at two trees to compare before and after.
+linear, about 4 quadratic. ``--before DIR`` runs the same files first with the fragscope of another
+checkout (e.g. ``git worktree add /tmp/before main``) and prints before/after ratios.
 """
 from __future__ import annotations
 
@@ -67,19 +68,24 @@ def write_churn(path: str, n: int) -> None:
         fh.write("# EOF\n")
 
 
-def churn(n: int, with_diagnose: bool, work: str) -> int:
+def churn(n: int, with_diagnose: bool, work: str, tree: str | None = None, label: str = "") -> list[dict] | None:
     import json
 
     rows = []
+    env = dict(os.environ)
+    env["PYTHONPATH"] = tree or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if label:
+        print(f"{label} ({env['PYTHONPATH']}):")
     for size in (n, 2 * n):
         path = os.path.join(work, f"churn_{size}.om")
-        write_churn(path, size)
-        p = subprocess.run([sys.executable, "-c", _CHURN_CHILD, path, "1" if with_diagnose else "0"],
+        if not os.path.exists(path):
+            write_churn(path, size)
+        p = subprocess.run([sys.executable, "-c", _CHURN_CHILD, path, "1" if with_diagnose else "0"], env=env,
                            capture_output=True, text=True, timeout=3600,
                            cwd=work)  # not this tree's directory: PYTHONPATH decides which code runs
         if p.returncode != 0:
             print(f"churn {size:,}: failed: {(p.stderr.strip().splitlines() or ['?'])[-1]}")
-            return 1
+            return None
         r = json.loads(p.stdout.strip().splitlines()[-1])
         r["size"], r["mb"] = size, os.path.getsize(path) / 1e6
         rows.append(r)
@@ -91,7 +97,7 @@ def churn(n: int, with_diagnose: bool, work: str) -> int:
     if a["diag"]:
         line += f", diagnose {b['diag'] / a['diag']:.2f}x, RSS {b['rss'] / a['rss']:.2f}x"
     print(line + "  (2 = linear, 4 = quadratic)")
-    return 0
+    return rows
 
 
 def main() -> int:
@@ -102,12 +108,24 @@ def main() -> int:
     ap.add_argument("--churn", type=int, default=0, metavar="N",
                     help="instead: the short-lived-series case with N and 2N series")
     ap.add_argument("--no-diagnose", action="store_true", help="--churn: time read_recording only")
+    ap.add_argument("--before", metavar="DIR", help="--churn: also run another checkout's fragscope first")
     a = ap.parse_args()
     if a.churn:
         work = a.keep or tempfile.mkdtemp(prefix="fragscope-churn-")
         os.makedirs(work, exist_ok=True)
         try:
-            return churn(a.churn, not a.no_diagnose, work)
+            before = churn(a.churn, not a.no_diagnose, work, a.before, "before") if a.before else None
+            after = churn(a.churn, not a.no_diagnose, work, None, "after" if a.before else "")
+            if after is None:
+                return 1
+            if before:
+                for b, c in zip(before, after):
+                    line = (f"after/before at {b['size']:,} series: read {c['read'] / b['read']:.2f}x, "
+                            f"peak RSS {c['rss'] / b['rss']:.2f}x")
+                    if b["diag"] and c["diag"]:
+                        line += f", diagnose {c['diag'] / b['diag']:.2f}x"
+                    print(line)
+            return 0
         finally:
             if not a.keep:
                 shutil.rmtree(work, ignore_errors=True)
