@@ -227,3 +227,17 @@ def test_split_targets_gives_one_window_per_process(tmp_path):
         assert part.scrapes == 1 and part.timestamps == "none" and t in part.source
     single = read_recording(CPU_AFTER, scrape_time=T)
     assert split_targets(single) == [(None, single)]
+
+
+def test_a_line_printed_twice_does_not_relabel_the_scrape(tmp_path):
+    """An exporter that prints one series twice in one scrape: the scrape is not taken for two
+    processes (every series labelled apart); only the repeated series is."""
+    lines = _read(V1).splitlines(True)
+    i = next(n for n, ln in enumerate(lines) if ln.startswith("vllm:num_requests_running{"))
+    j = len(lines) // 2
+    text = "".join(lines[:j] + [lines[i]] + lines[j:])
+    w = read_recording(_write(tmp_path, "dup.txt", text), scrape_time=T)
+    ref = read_recording(V1, scrape_time=T)
+    labelled = [k for k in w.series if k.label(TARGET_LABEL)]
+    assert {k.name for k in labelled} == {"vllm:num_requests_running"}
+    assert w.select("vllm:kv_cache_usage_perc")[0].key == ref.select("vllm:kv_cache_usage_perc")[0].key

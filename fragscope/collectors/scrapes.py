@@ -214,17 +214,29 @@ def build_window(cols: Mapping[SeriesKey, tuple[list, list]], types: Mapping[str
     seg_time = t0 + seg_num.astype(np.float64) * step
 
     idx_cols = {k: np.asarray(c[0], dtype=np.int64) for k, c in cols.items()}
-    collide = False  # engine / GPU series of two targets share a key: label every series apart
-    split_generic: set = set()  # process-level series shared by targets: label only those apart
+    # Engine / GPU series that two targets share: when they are a real share of a target's series (two
+    # servers of one model, a restart), every series is labelled apart; when only a few are (a line an
+    # exporter printed twice in one scrape), only those are, like the process-level ones.
+    collide = False
+    split_generic: set = set()
     if n_targets > 1:
+        shared: set = set()
+        per_target = np.zeros(n_targets, dtype=np.int64)
         for k, idx in idx_cols.items():
             tg = seg_target[idx]
-            if tg.size > 1 and (tg != tg[0]).any():
-                if k.name.startswith(GENERIC_PREFIXES):
+            if k.name.startswith(GENERIC_PREFIXES):
+                if tg.size > 1 and (tg != tg[0]).any():
                     split_generic.add(k)
-                else:
-                    collide = True
-                    break
+                continue
+            for t in np.unique(tg):
+                per_target[t] += 1
+            if tg.size > 1 and (tg != tg[0]).any():
+                shared.add(k)
+        smallest = int(per_target[per_target > 0].min()) if (per_target > 0).any() else 0
+        if shared and len(shared) * 10 > smallest:
+            collide = True
+        else:
+            split_generic |= shared
     out: dict[SeriesKey, tuple[np.ndarray, np.ndarray]] = {}
     for k, idx in idx_cols.items():
         vals = np.asarray(cols[k][1], dtype=np.float64)
