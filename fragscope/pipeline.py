@@ -34,11 +34,12 @@ def run_detectors(window: Window) -> Report:
     if span < MIN_SPAN_S or frame.t.size < MIN_POINTS:
         # No baseline fits: judge the present state by itself (level evidence); what only a trend can
         # show stays inconclusive, with how long to wait.
-        report.signals.setdefault("notes", []).append(
-            "one scrape: lifetime counters are totals since each process started; rates need two scrapes"
-            if frame.points <= 1 else
-            f"window of {span / 60:.0f} min holds no baseline (need >= {MIN_SPAN_S / 60:.0f} min): findings are judged on the "
-            "present state")
+        if window.timestamps != "none":  # scrape files carry the reader's own notes on what they can show
+            report.signals.setdefault("notes", []).append(
+                "one scrape: lifetime counters are totals since each process started; rates need two scrapes"
+                if frame.points <= 1 else
+                f"window of {span / 60:.0f} min holds no baseline (need >= {MIN_SPAN_S / 60:.0f} min): findings are "
+                "judged on the present state")
         _run_all(report, frame, short=True)
         report.findings = rank_findings(_merge_gpus(report.findings))
         return report
@@ -177,7 +178,9 @@ def signal_summary(f: Frame, window: Window) -> dict:
     out: dict = {"step_seconds": f.step, "scrape_interval_seconds": f.scrape_interval,
                  "engine_generation": f.engine_generation, "gpus": f.gpus(), "sources": dict(f.sources),
                  "engine": {}, "gpu": {}, "config": dict(f.config),
-                 "dropped_points": window.dropped_points, "notes": list(window.notes)}
+                 "dropped_points": window.dropped_points, "notes": list(window.notes),
+                 "timestamps": window.timestamps, "scrapes": window.scrapes,
+                 "scrape_interval_known": window.scrape_interval_known}
 
     def summ(x: np.ndarray) -> dict:
         d = {"points": int(np.isfinite(x).sum())}

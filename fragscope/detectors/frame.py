@@ -51,7 +51,8 @@ class Frame:
     gpu_total: dict[str, dict[str, float]] = field(default_factory=dict)
     gpu_model: dict[str, str] = field(default_factory=dict)  # gpu -> product name (DCGM modelName label)
     points: int = 0  # samples of the longest series, counted up to 3 (1 = a single scrape)
-    hist_lifetime: set[str] = field(default_factory=set)  # hist_avg taken from lifetime totals (one scrape)
+    hist_lifetime: set[str] = field(default_factory=set)
+    rates_known: bool = True  # False: scrapes without timestamps and no known interval: counts, not rates  # hist_avg taken from lifetime totals (one scrape)
 
     @property
     def start(self) -> float:
@@ -83,6 +84,67 @@ def _interval(series: list[Series]) -> float | None:
         if len(s) >= 3:
             diffs.append(float(np.median(np.diff(s.ts))))
     return float(np.median(diffs)) if diffs else None
+
+
+def _span(s: Series, grid: np.ndarray, lookback: float) -> tuple[int, int]:
+    """Grid indices [lo, hi) where ``s`` can have a fresh value: from its first point to its last point
+    + lookback; outside, every sampler gives NaN. Sampling only the span keeps the frame linear in the
+    number of points: a short-lived series (one per request id) costs its span, not the whole grid
+    (bench/bench_ingest.py --churn: 10k such series took 24 s and 2.4 GB, quadratic, before)."""
+    if not len(s):
+        return 0, 0
+    lo = int(np.searchsorted(grid, s.ts[0], side="left"))
+    hi = int(np.searchsorted(grid, s.ts[-1] + lookback, side="right"))
+    return lo, max(lo, hi)
+
+
+class _Agg:
+    """NaN-aware sum / max / min / mean of sampled spans, one series at a time (instead of stacking
+    one full-grid row per series). One series alone is returned as sampled, like _nanagg."""
+
+    def __init__(self, n: int, how: str) -> None:
+        self.how = how
+        self.n = n
+        self.cnt = np.zeros(n, dtype=np.int64)
+        self.acc = np.full(n, {"max": -np.inf, "min": np.inf}.get(how, 0.0))
+        self.first: tuple[int, np.ndarray] | None = None
+        self.added = 0
+
+    def add(self, lo: int, vals: np.ndarray) -> None:
+        self.added += 1
+        if self.added == 1:
+            self.first = (lo, vals)
+        sl = slice(lo, lo + vals.size)
+        ok = np.isfinite(vals)
+        self.cnt[sl] += ok
+        if self.how == "max":
+            np.fmax(self.acc[sl], vals, out=self.acc[sl])
+        elif self.how == "min":
+            np.fmin(self.acc[sl], vals, out=self.acc[sl])
+        else:
+            self.acc[sl] += np.where(ok, vals, 0.0)
+
+    def result(self) -> np.ndarray:
+        out = np.full(self.n, np.nan)
+        if self.added == 1:
+            lo, vals = self.first
+            out[lo:lo + vals.size] = vals
+            return out
+        has = self.cnt > 0
+        out[has] = self.acc[has] / self.cnt[has] if self.how == "mean" else self.acc[has]
+        return out
+
+
+def _gauge_span(s: Series, grid: np.ndarray, lookback: float) -> tuple[int, np.ndarray]:
+    lo, hi = _span(s, grid, lookback)
+    return lo, _sample_gauge(s, grid[lo:hi], lookback)
+
+
+def _counter_span(s: Series, grid: np.ndarray, lookback: float, w: int
+                  ) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
+    lo, hi = _span(s, grid, lookback)
+    r, c, resets = _sample_counter(s, grid[lo:hi], lookback, w)
+    return lo, r, c, resets
 
 
 def _sample_gauge(s: Series, grid: np.ndarray, lookback: float) -> np.ndarray:
@@ -267,18 +329,21 @@ def build_frame(window: Window) -> Frame:
             continue
         if sig.scope == "engine":
             if sig.kind == "counter":
-                rates, cums = [], []
+                rates, cums = _Agg(grid.size, "sum"), _Agg(grid.size, "sum")
                 for s in series:
-                    r, c, resets = _sample_counter(s, grid, lookback, w)
-                    rates.append(r * scale)
-                    cums.append(c * scale)
+                    lo, r, c, resets = _counter_span(s, grid, lookback, w)
+                    rates.add(lo, r * scale)
+                    cums.add(lo, c * scale)
                     f.restarts.extend(float(x) for x in resets)
-                f.engine[sig_id] = _nanagg(rates, "sum")
-                f.engine_cum[sig_id] = _nanagg(cums, "sum")
+                f.engine[sig_id] = rates.result()
+                f.engine_cum[sig_id] = cums.result()
                 f.engine_total[sig_id] = _last_total(series, scale)
             else:
-                vals = [_sample_gauge(s, grid, lookback) * scale for s in series]
-                f.engine[sig_id] = _nanagg(vals, _ENGINE_AGG.get(sig_id, "sum"))
+                agg = _Agg(grid.size, _ENGINE_AGG.get(sig_id, "sum"))
+                for s in series:
+                    lo, v = _gauge_span(s, grid, lookback)
+                    agg.add(lo, v * scale)
+                f.engine[sig_id] = agg.result()
             continue
         # GPU-scope signals
         if sig_id == "gpu_throttle_reason_active":
@@ -304,22 +369,24 @@ def build_frame(window: Window) -> Frame:
                         continue
                 f.gpu.setdefault(_gpu_id(s), {})[name] = _sample_gauge(s, grid, _SPARSE_LOOKBACK_S)
             continue
-        per_gpu: dict[str, list[np.ndarray]] = {}
-        per_gpu_cum: dict[str, list[np.ndarray]] = {}
+        per_gpu: dict[str, _Agg] = {}
+        per_gpu_cum: dict[str, _Agg] = {}
         sparse = sig_id == "gpu_idle_ratio"
         for s in series:
             g = _gpu_id(s)
+            if g not in per_gpu:
+                per_gpu[g] = _Agg(grid.size, "sum" if sig.kind == "counter" else _GPU_AGG.get(sig_id, "mean"))
             if sig.kind == "counter":
-                r, c, _ = _sample_counter(s, grid, lookback, w)
-                per_gpu.setdefault(g, []).append(r * scale)
-                per_gpu_cum.setdefault(g, []).append(c * scale)
+                lo, r, c, _ = _counter_span(s, grid, lookback, w)
+                per_gpu[g].add(lo, r * scale)
+                per_gpu_cum.setdefault(g, _Agg(grid.size, "sum")).add(lo, c * scale)
             else:
-                lb = _SPARSE_LOOKBACK_S if sparse else lookback
-                per_gpu.setdefault(g, []).append(_sample_gauge(s, grid, lb) * scale)
-        for g, arrs in per_gpu.items():
-            f.gpu.setdefault(g, {})[sig_id] = _nanagg(arrs, _GPU_AGG.get(sig_id, "mean"))
-        for g, arrs in per_gpu_cum.items():
-            f.gpu_cum.setdefault(g, {})[sig_id] = _nanagg(arrs, "sum")
+                lo, v = _gauge_span(s, grid, _SPARSE_LOOKBACK_S if sparse else lookback)
+                per_gpu[g].add(lo, v * scale)
+        for g, agg in per_gpu.items():
+            f.gpu.setdefault(g, {})[sig_id] = agg.result()
+        for g, agg in per_gpu_cum.items():
+            f.gpu_cum.setdefault(g, {})[sig_id] = agg.result()
             f.gpu_total.setdefault(g, {})[sig_id] = _last_total([s for s in series if _gpu_id(s) == g], scale)
 
     _dcgm_throttle(f, by_name, grid, lookback, w)
@@ -344,6 +411,7 @@ def build_frame(window: Window) -> Frame:
                         r > 0, np.clip(sigs["torch_inactive_split_bytes"] / r, 0.0, 1.0), np.nan)
 
     f.restarts = _dedupe_times(f.restarts, tol=max(60.0, 4 * step))
+    f.rates_known = window.timestamps != "none" or window.scrape_interval_known
     for ss in by_name.values():
         for s in ss:
             if s.key.labels and any(k == "modelName" for k, _ in s.key.labels):
@@ -428,10 +496,15 @@ def _histogram(f: Frame, sig_id: str, metric: str, by_name: dict[str, list[Serie
         f.hist_avg[sig_id] = tot_sum / tot_cnt
         f.hist_count[sig_id] = tot_cnt
     # rolling mean per request (rate(_sum) / rate(_count)), e.g. prompt length over time
-    sums = [_sample_counter(s, grid, lookback, w)[0] for s in by_name.get(metric + "_sum", [])]
-    cnts = [_sample_counter(s, grid, lookback, w)[0] for s in by_name.get(metric + "_count", [])]
-    if sums and cnts:
-        rs, rc = _nanagg(sums, "sum"), _nanagg(cnts, "sum")
+    sums, cnts = _Agg(grid.size, "sum"), _Agg(grid.size, "sum")
+    for s in by_name.get(metric + "_sum", []):
+        lo, r, _, _ = _counter_span(s, grid, lookback, w)
+        sums.add(lo, r)
+    for s in by_name.get(metric + "_count", []):
+        lo, r, _, _ = _counter_span(s, grid, lookback, w)
+        cnts.add(lo, r)
+    if sums.added and cnts.added:
+        rs, rc = sums.result(), cnts.result()
         with np.errstate(invalid="ignore", divide="ignore"):
             f.engine[sig_id + "_mean"] = np.where(rc > 0, rs / rc, np.nan)
         f.engine[sig_id + "_rate"] = rc  # observations per second (requests finishing)
@@ -441,8 +514,11 @@ def _histogram(f: Frame, sig_id: str, metric: str, by_name: dict[str, list[Serie
     hw = max(1, int(round(_HIST_WINDOW_S / f.step)))
     cum_rows = []
     for le in les:
-        cs = [_sample_counter(s, grid, lookback, w)[1] for s in buckets[le]]
-        cum_rows.append(_nanagg(cs, "sum"))
+        agg = _Agg(grid.size, "sum")
+        for s in buckets[le]:
+            lo, _, c, _ = _counter_span(s, grid, lookback, w)
+            agg.add(lo, c)
+        cum_rows.append(agg.result())
     cum = np.vstack(cum_rows)
     delta = np.full_like(cum, np.nan)
     if cum.shape[1] > hw:

@@ -93,31 +93,44 @@ def _rate_per_min(f: Frame, cum: np.ndarray | None, span: tuple[float, float]) -
 
 @dataclass
 class Counter:
-    """A counter as the present can tell it: a rate where two samples exist, else the lifetime total."""
+    """A counter as the present can tell it: a rate where two samples exist (and their spacing is known),
+    else the lifetime total and, between scrapes of unknown spacing, the increase between them."""
 
     rate_per_min: float
     lifetime: float
+    between: float = math.nan  # increase across scrapes whose spacing is unknown
 
     @property
     def known(self) -> bool:
         return math.isfinite(self.rate_per_min) or math.isfinite(self.lifetime)
 
 
+def _counter(f: Frame, cum: np.ndarray | None, lifetime: float) -> Counter:
+    if f.rates_known:
+        return Counter(_rate_per_min(f, cum, present_span(f)), lifetime)
+    inc = math.nan
+    if cum is not None and np.isfinite(cum).sum() >= 2:
+        v = cum[np.isfinite(cum)]
+        inc = float(v[-1] - v[0])
+    return Counter(math.nan, lifetime, inc)
+
+
 def engine_counter(f: Frame, sig: str) -> Counter:
-    sp = present_span(f)
-    return Counter(_rate_per_min(f, f.engine_cum.get(sig), sp), f.engine_total.get(sig, math.nan))
+    return _counter(f, f.engine_cum.get(sig), f.engine_total.get(sig, math.nan))
 
 
 def gpu_counter(f: Frame, g: str, sig: str) -> Counter:
-    sp = present_span(f)
-    return Counter(_rate_per_min(f, f.gpu_cum.get(g, {}).get(sig), sp), f.gpu_total.get(g, {}).get(sig, math.nan))
+    return _counter(f, f.gpu_cum.get(g, {}).get(sig), f.gpu_total.get(g, {}).get(sig, math.nan))
 
 
 def _counter_text(c: Counter, what: str, since: str) -> str:
     if math.isfinite(c.rate_per_min):
         return f"{c.rate_per_min:.1f} {what}/min now"
-    return f"{fmt_count(c.lifetime, what.rstrip('s') if what.endswith('s') else what, what)} since {since} " \
-           f"(one scrape: no rate)"
+    one = what.rstrip('s') if what.endswith('s') else what
+    if math.isfinite(c.between):
+        return (f"{fmt_count(c.between, one, what)} between the scrapes (their spacing is unknown: no rate), "
+                f"{fmt_count(c.lifetime, one, what)} since {since}")
+    return f"{fmt_count(c.lifetime, one, what)} since {since} (one scrape: no rate)"
 
 
 def single_sample(f: Frame) -> bool:
@@ -145,7 +158,7 @@ def kv_pressure(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusiv
     if not pre.known:
         return Inconclusive(ID, [], f"KV cache {fmt_pct(kv_p90)} full but preemptions are not exported")
     preempting = (pre.rate_per_min >= cfg.preempt_per_min) if math.isfinite(pre.rate_per_min) \
-        else pre.lifetime > 0
+        else (pre.between > 0 if math.isfinite(pre.between) else pre.lifetime > 0)
     if not preempting:
         return []  # a full pool that does not preempt is a busy server (capacity-saturation's question)
     queued = math.isfinite(wait) and wait >= 1
