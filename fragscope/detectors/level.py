@@ -151,9 +151,20 @@ def kv_pressure(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusiv
     sp = present_span(f)
     kv_p90 = _present(f, kv, "p90")
     kv_med = _present(f, kv)
-    if not (math.isfinite(kv_p90) and kv_p90 >= cfg.kv_edge):
-        return []
     pre = engine_counter(f, "preemptions_total")
+    if not (math.isfinite(kv_p90) and kv_p90 >= cfg.kv_edge):
+        if not math.isfinite(pre.rate_per_min) and not math.isfinite(pre.between) and pre.lifetime > 0:
+            # One scrape: the pool is not full now, but the engine has preempted since it started, so it has
+            # run out before. Say so (info): a rate or history tells whether it is still happening.
+            summary = (f"The KV pool ran out before: {_counter_text(pre, 'preemptions', 'the engine started')}; "
+                       f"it is {fmt_pct(kv_p90)} full now ({basis_note(f)}). Scrape again or keep history "
+                       "to see whether it still happens.")
+            ev = [Evidence("preemptions_total", pre.lifetime, None, 0.0, "preemptions", sp,
+                           "lifetime count", True),
+                  Evidence("kv_cache_usage_ratio", kv_p90, None, cfg.kv_edge, "ratio", sp, "now", False)]
+            return [Finding(ID, Severity.INFO, 0.3, summary, None, ev, ["a second scrape (rate)"], {},
+                            context={"basis": "level"})]
+        return []
     wait = _present(f, f.engine.get("requests_waiting"))
     if not pre.known:
         return Inconclusive(ID, [], f"KV cache {fmt_pct(kv_p90)} full but preemptions are not exported")
