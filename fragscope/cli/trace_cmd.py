@@ -50,8 +50,8 @@ def _small_pages() -> None:
 def trace_cmd(file: str, fmt: str, fail_on: str, html: str | None = None) -> int:
     """Analyse a kernel timeline FILE: an Nsight Systems SQLite export (nsys export --type sqlite)
     or a PyTorch profiler / Kineto JSON trace (.json, .json.gz). Format detected by content."""
-    from ..collectors.kineto import TraceError
-    from ..detectors.timeline import analyse_trace_file
+    from ..timeline_model import TraceError
+    from ..trace_pipeline import analyse_trace_file
     from ..model import Inconclusive
 
     _small_pages()

@@ -11,13 +11,11 @@ Format notes: ../shared/notes/formats-and-analyses.md section 3; contract: docs/
 Speed (bench/bench_trace.py, 2 M kernels + 2 M launches; figures in docs/trace.md): Python's sqlite3
 builds one tuple per row (about 0.3 µs per value here), too slow for multi-million-kernel exports.
 
-- With ``connectorx`` installed its Rust SQLite reader fills numpy arrays (about 45 ns per value). Its
-  native ``read_sql`` is called directly (see _cx_native): its public ``read_sql(return_type="pandas")``
-  wraps the same arrays in a DataFrame, and importing pandas alone costs about 0.2 s here (on top of
-  numpy), a sixth of the whole run; ``return_type="arrow"`` needs pyarrow. If the native call fails,
-  the public one is tried, then the stdlib path. connectorx scans each table twice (a ``COUNT(*)`` to
-  size its arrays, then the rows) and holds the GIL while it counts: the kernel table, the longest
-  read, is started first.
+- With ``connectorx`` installed its Rust SQLite reader fills the columns (about 45 ns per value), through
+  its public ``connectorx.read_sql(..., return_type="pandas")`` (the DataFrame's columns are taken as
+  numpy arrays; pandas is imported on the first read, about 0.2 s here). connectorx scans each table
+  twice (a ``COUNT(*)`` to size its arrays, then the rows) and holds the GIL while it counts: the kernel
+  table, the longest read, is started first. If connectorx fails on a table, the stdlib path reads it.
 - Without it, SQLite renders each column of a rowid range as one ``group_concat`` string (one scan per
   table for all its columns) that numpy parses (about 55 ns per value).
 - Both backends read the tables in parallel threads (SQLite and connectorx release the GIL), select
@@ -30,18 +28,16 @@ builds one tuple per row (about 0.3 µs per value here), too slow for multi-mill
 """
 from __future__ import annotations
 
-import importlib.machinery
 import importlib.util
 import os
 import sqlite3
-import sys
 import threading
 import urllib.parse
 import warnings
 
 import numpy as np
 
-from .kineto import KERNEL, MEMCPY, MEMSET, OTHER, Timeline, TraceError, base_api_name, classify_api
+from ..timeline_model import KERNEL, MEMCPY, MEMSET, OTHER, Timeline, TraceError, base_api_name, classify_api
 
 KERNEL_TABLE = "CUPTI_ACTIVITY_KIND_KERNEL"
 RUNTIME_TABLE = "CUPTI_ACTIVITY_KIND_RUNTIME"
@@ -57,8 +53,7 @@ _CHUNK_ROWS = 2_000_000  # rows per group_concat string (stays far below SQLite'
 # (0.20 s with 5 ids, 0.44 s with 16, in the worst order; 0.13 s when the first id matches).
 _OR_CHAIN_MAX = 4
 _PARTITION_MIN_ROWS = 500_000  # connectorx: split a table into rowid ranges read in parallel above this
-_PUBLIC_API_LOCK = threading.Lock()
-_NATIVE_LOCK = threading.Lock()
+_CX_LOCK = threading.Lock()
 
 
 def _connect(path: str) -> sqlite3.Connection:
@@ -392,12 +387,10 @@ class _Fetcher:
         self.backend = "stdlib"
         self._cx = None
         if reader in ("auto", "connectorx"):
-            try:
-                _cx_native()
+            if _cx_available():
                 self.backend = "connectorx"
-            except ImportError:
-                if reader == "connectorx":
-                    raise TraceError("connectorx is not installed (pip install connectorx)") from None
+            elif reader == "connectorx":
+                raise TraceError("connectorx is not installed (pip install connectorx)")
         self._lock = threading.Lock()
 
     def run(self, queries: list[_Query]) -> None:
@@ -476,58 +469,27 @@ class _Fetcher:
 
     def _cx_read(self, q: _Query, sql: str) -> list[np.ndarray]:
         conn = "sqlite://" + urllib.parse.quote(os.path.abspath(self.path))
-        try:
-            got = _cx_native().read_sql(conn, "pandas", queries=[sql], protocol=None, partition_query=None,
-                                        pre_execution_queries=None)
-            return _from_cx_blocks(got, q)
-        except Exception:  # noqa: BLE001 -- an internal API of another version: the public one
-            import connectorx as cx
-
-            # one at a time: catch_warnings swaps process-wide state, unsafe across threads
-            with _PUBLIC_API_LOCK, warnings.catch_warnings():  # connectorx 0.4.6 uses a pandas API
-                warnings.simplefilter("ignore")  # deprecated in pandas 3
-                df = cx.read_sql(conn, sql, return_type="pandas")
-            return [df[f"c{i}"].to_numpy(dtype=np.int64, na_value=nv) for i, (_, nv) in enumerate(q.cols)]
+        df = _cx().read_sql(conn, sql, return_type="pandas")
+        return [df[f"c{i}"].to_numpy(dtype=np.int64, na_value=nv) for i, (_, nv) in enumerate(q.cols)]
 
 
-def _cx_native():
-    """connectorx's compiled module (``connectorx.connectorx``: read_sql without pandas). Loaded from its
-    file without running the package's ``__init__``, which imports importlib.metadata, pathlib and
-    typing to set a version string and two paths for its Java-based federation (18 ms of the CLI's
-    start here, against 13 ms for the module itself); the usual import when that fails. Raises
-    ImportError when connectorx is not installed."""
-    mod = sys.modules.get("connectorx.connectorx")
-    if mod is not None:
-        return mod
-    with _NATIVE_LOCK:
-        mod = sys.modules.get("connectorx.connectorx")
-        if mod is not None:
-            return mod
-        try:
-            spec = importlib.util.find_spec("connectorx")  # locates the package, does not import it
-        except (ImportError, ValueError):
-            spec = None
-        if spec is None:
-            raise ImportError("connectorx is not installed")
-        for d in spec.submodule_search_locations or []:
-            for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-                path = os.path.join(d, "connectorx" + suffix)
-                if not os.path.isfile(path):
-                    continue
-                try:
-                    loader = importlib.machinery.ExtensionFileLoader("connectorx.connectorx", path)
-                    mspec = importlib.util.spec_from_file_location("connectorx.connectorx", path, loader=loader)
-                    mod = importlib.util.module_from_spec(mspec)
-                    loader.exec_module(mod)
-                except Exception:  # noqa: BLE001 -- another layout: the usual import below
-                    break
-                if hasattr(mod, "read_sql"):
-                    sys.modules["connectorx.connectorx"] = mod  # `import connectorx` later reuses it
-                    return mod
-                break
-        import connectorx.connectorx as mod  # noqa: PLC0415
+def _cx_available() -> bool:
+    try:
+        return importlib.util.find_spec("connectorx") is not None  # locates it without importing it
+    except (ImportError, ValueError):
+        return False
 
-        return mod
+
+def _cx():
+    """The connectorx package, imported once (from any reader thread). connectorx 0.4.6 calls a pandas API
+    that pandas 3 deprecates: that warning, from connectorx's own module only, is silenced here
+    (``warnings.catch_warnings`` per call would swap process-wide state across threads)."""
+    with _CX_LOCK:
+        import connectorx
+
+        # (re-added each call: an identical filter is replaced, not stacked; test runners reset filters)
+        warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"connectorx(\..*)?$")
+        return connectorx
 
 
 def _cx_parts(rows: int) -> int:
@@ -537,30 +499,6 @@ def _cx_parts(rows: int) -> int:
     if rows < _PARTITION_MIN_ROWS:
         return 1
     return max(1, min(8, cpus // 2))
-
-
-def _from_cx_blocks(got: dict, q: _Query) -> list[np.ndarray]:
-    """connectorx's pandas blocks -> one int64 array per column (NULL -> the column's default)."""
-    out: list[np.ndarray | None] = [None] * len(q.cols)
-    for info, data in zip(got["block_infos"], got["data"]):
-        if info.dt == 0:  # plain 2-D numpy block: one row per column id
-            arr = np.asarray(data)
-            for j, cid in enumerate(info.cids):
-                out[cid] = arr[j] if arr.ndim == 2 else arr
-        elif info.dt == 1:  # nullable integers: (values, mask)
-            values, mask = data
-            cid = info.cids[0]
-            v = np.asarray(values)
-            if mask.any():
-                if not v.flags.writeable:
-                    v = v.copy()
-                np.copyto(v, q.cols[cid][1], where=mask)
-            out[cid] = v
-        else:
-            raise TypeError(f"unexpected connectorx block type {info.dt}")
-    if any(o is None for o in out):
-        raise TypeError("connectorx returned fewer columns than asked")
-    return [np.require(o, np.int64, ["C", "W"]) for o in out]  # type: ignore[arg-type]
 
 
 def _stdlib(conn: sqlite3.Connection, q: _Query, lo: int, hi: int) -> list[np.ndarray]:
