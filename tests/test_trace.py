@@ -4,6 +4,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -105,9 +106,14 @@ def test_merge_reproduces_hta_on_htas_op_set():
 
 # --------------------------------------------------------------------------------------------
 # Synthetic Kineto traces
+_FRACTION = re.compile(r"(?<=[:\[, ])(-?\d+\.\d+(?:[eE][-+]?\d+)?)(?=[,\]}])")
+
+
 def _kineto(path: Path, events: list, gz: bool = False) -> Path:
+    """Write events as Kineto does: fractional µs with three decimals, formatted from the intended value
+    (Python's shortest repr of 1.7e15 + 13.75 is "...13.8", text that means 13.8 µs)."""
     doc = {"schemaVersion": 1, "traceEvents": events}
-    raw = json.dumps(doc).encode()
+    raw = _FRACTION.sub(lambda m: f"{float(m.group(1)):.3f}", json.dumps(doc)).encode()
     path.write_bytes(gzip.compress(raw) if gz else raw)
     return path
 

@@ -11,57 +11,95 @@ Triton / torch.compile) and ``cudaGraphLaunch`` (one correlation -> many kernels
 """
 from __future__ import annotations
 
-import gzip
+import decimal
 import json
-import zlib
 
 import numpy as np
 
-from ..timeline_model import KERNEL, MEMCPY, MEMSET, Timeline, TraceError, classify_api, copy_kind_from_name
+from ..timeline_model import (KERNEL, MEMCPY, MEMSET, Timeline, TraceError, classify_api, copy_kind_from_name,
+                              workload_marker)
+from .trace_io import DEFAULT_MAX_JSON_BYTES, read_json_bytes
 
 __all__ = ["read_kineto", "timeline_from_events", "Timeline", "TraceError"]
 
 _GPU_CATS = {"kernel": KERNEL, "Kernel": KERNEL, "gpu_memcpy": MEMCPY, "Memcpy": MEMCPY,
              "gpu_memset": MEMSET, "Memset": MEMSET}
 _HOST_CATS = {"cuda_runtime", "cuda_driver", "Runtime", "cuda_runtime_api", "Driver"}
+# Categories whose ProfilerStep#N rows are not steps: the GPU-side copy of each CPU annotation
+# (gpu_user_annotation, one per stream that ran work in the step).
+_NOT_STEP_CATS = {"gpu_user_annotation"}
+# Host-side rows whose names can mark the workload (training vs serving).
+_MARK_CATS = {"cpu_op", "user_annotation", "python_function", "Operator", "cpu_instant_event"}
+
+# A float JSON number below this many µs (2**41 µs, 25 days) converts to ns exactly enough (its float64
+# step is under 0.5 ns); above it (epoch µs: 1.7e15, where float64 keeps 0.25 µs steps) the number is kept
+# as its decimal text and converted exactly.
+_FLOAT_EXACT_US = float(1 << 41)
+_TS_MAX_US = (1 << 62) // 1000  # |ts|, |dur| in µs whose ns fit int64 with room for sums (year 2116)
+_I64 = 1 << 63
 
 
-def _load_json(path: str) -> object:
+class _Dec(str):
+    """The text of a JSON number too large for an exact float64 ns conversion."""
+
+    __slots__ = ()
+
+
+def _parse_float(text: str):
+    f = float(text)
+    return f if -_FLOAT_EXACT_US < f < _FLOAT_EXACT_US else _Dec(text)
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _load_json(path: str, max_bytes: int = DEFAULT_MAX_JSON_BYTES) -> object:
+    raw = read_json_bytes(path, max_bytes)
     try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except OSError as e:
-        raise TraceError(f"cannot read {path}: {e.strerror or e}") from None
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            raw = gzip.decompress(raw)
-        except (EOFError, OSError, zlib.error) as e:
-            raise TraceError(f"cannot read {path}: truncated or corrupt gzip ({e})") from None
-    try:
-        return json.loads(raw)
+        return json.loads(raw, parse_float=_parse_float, parse_constant=_reject_constant)
+    except RecursionError:
+        raise TraceError(f"cannot read {path}: JSON nested too deeply") from None
     except (UnicodeDecodeError, ValueError) as e:
-        msg = str(e).splitlines()[0]
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise TraceError(f"cannot read {path}: not valid JSON ({msg})") from None
 
 
-def _int(v, default: int = -1) -> int:
+class _Bad(Exception):
+    """A field holding a number out of range (caught and reported with the file and event)."""
+
+
+def _int(v, default: int = -1, field: str = "value") -> int:
+    """An id from a JSON value: ints, integral floats and decimal strings; ``default`` for anything
+    else; _Bad when out of int64's range."""
     if isinstance(v, bool):
         return default
     if isinstance(v, int):
-        return v
-    if isinstance(v, float) and v == v:
-        return int(v)
-    if isinstance(v, str):
+        out = v
+    elif isinstance(v, float):
+        if v != v or v in (float("inf"), float("-inf")):
+            return default
+        out = int(v)
+    elif isinstance(v, str) and not isinstance(v, _Dec):
         try:
-            return int(v)
+            out = int(v)
         except ValueError:
             return default
-    return default
+    else:
+        return default
+    if not -_I64 <= out < _I64:
+        raise _Bad(f"{field} {str(v)[:30]} out of the 64-bit range")
+    return out
 
 
-def read_kineto(path: str) -> Timeline:
+def _hashable(v):
+    """pid / tid / flow id as a dict key: scalars only (a list or object becomes None)."""
+    return v if isinstance(v, (int, float, str)) else None
+
+
+def read_kineto(path: str, max_json_bytes: int = DEFAULT_MAX_JSON_BYTES) -> Timeline:
     """Parse a Kineto trace file into a Timeline. Raises TraceError (one line) on bad input."""
-    doc = _load_json(path)
+    doc = _load_json(path, max_json_bytes)
     if isinstance(doc, dict):
         events = doc.get("traceEvents")
         if not isinstance(events, list):
@@ -76,28 +114,51 @@ def read_kineto(path: str) -> Timeline:
 
 
 def timeline_from_events(events: list, source: str = "", doc: dict | None = None) -> Timeline:
-    """Build a Timeline from Chrome-trace events (one pass, plain Python; columns built with numpy)."""
-    doc = doc or {}
+    """Build a Timeline from Chrome-trace events (one pass, plain Python; columns built with numpy).
+    Raises TraceError on values no trace holds (times or ids out of range)."""
+    try:
+        return _from_events(events, source, doc if isinstance(doc, dict) else {})
+    except _Bad as e:
+        raise TraceError(f"cannot read {source}: {e}") from None
+
+
+def _num(v) -> bool:
+    """A usable time value: an int, a finite float or a large number's text, within _TS_MAX_US."""
+    if isinstance(v, float):
+        return -_TS_MAX_US <= v <= _TS_MAX_US  # (False for NaN)
+    if isinstance(v, int):
+        if isinstance(v, bool):
+            return False
+        if -_TS_MAX_US <= v <= _TS_MAX_US:
+            return True
+        raise _Bad(f"time {str(v)[:30]} µs out of range")
+    return isinstance(v, _Dec)
+
+
+def _from_events(events: list, source: str, doc: dict) -> Timeline:
     o_dev: list[int] = []
     o_stream: list[int] = []
     o_kind: list[int] = []
-    o_ts: list[float] = []
-    o_dur: list[float] = []
+    o_ts: list = []
+    o_dur: list = []
     o_corr: list[int] = []
     o_bytes: list[int] = []
     o_names: list[str] = []
-    c_ts: list[float] = []
-    c_dur: list[float] = []
+    c_ts: list = []
+    c_dur: list = []
     c_corr: list[int] = []
     c_name: list[int] = []
     c_loc: list[tuple] = []
     name_ids: dict[str, int] = {}
-    steps: list[tuple[float, float]] = []
+    steps: list[tuple] = []
     flows_s: dict = {}
     flows_f: dict = {}
     o_loc: dict[int, tuple] = {}
     o_comm: list[int] = []
+    marks: dict[str, int] = {}
+    mark_names: dict[str, list[str]] = {}
     n_x = 0
+    exact = False  # a time came as a large number's text: convert every time exactly
     gpu_cats, host_cats = _GPU_CATS, _HOST_CATS
     for e in events:
         if not isinstance(e, dict):
@@ -106,70 +167,90 @@ def timeline_from_events(events: list, source: str = "", doc: dict | None = None
         if ph == "X":
             n_x += 1
             cat = e.get("cat")
+            if not isinstance(cat, str):
+                cat = ""
             kind = gpu_cats.get(cat)
             ts = e.get("ts")
             dur = e.get("dur", 0)
-            if not isinstance(ts, (int, float)) or not isinstance(dur, (int, float)):
+            if not _num(ts) or not _num(dur):
                 continue
-            args = e.get("args") or {}
+            if type(ts) is _Dec or type(dur) is _Dec:
+                exact = True
+            args = e.get("args")
+            if not isinstance(args, dict):
+                args = {}
+            name = e.get("name")
+            if not isinstance(name, str):
+                name = ""
             if kind is not None:
                 dev = args.get("device")
-                o_dev.append(_int(dev if dev is not None else e.get("pid")))
+                o_dev.append(_int(dev if dev is not None else e.get("pid"), field="device"))
                 st = args.get("stream")
-                o_stream.append(_int(st if st is not None else e.get("tid")))
+                o_stream.append(_int(st if st is not None else e.get("tid"), field="stream"))
                 o_kind.append(kind)
                 o_ts.append(ts)
                 o_dur.append(dur)
-                corr = _int(args.get("correlation"))
+                corr = _int(args.get("correlation"), field="correlation")
                 o_corr.append(corr)
                 if corr < 0:
-                    o_loc[len(o_ts) - 1] = (e.get("pid"), e.get("tid"), ts)
+                    o_loc[len(o_ts) - 1] = (_hashable(e.get("pid")), _hashable(e.get("tid")), ts)
                 if kind == KERNEL:
                     o_bytes.append(-1)
-                    nm = e.get("name") or ""
-                    if nm.startswith(("nccl", "hccl")) or "ncclKernel" in nm or "ncclDevKernel" in nm:
+                    if name.startswith(("nccl", "hccl")) or "ncclKernel" in name or "ncclDevKernel" in name:
                         o_comm.append(len(o_ts) - 1)
                     o_names.append("")
                 else:
-                    o_bytes.append(_int(args.get("bytes")))
-                    o_names.append(e.get("name") or "")
+                    o_bytes.append(_int(args.get("bytes"), field="bytes"))
+                    o_names.append(name)
             elif cat in host_cats:
-                name = e.get("name") or ""
                 nid = name_ids.get(name)
                 if nid is None:
                     nid = name_ids[name] = len(name_ids)
                 c_ts.append(ts)
                 c_dur.append(dur)
-                c_corr.append(_int(args.get("correlation")))
+                c_corr.append(_int(args.get("correlation"), field="correlation"))
                 c_name.append(nid)
-                c_loc.append((e.get("pid"), e.get("tid"), ts))
+                c_loc.append((_hashable(e.get("pid")), _hashable(e.get("tid")), ts))
             else:
-                name = e.get("name")
-                if isinstance(name, str) and name.startswith("ProfilerStep#"):
-                    steps.append((ts, ts + dur))
+                if name.startswith("ProfilerStep#") and cat not in _NOT_STEP_CATS:
+                    steps.append((ts, dur))
+                elif cat in _MARK_CATS:
+                    m = workload_marker(name)
+                    if m is not None:
+                        marks[m] = marks.get(m, 0) + 1
+                        ex = mark_names.setdefault(m, [])
+                        if len(ex) < 3 and name not in ex:
+                            ex.append(name)
         elif ph == "s" or ph == "f":
-            if e.get("cat") == "ac2g" and "id" in e:
-                loc = (e.get("pid"), e.get("tid"), e.get("ts"))
+            cat = e.get("cat")
+            fid = _hashable(e.get("id"))
+            if cat == "ac2g" and fid is not None:
+                loc = (_hashable(e.get("pid")), _hashable(e.get("tid")), _hashable(e.get("ts")))
                 if ph == "s":
-                    flows_s[e["id"]] = loc  # at the launch call on the CPU row
+                    flows_s[fid] = loc  # at the launch call on the CPU row
                 else:
-                    flows_f[loc] = e["id"]  # at the GPU op (bp "e")
+                    flows_f[loc] = fid  # at the GPU op (bp "e")
+            elif cat == "fwdbwd" and ph == "s":  # autograd's forward -> backward links: a training step
+                marks["backward_links"] = marks.get("backward_links", 0) + 1
     if n_x == 0:
         raise TraceError(f"cannot read {source}: not a PyTorch profiler trace (no complete 'X' events)")
     if not o_ts:
         raise TraceError(f"cannot read {source}: no GPU activity (no kernel, memcpy or memset events); "
                          "profile with ProfilerActivity.CUDA")
 
-    # µs floats -> int ns. Subtract an integer µs base first: epoch µs * 1000 exceeds 2**53, where a
-    # float64 keeps only 256 ns steps.
-    ts_a = np.asarray(o_ts, dtype=np.float64)
-    base_us = float(np.floor(ts_a.min()))
-    op_start, op_end = _to_ns(ts_a, np.asarray(o_dur, dtype=np.float64), base_us)
-    call_start, call_end = _to_ns(np.asarray(c_ts, dtype=np.float64), np.asarray(c_dur, dtype=np.float64),
-                                  base_us)
-    st_a = np.asarray([s[0] for s in steps], dtype=np.float64)
-    st_b = np.asarray([s[1] - s[0] for s in steps], dtype=np.float64)
-    step_s, step_e = _to_ns(st_a, st_b, base_us)
+    if exact:
+        op_start, op_end = _exact_ns(o_ts, o_dur)
+        call_start, call_end = _exact_ns(c_ts, c_dur)
+        step_s, step_e = _exact_ns([s[0] for s in steps], [s[1] for s in steps])
+    else:
+        # µs floats -> int ns. Subtract an integer µs base first (the products stay small and exact).
+        ts_a = np.asarray(o_ts, dtype=np.float64)
+        base_us = float(np.floor(ts_a.min()))
+        op_start, op_end = _to_ns(ts_a, np.asarray(o_dur, dtype=np.float64), base_us)
+        call_start, call_end = _to_ns(np.asarray(c_ts, dtype=np.float64), np.asarray(c_dur, dtype=np.float64),
+                                      base_us)
+        step_s, step_e = _to_ns(np.asarray([s[0] for s in steps], dtype=np.float64),
+                                np.asarray([s[1] for s in steps], dtype=np.float64), base_us)
     names = list(name_ids)
     kinds_by_name = np.array([classify_api(n) for n in names] or [0], dtype=np.int8)
     call_name = np.asarray(c_name, dtype=np.int32)
@@ -202,9 +283,11 @@ def timeline_from_events(events: list, source: str = "", doc: dict | None = None
     if op_start.size and op_start.min() > 10**18:  # µs since the unix epoch (after 2001) -> wall clock
         epoch = 0
     base = doc.get("baseTimeNanoseconds")
-    meta = {"schema_version": doc.get("schemaVersion"), "events": len(events),
-            "trace_name": doc.get("traceName"), "distributed_rank": (doc.get("distributedInfo") or {}).get("rank")}
-    if base is not None:
+    dist = doc.get("distributedInfo")
+    meta = {"schema_version": _scalar(doc.get("schemaVersion")), "events": len(events),
+            "trace_name": _scalar(doc.get("traceName")),
+            "distributed_rank": _scalar(dist.get("rank")) if isinstance(dist, dict) else None}
+    if isinstance(base, int) and not isinstance(base, bool):
         meta["base_time_ns"] = base
     return Timeline(
         source=source, format="kineto-json",
@@ -216,7 +299,37 @@ def timeline_from_events(events: list, source: str = "", doc: dict | None = None
         call_start=call_start, call_end=np.maximum(call_end, call_start),
         call_kind=call_kind, call_name=call_name, call_names=names,
         steps=sorted(zip(step_s.tolist(), step_e.tolist())),
-        epoch_offset_ns=epoch, meta=meta)
+        epoch_offset_ns=epoch, meta=meta, markers=marks, marker_examples=mark_names)
+
+
+def _scalar(v):
+    """A metadata value kept only when it is a plain JSON scalar (strings, numbers)."""
+    if isinstance(v, _Dec):
+        return str(v)
+    return v if isinstance(v, (str, int, float)) and not isinstance(v, bool) else None
+
+
+def _us_to_ns(v) -> int:
+    """µs (int, float below _FLOAT_EXACT_US, or a large number's text) -> int ns, exactly (the text through
+    Decimal, rounded half to even)."""
+    if isinstance(v, _Dec):
+        try:
+            ns = int((decimal.Decimal(v) * 1000).to_integral_value(decimal.ROUND_HALF_EVEN))
+        except (ArithmeticError, ValueError):
+            raise _Bad(f"time {str(v)[:30]} µs is not a usable number") from None
+        if not -(1 << 62) <= ns <= 1 << 62:
+            raise _Bad(f"time {str(v)[:30]} µs out of range")
+        return ns
+    if isinstance(v, int):
+        return v * 1000
+    return round(v * 1000)
+
+
+def _exact_ns(ts: list, dur: list) -> tuple[np.ndarray, np.ndarray]:
+    """start, end in int ns from µs values, exact for large numbers (epoch µs with sub-µs digits)."""
+    start = np.fromiter((_us_to_ns(v) for v in ts), dtype=np.int64, count=len(ts))
+    d = np.fromiter((_us_to_ns(v) for v in dur), dtype=np.int64, count=len(dur))
+    return start, start + d
 
 
 def _to_ns(ts_us: np.ndarray, dur_us: np.ndarray, base_us: float) -> tuple[np.ndarray, np.ndarray]:

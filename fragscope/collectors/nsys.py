@@ -32,12 +32,15 @@ import importlib.util
 import os
 import sqlite3
 import threading
+import time
 import urllib.parse
 import warnings
 
 import numpy as np
 
-from ..timeline_model import KERNEL, MEMCPY, MEMSET, OTHER, Timeline, TraceError, base_api_name, classify_api
+from ..timeline_model import (COPY_UVM_DTOD, COPY_UVM_HTOD, KERNEL, MARK_BACKWARD, MARK_OPTIMIZER, MARK_SERVING,
+                              MEMCPY, MEMSET, OTHER, Timeline, TraceError, base_api_name, classify_api)
+from .trace_io import check_regular
 
 KERNEL_TABLE = "CUPTI_ACTIVITY_KIND_KERNEL"
 RUNTIME_TABLE = "CUPTI_ACTIVITY_KIND_RUNTIME"
@@ -54,11 +57,33 @@ _CHUNK_ROWS = 2_000_000  # rows per group_concat string (stays far below SQLite'
 _OR_CHAIN_MAX = 4
 _PARTITION_MIN_ROWS = 500_000  # connectorx: split a table into rowid ranges read in parallel above this
 _CX_LOCK = threading.Lock()
+# A stdlib statement running longer than this is stopped (sqlite3 progress handler): a real export's
+# largest read takes seconds (2 M rows: ~1 s here); a crafted file must not hang the reader.
+QUERY_TIMEOUT_S = float(os.environ.get("FRAGSCOPE_SQLITE_TIMEOUT_S", "600"))
+_PROGRESS_OPS = 100_000  # SQLite VM steps between two deadline checks (~1 ms)
+# Tables whose content the reader trusts to be plain rows: refused when they are views or virtual tables
+# (a recursive view named like a CUPTI table never ends, in SQLite and in connectorx).
+_READ_TABLES = ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_MEMCPY",
+                "CUPTI_ACTIVITY_KIND_MEMSET", "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", "StringIds",
+                "META_DATA_EXPORT", "TARGET_INFO_SESSION_START_TIME")
+CAPTURE_HINT = "capture GPU work with: nsys profile --trace=cuda,nvtx <your command>, then nsys export --type sqlite"
+# StringIds values that mark the workload (LIKE is ASCII case-insensitive): what a training step runs
+# (autograd nodes, aten::*_backward kernels' names, optimizer annotations over NVTX) or a serving engine.
+_MARK_SQL = ((MARK_BACKWARD, "value LIKE '%backward%'"),
+             (MARK_OPTIMIZER, "value LIKE 'Optimizer.step#%' OR value LIKE 'Optimizer.zero_grad#%'"),
+             (MARK_SERVING, "value LIKE '%vllm%' OR value LIKE '%sglang%'"))
 
 
 def _connect(path: str) -> sqlite3.Connection:
     uri = "file:" + urllib.parse.quote(os.path.abspath(path)) + "?mode=ro"
-    return sqlite3.connect(uri, uri=True, check_same_thread=False)
+    conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
+    deadline = time.monotonic() + QUERY_TIMEOUT_S
+
+    def too_long() -> int:  # nonzero stops the statement: sqlite3.OperationalError "interrupted"
+        return time.monotonic() > deadline
+
+    conn.set_progress_handler(too_long, _PROGRESS_OPS)
+    return conn
 
 
 def _columns(conn: sqlite3.Connection, table: str) -> set[str]:
@@ -73,19 +98,41 @@ def _id_filter(col: str, ids: list[int]) -> str:
 
 def read_nsys(path: str, reader: str | None = None) -> Timeline:
     """Read an nsys SQLite export into a Timeline. Raises TraceError (one line) on bad input."""
-    if not os.path.isfile(path):
-        raise TraceError(f"cannot read {path}: no such file")
+    check_regular(path)
     try:
         conn = _connect(path)
-        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type IN ('table','view')")}
+        schema = conn.execute("SELECT name, type, sql FROM sqlite_master WHERE type IN ('table','view')").fetchall()
     except sqlite3.Error as e:
-        raise TraceError(f"cannot read {path}: not an SQLite database ({e})") from None
+        raise TraceError(f"cannot read {path}: not an SQLite database ({_first_line(e)})") from None
+    except ValueError as e:  # (UnicodeDecodeError: text that is not UTF-8 in the schema)
+        raise TraceError(f"cannot read {path}: corrupt SQLite schema ({_first_line(e)})") from None
     try:
+        tables = set()
+        for name, typ, sql in schema:
+            plain = typ == "table" and isinstance(sql, str) and not sql.lstrip().upper().startswith("CREATE VIRTUAL")
+            if name in _READ_TABLES and not plain:
+                raise TraceError(f"cannot read {path}: {name} is a {'view' if typ == 'view' else 'virtual table'}, "
+                                 f"not a table: not a file nsys wrote; {EXPORT_HINT}")
+            if plain and isinstance(name, str):
+                tables.add(name)
         return _read(conn, path, tables, reader or os.environ.get("FRAGSCOPE_SQLITE_READER", "auto"))
+    except TraceError:
+        raise
     except sqlite3.Error as e:
-        raise TraceError(f"cannot read {path}: SQLite error ({str(e).splitlines()[0]})") from None
+        msg = _first_line(e)
+        if msg == "interrupted":
+            msg = f"a query ran past {QUERY_TIMEOUT_S:.0f} s (FRAGSCOPE_SQLITE_TIMEOUT_S) and was stopped"
+        raise TraceError(f"cannot read {path}: SQLite error ({msg})") from None
+    except UnicodeDecodeError as e:
+        raise TraceError(f"cannot read {path}: corrupt text in the export (not UTF-8: {_first_line(e)})") from None
+    except (ValueError, OverflowError, TypeError) as e:
+        raise TraceError(f"cannot read {path}: unexpected value in the export ({_first_line(e)})") from None
     finally:
         conn.close()
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).splitlines() or [type(e).__name__])[0][:200]
 
 
 class _Query:
@@ -100,18 +147,21 @@ class _Query:
 
 
 def _read(conn: sqlite3.Connection, path: str, tables: set[str], reader: str) -> Timeline:
-    if KERNEL_TABLE not in tables:
-        raise TraceError(f"cannot read {path}: not an Nsight Systems export (no {KERNEL_TABLE} table); "
-                         f"{EXPORT_HINT}")
     meta: dict = {"tables": sorted(t for t in tables if t.startswith("CUPTI_ACTIVITY_KIND_"))}
-    if "META_DATA_EXPORT" in tables:
-        md = dict(conn.execute("SELECT name, value FROM META_DATA_EXPORT").fetchall())
+    if "META_DATA_EXPORT" in tables and {"name", "value"} <= _columns(conn, "META_DATA_EXPORT"):
+        md = {k: v for k, v in conn.execute("SELECT name, value FROM META_DATA_EXPORT LIMIT 10000")
+              if isinstance(k, str) and isinstance(v, str)}
         meta["schema_version"] = md.get("EXPORT_SCHEMA_VERSION")
         meta["product_version"] = md.get("EXPORT_PRODUCT_VERSION")
+    if KERNEL_TABLE not in tables:
+        _refuse_without_kernels(conn, path, tables, meta)
     epoch = None
     if "TARGET_INFO_SESSION_START_TIME" in tables and "utcEpochNs" in _columns(conn, "TARGET_INFO_SESSION_START_TIME"):
         row = conn.execute("SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME LIMIT 1").fetchone()
         if row and row[0] is not None:
+            if isinstance(row[0], bool) or not isinstance(row[0], int):
+                raise TraceError(f"cannot read {path}: TARGET_INFO_SESSION_START_TIME.utcEpochNs is not an integer "
+                                 f"({str(row[0])[:30]!r}); {EXPORT_HINT}")
             epoch = int(row[0])
     fetch = _Fetcher(path, reader)
 
@@ -167,11 +217,15 @@ def _read(conn: sqlite3.Connection, path: str, tables: set[str], reader: str) ->
     meta["reader"] = fetch.backend
 
     parts = [q.result for _, q in op_queries]
+    um = _split_migrations(parts, [k for k, _ in op_queries])
     parts = [p for p in parts if p[1].size] or parts[:1]  # (no copy when only the kernel table has rows)
     cols = [np.concatenate([p[i] for p in parts]) if len(parts) > 1 else parts[0][i] for i in range(11)]
     kind, start, end, dev, stream, pid, key, nbytes, ckind, pageable, comm = cols
-    if start.size == 0:
-        raise TraceError(f"cannot read {path}: no GPU activity (the kernel, memcpy and memset tables are empty)")
+    if start.size == 0 and um["um_start"].size == 0:
+        raise TraceError(f"cannot read {path}: no GPU activity (the kernel, memcpy and memset tables are empty"
+                         f"{'; Nsight Systems ' + meta['product_version'] if meta.get('product_version') else ''})"
+                         f"; {CAPTURE_HINT}")
+    markers, examples = _markers(conn, tables)
 
     c_start = c_end = c_key = np.zeros(0, dtype=np.int64)
     c_name = np.zeros(0, dtype=np.int32)
@@ -186,7 +240,63 @@ def _read(conn: sqlite3.Connection, path: str, tables: set[str], reader: str) ->
         op_kind=kind, op_start=start, op_end=end, op_bytes=nbytes,
         op_copy_kind=ckind, op_pageable=pageable, op_launch=op_launch, op_comm=comm,
         call_start=c_start, call_end=c_end, call_kind=c_kind, call_name=c_name,
-        call_names=names, epoch_offset_ns=epoch, meta=meta)
+        call_names=names, epoch_offset_ns=epoch, meta=meta, markers=markers, marker_examples=examples, **um)
+
+
+def _refuse_without_kernels(conn: sqlite3.Connection, path: str, tables: set[str], meta: dict) -> None:
+    """No kernel table. nsys creates tables only for what it recorded: an export of a CPU-only or API-only
+    capture (or of a range with no GPU work) has none. Say which, with the version, and what to capture."""
+    nsys_tables = [t for t in tables if t.startswith(("CUPTI_", "TARGET_INFO_", "NVTX_", "OSRT_", "ENUM_NSYS",
+                                                       "META_DATA_"))]
+    if not nsys_tables and "StringIds" not in tables:
+        raise TraceError(f"cannot read {path}: not an Nsight Systems export (no {KERNEL_TABLE} table); "
+                         f"{EXPORT_HINT}")
+    ver = meta.get("product_version")
+    rows = []
+    for t in (RUNTIME_TABLE, MEMCPY_TABLE, MEMSET_TABLE):
+        if t in tables:
+            n = conn.execute(f'SELECT count(*) FROM "{t}"').fetchone()[0]
+            rows.append(f"{n} {t.rsplit('_', 1)[-1].lower()} row{'s' if n != 1 else ''}")
+    seen = f"; it holds {', '.join(rows)}" if rows else ""
+    raise TraceError(f"cannot read {path}: no CUDA kernel activity in this export (Nsight Systems "
+                     f"{ver or 'version unknown'}, no {KERNEL_TABLE} table{seen}: a CPU-only or API-only "
+                     f"capture); {CAPTURE_HINT}")
+
+
+def _split_migrations(parts: list[list[np.ndarray]], kinds: list[int]) -> dict:
+    """Unified-memory migrations (copyKind 11-13) out of the memcpy table's columns (in ``parts``, in
+    place): they are the driver moving managed pages, not GPU work the program launched. Returns the
+    Timeline's um_* fields."""
+    out = {"um_start": np.zeros(0, dtype=np.int64), "um_end": np.zeros(0, dtype=np.int64)}
+    for i, k in enumerate(kinds):
+        if k != MEMCPY:
+            continue
+        p = parts[i]
+        cause = p.pop()  # the memcpy query's extra column (migrationCause)
+        ck = p[8]
+        mig = (ck >= COPY_UVM_HTOD) & (ck <= COPY_UVM_DTOD)
+        if not mig.any():
+            continue
+        keep = ~mig
+        out.update(um_start=p[1][mig], um_end=p[2][mig], um_device=p[3][mig], um_bytes=np.asarray(p[7])[mig],
+                   um_copy_kind=ck[mig], um_cause=cause[mig].astype(np.int8))
+        parts[i] = [np.asarray(a)[keep] for a in p]
+    return out
+
+
+def _markers(conn: sqlite3.Connection, tables: set[str]) -> tuple[dict, dict]:
+    """Workload markers from the export's strings (kernel names, NVTX ranges, API and thread names):
+    {marker: count of distinct strings} and up to three examples each."""
+    if "StringIds" not in tables:
+        return {}, {}
+    marks, examples = {}, {}
+    for m, cond in _MARK_SQL:
+        vals = [v for (v,) in conn.execute(f"SELECT value FROM StringIds WHERE {cond} LIMIT 1000")
+                if isinstance(v, str)]
+        if vals:
+            marks[m] = len(vals)
+            examples[m] = [v[:120] for v in vals[:3]]
+    return marks, examples
 
 
 def _ops_query(table: str, cols: set[str], kind: int, comm_expr: str | None = None) -> _Query:
@@ -201,6 +311,7 @@ def _ops_query(table: str, cols: set[str], kind: int, comm_expr: str | None = No
         q.append(("copyKind" if "copyKind" in cols else "0", 0))
         q.append((f"(ifnull(srcKind, -1) = {PAGEABLE} OR ifnull(dstKind, -1) = {PAGEABLE})"
                   if {"srcKind", "dstKind"} <= cols else "0", 0))
+        q.append(("migrationCause" if "migrationCause" in cols else "-1", -1))
     if comm_expr:
         q.append((comm_expr, 0))
     return _Query(table, q, post=lambda got: _ops_columns(kind, got))
@@ -222,7 +333,10 @@ def _ops_columns(kind: int, got: list[np.ndarray]) -> list[np.ndarray]:
     pageable = got[7].astype(bool) if kind == MEMCPY else np.zeros(n, dtype=bool)
     comm = got[5].astype(bool) if kind == KERNEL and len(got) > 5 else np.zeros(n, dtype=bool)
     op_kind = np.zeros(n, dtype=np.int8) if kind == 0 else np.full(n, kind, dtype=np.int8)
-    return [op_kind, start, end, dev, stream, pid, key, nbytes, ckind, pageable, comm]
+    out = [op_kind, start, end, dev, stream, pid, key, nbytes, ckind, pageable, comm]
+    if kind == MEMCPY:
+        out.append(got[8])  # migrationCause: taken out again by _split_migrations
+    return out
 
 
 def _call_columns(got: list[np.ndarray], ids: list[int], name_idx: np.ndarray,
@@ -432,7 +546,7 @@ class _Fetcher:
                 except Exception:  # noqa: BLE001 -- any connectorx failure: fall back to the stdlib reader
                     with self._lock:
                         self.backend = "stdlib"
-            return _stdlib(conn, q, int(lo), int(hi))
+            return _stdlib(conn, q, int(lo), int(hi), self.path)
         finally:
             conn.close()
 
@@ -446,8 +560,9 @@ class _Fetcher:
         # own multi-query read returns the partitions in no fixed order).
         step = (hi - lo + parts) // parts
         cond = f" AND ({q.where})" if q.where else ""
-        sqls = [f"{sql} WHERE rowid >= {lo + i * step} AND rowid < {lo + (i + 1) * step}{cond}"
-                for i in range(parts)]
+        # (the last range open above: lo + parts * step can pass 2**63 - 1, which SQLite would read as a REAL)
+        sqls = [f"{sql} WHERE rowid >= {lo + i * step}" + (f" AND rowid < {lo + (i + 1) * step}" if i < parts - 1
+                                                            else "") + cond for i in range(parts)]
         out: list = [None] * parts
         errors: list[BaseException] = []
 
@@ -501,19 +616,44 @@ def _cx_parts(rows: int) -> int:
     return max(1, min(8, cpus // 2))
 
 
-def _stdlib(conn: sqlite3.Connection, q: _Query, lo: int, hi: int) -> list[np.ndarray]:
+def _stdlib(conn: sqlite3.Connection, q: _Query, lo: int, hi: int, path: str = "") -> list[np.ndarray]:
     # One scan per chunk of rows for all columns; each column comes back as one string (no per-row
-    # Python objects). group_concat skips NULLs, hence ifnull: the columns stay aligned.
+    # Python objects). group_concat skips NULLs, hence ifnull: the columns stay aligned. Chunks are
+    # _CHUNK_ROWS rows from the last rowid read (keyset pagination): sparse rowids (1 and 2**63-1) take
+    # one step, not 2**63 / _CHUNK_ROWS of them.
     inner = ", ".join(f"ifnull({e}, {nv}) AS x{i}" for i, (e, nv) in enumerate(q.cols))
     outer = ", ".join(f"group_concat(x{i})" for i in range(len(q.cols)))
     cond = f" AND ({q.where})" if q.where else ""
     out: list[list[np.ndarray]] = [[] for _ in q.cols]
-    for a in range(lo, hi + 1, _CHUNK_ROWS):
-        row = conn.execute(f'SELECT {outer} FROM (SELECT {inner} FROM "{q.table}" WHERE rowid >= {a} AND '
-                           f'rowid < {a + _CHUNK_ROWS}{cond} ORDER BY rowid)').fetchone()
-        for i, s in enumerate(row):
-            out[i].append(np.fromstring(s, dtype=np.int64, sep=",") if s else np.zeros(0, dtype=np.int64))
-    return [np.concatenate(c) if len(c) > 1 else c[0] for c in out]
-
-
-__all__ = ["read_nsys", "EXPORT_HINT", "MEMSET"]
+    after, first = lo, True
+    while True:
+        where = (f"rowid >= {lo}" if first else f"rowid > {after}") + cond
+        row = conn.execute(f'SELECT max(r), {outer} FROM (SELECT rowid AS r, {inner} FROM "{q.table}" WHERE '
+                           f'{where} ORDER BY rowid LIMIT {_CHUNK_ROWS})').fetchone()
+        first = False
+        if row[0] is None:
+            break
+        n = None
+        for i, sv in enumerate(row[1:]):
+            if sv is None:
+                a = np.zeros(0, dtype=np.int64)
+            elif isinstance(sv, str):
+                try:
+                    a = np.fromstring(sv, dtype=np.int64, sep=",")
+                except ValueError:
+                    a = None
+            else:
+                a = None
+            if a is None:
+                raise TraceError(f"cannot read {path}: {q.table}: {q.cols[i][0]} holds values that are not "
+                                 f"integers; {EXPORT_HINT}")
+            out[i].append(a)
+            n = a.size if n is None else n
+        after = int(row[0])
+        if after >= hi:
+            break
+    res = [np.concatenate(c) if len(c) > 1 else (c[0] if c else np.zeros(0, dtype=np.int64)) for c in out]
+    if len({a.size for a in res}) > 1:
+        raise TraceError(f"cannot read {path}: {q.table}: columns of different lengths (values that are not "
+                         f"integers); {EXPORT_HINT}")
+    return res
