@@ -3,13 +3,15 @@ trace file passes first. Readers: :mod:`.kineto` (PyTorch profiler JSON), :mod:`
 from __future__ import annotations
 
 from ..timeline_model import Timeline, TraceError
+from .trace_io import DEFAULT_MAX_JSON_BYTES, open_regular
 
 
-def read_trace(path: str) -> Timeline:
+def read_trace(path: str, max_json_bytes: int = DEFAULT_MAX_JSON_BYTES) -> Timeline:
     """Read a kernel timeline, detecting the format by content: Nsight Systems SQLite export, or
-    Kineto JSON (plain or gzip). Raises TraceError with one line naming the file and the problem."""
+    Kineto JSON (plain or gzip, at most ``max_json_bytes`` of JSON text). Regular files only (a FIFO is
+    refused, not waited on). Raises TraceError with one line naming the file and the problem."""
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             head = f.read(16)
     except OSError as e:
         raise TraceError(f"cannot read {path}: {e.strerror or e}") from None
@@ -20,7 +22,7 @@ def read_trace(path: str) -> Timeline:
     if head[:2] == b"\x1f\x8b" or head.lstrip()[:1] in (b"{", b"["):
         from .kineto import read_kineto
 
-        return read_kineto(path)
+        return read_kineto(path, max_json_bytes)
     if not head:
         raise TraceError(f"cannot read {path}: empty file")
     raise TraceError(f"cannot read {path}: not a trace (expected an Nsight Systems SQLite export or a "

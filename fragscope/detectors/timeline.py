@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..timeline_model import (COPY_HTOD, FREE, GRAPH_LAUNCH, KERNEL, LAUNCH, MALLOC, MEMCPY_ASYNC, MEMCPY_SYNC,
-                              SYNC, Timeline)
+from ..timeline_model import (COPY_HTOD, COPY_UVM_DTOD, COPY_UVM_DTOH, COPY_UVM_HTOD, FREE, GRAPH_LAUNCH, KERNEL,
+                              LAUNCH, MALLOC, MARK_BACKWARD, MARK_OPTIMIZER, MARK_SERVING, MEMCPY_ASYNC, MEMCPY_SYNC,
+                              SYNC, UM_CAUSES, Timeline, is_driver_launch_name)
 from .timeline_config import ALLOCATOR_STALLS, LAUNCH_BOUND, SYNC_BOUND, Config
 from .timeline_samples import trace_samples
 from .timeline_streams import _THREAD_MIN_OPS, _Device, _merged, _q, _sec
@@ -44,8 +45,11 @@ def analyse(tl: Timeline, cfg: Config = Config()) -> dict:
         lstart, first_of_launch, delay, short_ok, is_short = _launch_columns(tl, sel, cfg)
         syncing, small_h2d, pageable_async, sync = _syncing_calls(tl, cfg)
         start, end, linked = tl.op_start, tl.op_end, tl.op_launch >= 0
-        w0 = int(start.min() if sel is None else start[sel].min())
-        w1 = int(end.max() if sel is None else end[sel].max())
+        if tl.n_ops:
+            w0 = int(start.min() if sel is None else start[sel].min())
+            w1 = int(end.max() if sel is None else end[sel].max())
+        else:  # only unified-memory migrations: their span
+            w0, w1 = int(tl.um_start.min()), int(tl.um_end.max())
         # host window start: the first launch call of an analysed op (lstart of linked analysed ops)
         lsel = linked if sel is None else sel & linked
         first_call = int(lstart[lsel].min()) if lsel.any() else None
@@ -84,8 +88,60 @@ def analyse(tl: Timeline, cfg: Config = Config()) -> dict:
                       "profiler_steps": len(tl.steps)},
         "devices": devices,
         "host": host,
+        "workload": workload(tl),
+        "unified_memory": _unified_memory(tl, w0, w1, notes),
         "notes": notes,
     }
+
+
+def workload(tl: Timeline) -> dict:
+    """What the trace ran: ``training`` (backward ops, autograd's forward->backward links, optimizer
+    steps), ``serving`` (a serving engine's own ops: vLLM, SGLang), or ``unknown`` (neither, or both)."""
+    m = tl.markers
+    train = {k: m[k] for k in (MARK_BACKWARD, MARK_OPTIMIZER, "backward_links") if m.get(k)}
+    serve = {k: m[k] for k in (MARK_SERVING,) if m.get(k)}
+    if train and not serve:
+        kind = "training"
+    elif serve and not train:
+        kind = "serving"
+    else:
+        kind = "unknown"
+    return {"kind": kind, "markers": {**train, **serve},
+            "examples": {k: list(v) for k, v in tl.marker_examples.items() if k in train or k in serve}}
+
+
+def _unified_memory(tl: Timeline, w0: int, w1: int, notes: list[str]) -> dict | None:
+    """Unified-memory page migrations (None: the format cannot record them, e.g. Kineto)."""
+    if tl.um_start is None:
+        return None
+    n = int(tl.um_start.size)
+    dur = tl.um_end - tl.um_start
+    t0 = min(w0, int(tl.um_start.min())) if n else w0
+    t1 = max(w1, int(tl.um_end.max())) if n else w1
+    ck, cause = tl.um_copy_kind, tl.um_cause
+    demand = (cause != 1) & (cause != 3)  # not prefetches (user / speculative): faults, evictions, unknown
+    by_cause: dict[str, int] = {}
+    for c in np.unique(cause).tolist():
+        by_cause[UM_CAUSES.get(c, "unknown")] = by_cause.get(UM_CAUSES.get(c, "unknown"), 0) + int(
+            np.count_nonzero(cause == c))
+    secs = _sec(int(dur.sum()))
+    out = {
+        "migrations": n,
+        "demand_migrations": int(np.count_nonzero(demand)),
+        "htod": int(np.count_nonzero(ck == COPY_UVM_HTOD)),
+        "dtoh": int(np.count_nonzero(ck == COPY_UVM_DTOH)),
+        "dtod": int(np.count_nonzero(ck == COPY_UVM_DTOD)),
+        "demand_htod": int(np.count_nonzero(demand & (ck == COPY_UVM_HTOD))),
+        "demand_dtoh": int(np.count_nonzero(demand & (ck == COPY_UVM_DTOH))),
+        "bytes": int(np.maximum(tl.um_bytes, 0).sum()),
+        "seconds": secs,
+        "time_ratio": secs / _sec(t1 - t0) if t1 > t0 else None,
+        "by_cause": by_cause,
+        "devices": np.unique(tl.um_device).tolist(),
+    }
+    if n:
+        notes.append(f"{n} unified-memory page migration(s) left out of GPU busy time (driver work, not kernels)")
+    return out
 
 
 def _selection(tl: Timeline, cfg: Config, notes: list[str]) -> tuple[np.ndarray | None, str]:
@@ -279,7 +335,7 @@ def _host_fields(tl: Timeline, cfg: Config, w0: int, w1: int, first_call: int | 
     names = tl.call_names
     n_drv = 0
     if names:
-        is_drv = np.array([n.startswith("cu") and not n.startswith("cuda") for n in names], dtype=bool)
+        is_drv = np.array([is_driver_launch_name(n) for n in names], dtype=bool)
         if is_drv.any():
             n_drv = int((is_drv[tl.call_name] & launches).sum())
     graph_calls = inwin & (ck == GRAPH_LAUNCH)

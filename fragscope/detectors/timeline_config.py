@@ -6,6 +6,7 @@ from dataclasses import dataclass
 LAUNCH_BOUND = "launch-bound"  # same id as the time-series detector
 SYNC_BOUND = "sync-bound"
 ALLOCATOR_STALLS = "allocator-stalls"
+UNIFIED_MEMORY_THRASHING = "unified-memory-thrashing"  # managed pages migrating on demand (faults/evictions)
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,4 +38,9 @@ class Config:
     alloc_min_calls: int = 2
     alloc_time_share_warn: float = 0.01  # project-chosen: 1 % of the steady window in malloc/free
     exclude_last_step: bool = True  # as HTA: the last ProfilerStep is often cut short by the stop
+    # project-chosen: a few demand migrations are managed memory's first touch; 16 or more (a 2 MB
+    # prefetch granule is 32 64 KB pages: a single first touch can show up as several rows) are a pattern.
+    um_min_migrations: int = 16
+    um_time_ratio_warn: float = 0.1  # project-chosen: migrations take 10 % of the trace window
+    um_time_ratio_critical: float = 0.25  # project-chosen, with migrations in both directions (ping-pong)
 
