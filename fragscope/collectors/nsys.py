@@ -103,7 +103,9 @@ def read_nsys(path: str, reader: str | None = None) -> Timeline:
         conn = _connect(path)
         schema = conn.execute("SELECT name, type, sql FROM sqlite_master WHERE type IN ('table','view')").fetchall()
     except sqlite3.Error as e:
-        raise TraceError(f"cannot read {path}: not an SQLite database ({_first_line(e)})") from None
+        msg = _sqlite_msg(e)
+        raise TraceError(f"cannot read {path}: {msg if msg != _first_line(e) else f'not an SQLite database ({msg})'}"
+                         ) from None
     except ValueError as e:  # (UnicodeDecodeError: text that is not UTF-8 in the schema)
         raise TraceError(f"cannot read {path}: corrupt SQLite schema ({_first_line(e)})") from None
     try:
@@ -119,10 +121,8 @@ def read_nsys(path: str, reader: str | None = None) -> Timeline:
     except TraceError:
         raise
     except sqlite3.Error as e:
-        msg = _first_line(e)
-        if msg == "interrupted":
-            msg = f"a query ran past {QUERY_TIMEOUT_S:.0f} s (FRAGSCOPE_SQLITE_TIMEOUT_S) and was stopped"
-        raise TraceError(f"cannot read {path}: SQLite error ({msg})") from None
+        msg = _sqlite_msg(e)
+        raise TraceError(f"cannot read {path}: {msg if msg != _first_line(e) else f'SQLite error ({msg})'}") from None
     except UnicodeDecodeError as e:
         raise TraceError(f"cannot read {path}: corrupt text in the export (not UTF-8: {_first_line(e)})") from None
     except (ValueError, OverflowError, TypeError) as e:
@@ -133,6 +133,16 @@ def read_nsys(path: str, reader: str | None = None) -> Timeline:
 
 def _first_line(e: BaseException) -> str:
     return (str(e).splitlines() or [type(e).__name__])[0][:200]
+
+
+def _sqlite_msg(e: sqlite3.Error) -> str:
+    """One line for an SQLite error; the two that mean something else than a broken database, in words."""
+    msg = _first_line(e)
+    if msg == "interrupted":
+        return f"a query ran past {QUERY_TIMEOUT_S:.0f} s (FRAGSCOPE_SQLITE_TIMEOUT_S) and was stopped"
+    if "decode to UTF-8" in msg:
+        return "corrupt text in the export (not UTF-8)"
+    return msg
 
 
 class _Query:
@@ -302,7 +312,10 @@ def _markers(conn: sqlite3.Connection, tables: set[str]) -> tuple[dict, dict]:
 def _ops_query(table: str, cols: set[str], kind: int, comm_expr: str | None = None) -> _Query:
     # Raw columns where possible: device and stream packed in one value (two cheap operators, one
     # value less to transfer); the PID is taken from globalPid in numpy.
-    q = [("start", 0), ("end", 0), ("(deviceId << 32) | (streamId & 4294967295)", 0),
+    # (a device or stream that is not an integer -- text or a REAL in a crafted file -- would become 0 in
+    # the arithmetic: it becomes text instead, which both readers refuse)
+    q = [("start", 0), ("end", 0), ("CASE WHEN typeof(deviceId) = 'integer' AND typeof(streamId) = 'integer' "
+                                    "THEN (deviceId << 32) | (streamId & 4294967295) ELSE 'not an integer' END", 0),
          ("globalPid" if "globalPid" in cols else "0", 0),
          ("correlationId" if "correlationId" in cols else "-1", -1)]
     if kind != KERNEL:
