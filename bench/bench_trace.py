@@ -178,6 +178,7 @@ def _bytecode_env(tmp: Path) -> dict:
     full = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     full.update(env)
     mods = ("fragscope.cli, fragscope.cli.trace_cmd, fragscope.collectors.nsys, fragscope.detectors.timeline, "
+            "fragscope.trace_pipeline, "
             "fragscope.playbooks")
     subprocess.run([sys.executable, "-c", f"import {mods}"], check=True, env=full, cwd=ROOT)
     return env

@@ -414,7 +414,7 @@ def _analysis(tl) -> dict:
 def test_nsys_reader_paths_give_the_same_analysis(tmp_path, monkeypatch):
     """The stdlib reader is the reference: connectorx (public read_sql, rowid partitions, failure) and
     the stdlib reader split in small chunks must give the same Timeline columns and the same analysis."""
-    import fragscope.collectors.nsys as nsys
+    import fragscope.collectors.sqlite_columns as nsys  # (the column readers behind read_nsys)
 
     p = make_nsys_mixed(tmp_path / "mixed.sqlite")
     ref_tl = read_nsys(str(p), reader="stdlib")
@@ -454,7 +454,7 @@ def test_nsys_reader_paths_give_the_same_analysis(tmp_path, monkeypatch):
 
 def test_nsys_link_matches_kineto_link():
     from fragscope.collectors.kineto import _link_by_key
-    from fragscope.collectors.nsys import _SCRATCH_ROWS, _link
+    from fragscope.collectors.nsys_join import _SCRATCH_ROWS, _link
 
     rng = np.random.default_rng(3)
     for sort_calls in (True, False):
@@ -569,8 +569,9 @@ def test_nsys_one_wanted_api(tmp_path):
 def test_connectorx_public_api_only(tmp_path, monkeypatch):
     """nsys.py reaches connectorx through its public read_sql only (issue 9: no compiled module by path)."""
     import fragscope.collectors.nsys as nsys
+    import fragscope.collectors.sqlite_columns as columns
 
-    src = Path(nsys.__file__).read_text()
+    src = Path(nsys.__file__).read_text() + Path(columns.__file__).read_text()
     assert "connectorx.connectorx" not in src and "ExtensionFileLoader" not in src
     if "connectorx" not in READERS:
         pytest.skip("connectorx not installed")

@@ -222,7 +222,7 @@ def test_nsys_corrupted_page_refused(tmp_path):
 @pytest.mark.parametrize("reader", READERS)
 def test_nsys_sparse_rowids_read_in_one_step(tmp_path, monkeypatch, reader):
     """rowids 1 and 2**63 - 1: the stdlib reader once looped over 2**63 / 2e6 rowid ranges."""
-    import fragscope.collectors.nsys as nsys
+    import fragscope.collectors.sqlite_columns as nsys  # (the column readers behind read_nsys)
 
     p = _nsys(tmp_path / "r.sqlite", rows=[])
     c = sqlite3.connect(p)
@@ -255,7 +255,7 @@ def test_nsys_recursive_view_named_like_a_cupti_table_refused(tmp_path):
 
 def test_nsys_query_deadline(tmp_path, monkeypatch):
     """Defence in depth: a statement past the deadline is stopped (progress handler), one line, exit 2."""
-    import fragscope.collectors.nsys as nsys
+    import fragscope.collectors.sqlite_columns as nsys  # (the column readers behind read_nsys)
 
     monkeypatch.setattr(nsys, "QUERY_TIMEOUT_S", -1.0)
     monkeypatch.setattr(nsys, "_PROGRESS_OPS", 1)

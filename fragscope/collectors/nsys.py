@@ -16,30 +16,30 @@ builds one tuple per row (about 0.3 µs per value here), too slow for multi-mill
   numpy arrays; pandas is imported on the first read, about 0.2 s here). connectorx scans each table
   twice (a ``COUNT(*)`` to size its arrays, then the rows) and holds the GIL while it counts: the kernel
   table, the longest read, is started first. If connectorx fails on a table, the stdlib path reads it.
-- Without it, SQLite renders each column of a rowid range as one ``group_concat`` string (one scan per
+- Without it, SQLite renders each column of a chunk of rows as one ``group_concat`` string (one scan per
   table for all its columns) that numpy parses (about 55 ns per value).
+  (Both column readers: :mod:`.sqlite_columns`; the numpy join: :mod:`.nsys_join`.)
 - Both backends read the tables in parallel threads (SQLite and connectorx release the GIL), select
   the columns the analysis uses and no more (nameId only when several API ids are wanted), filter
   runtime rows with an ``OR`` chain when few API ids are wanted (see _OR_CHAIN_MAX), post-process in
   place (each new 16 MB array is page faults, 7 ms and more here) and join ops to their launch calls in
   numpy (_link).
 
-``FRAGSCOPE_SQLITE_READER=stdlib`` forces the fallback.
+``FRAGSCOPE_SQLITE_READER=stdlib`` forces the fallback. Hostile files (views named like CUPTI tables,
+values that are not integers, sparse rowids, undecodable text): docs/trace.md, "Limits and hostile input".
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 import sqlite3
-import threading
-import time
-import urllib.parse
-import warnings
 
 import numpy as np
 
 from ..timeline_model import (COPY_UVM_DTOD, COPY_UVM_HTOD, KERNEL, MARK_BACKWARD, MARK_OPTIMIZER, MARK_SERVING,
                               MEMCPY, MEMSET, OTHER, Timeline, TraceError, base_api_name, classify_api)
+from . import sqlite_columns
+from .nsys_join import _join_key, _link, _pid
+from .sqlite_columns import _connect, _Fetcher, _Query
 from .trace_io import check_regular
 
 KERNEL_TABLE = "CUPTI_ACTIVITY_KIND_KERNEL"
@@ -50,17 +50,10 @@ SYNC_TABLE = "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION"
 PAGEABLE = 0  # ENUM_CUDA_MEM_KIND: 0 Pageable, 1 Pinned, 2 Device, 4 Managed ...
 
 EXPORT_HINT = "export with: nsys export --type sqlite report.nsys-rep"
-_CHUNK_ROWS = 2_000_000  # rows per group_concat string (stays far below SQLite's 1 GB string limit)
 # Up to this many ids `a = x OR a = y ...` instead of `a IN (...)`: IN probes an ephemeral index, about
 # 0.2 s per 2 M rows whatever the list; a chain costs one comparison per id on rows that do not match
 # (0.20 s with 5 ids, 0.44 s with 16, in the worst order; 0.13 s when the first id matches).
 _OR_CHAIN_MAX = 4
-_PARTITION_MIN_ROWS = 500_000  # connectorx: split a table into rowid ranges read in parallel above this
-_CX_LOCK = threading.Lock()
-# A stdlib statement running longer than this is stopped (sqlite3 progress handler): a real export's
-# largest read takes seconds (2 M rows: ~1 s here); a crafted file must not hang the reader.
-QUERY_TIMEOUT_S = float(os.environ.get("FRAGSCOPE_SQLITE_TIMEOUT_S", "600"))
-_PROGRESS_OPS = 100_000  # SQLite VM steps between two deadline checks (~1 ms)
 # Tables whose content the reader trusts to be plain rows: refused when they are views or virtual tables
 # (a recursive view named like a CUPTI table never ends, in SQLite and in connectorx).
 _READ_TABLES = ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_MEMCPY",
@@ -72,18 +65,6 @@ CAPTURE_HINT = "capture GPU work with: nsys profile --trace=cuda,nvtx <your comm
 _MARK_SQL = ((MARK_BACKWARD, "value LIKE '%backward%'"),
              (MARK_OPTIMIZER, "value LIKE 'Optimizer.step#%' OR value LIKE 'Optimizer.zero_grad#%'"),
              (MARK_SERVING, "value LIKE '%vllm%' OR value LIKE '%sglang%'"))
-
-
-def _connect(path: str) -> sqlite3.Connection:
-    uri = "file:" + urllib.parse.quote(os.path.abspath(path)) + "?mode=ro"
-    conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
-    deadline = time.monotonic() + QUERY_TIMEOUT_S
-
-    def too_long() -> int:  # nonzero stops the statement: sqlite3.OperationalError "interrupted"
-        return time.monotonic() > deadline
-
-    conn.set_progress_handler(too_long, _PROGRESS_OPS)
-    return conn
 
 
 def _columns(conn: sqlite3.Connection, table: str) -> set[str]:
@@ -139,21 +120,11 @@ def _sqlite_msg(e: sqlite3.Error) -> str:
     """One line for an SQLite error; the two that mean something else than a broken database, in words."""
     msg = _first_line(e)
     if msg == "interrupted":
-        return f"a query ran past {QUERY_TIMEOUT_S:.0f} s (FRAGSCOPE_SQLITE_TIMEOUT_S) and was stopped"
+        return (f"a query ran past {sqlite_columns.QUERY_TIMEOUT_S:.0f} s (FRAGSCOPE_SQLITE_TIMEOUT_S) and was "
+                "stopped")
     if "decode to UTF-8" in msg:
         return "corrupt text in the export (not UTF-8)"
     return msg
-
-
-class _Query:
-    """Integer columns of one table: (expression, value when NULL) pairs, an optional WHERE."""
-
-    def __init__(self, table: str, cols: list[tuple[str, int]], where: str = "", post=None) -> None:
-        self.table, self.cols, self.where, self.post = table, cols, where, post
-        self.result: list[np.ndarray] | None = None  # the columns, then what ``post`` made of them
-
-    def exprs(self) -> list[str]:
-        return [e for e, _ in self.cols]
 
 
 def _read(conn: sqlite3.Connection, path: str, tables: set[str], reader: str) -> Timeline:
@@ -377,296 +348,3 @@ def _call_columns(got: list[np.ndarray], ids: list[int], name_idx: np.ndarray,
     return [c_start, c_end, c_key, name_idx[pos], np.asarray(kinds, dtype=np.int8)[pos]]
 
 
-def _pid(global_id: np.ndarray) -> np.ndarray:
-    """PID = (globalPid >> 24) & 0xFFFFFF, in ``global_id``'s buffer (overwritten)."""
-    np.right_shift(global_id, 24, out=global_id)
-    return np.bitwise_and(global_id, 0xFFFFFF, out=global_id)
-
-
-_SCRATCH_ROWS = 1 << 16  # rows per step where a full-length temporary would otherwise be needed
-_DENSE_SPAN = 4  # _link: direct table when a block's call keys span at most this times their count
-
-
-def _join_key(pid: np.ndarray, corr: np.ndarray, pid_reusable: bool) -> np.ndarray:
-    """(PID << 32) | correlationId, one int64 join key; -1 where there is no correlation (corr < 0).
-    Written over ``pid`` when ``pid_reusable``, else over ``corr`` (in steps, through a small scratch
-    buffer: no new full-length array either way)."""
-    none = corr < 0
-    np.bitwise_and(corr, 0xFFFFFFFF, out=corr)
-    if pid_reusable:
-        key = np.left_shift(pid, 32, out=pid)
-        np.bitwise_or(key, corr, out=key)
-    else:
-        key = corr
-        scratch = np.empty(min(_SCRATCH_ROWS, pid.size), dtype=np.int64)
-        for a in range(0, pid.size, _SCRATCH_ROWS):
-            b = min(a + _SCRATCH_ROWS, pid.size)
-            sc = scratch[: b - a]
-            np.left_shift(pid[a:b], 32, out=sc)
-            np.bitwise_or(key[a:b], sc, out=key[a:b])
-    if none.any():
-        key[none] = -1
-    return key
-
-
-def _link(op_key: np.ndarray, call_key: np.ndarray) -> np.ndarray:
-    """Index of the call with the same key for each op (-1: none; keys < 0 never match; among calls with
-    equal keys the first). Same result as kineto._link_by_key; runtime rows usually come in correlation
-    order, so the sort is skipped when the keys are already sorted. One new array (the result), filled
-    in blocks of _SCRATCH_ROWS ops by two threads (numpy releases the GIL on each block's operations).
-
-    A block looks only at the calls between its smallest and largest key (ops come roughly in
-    correlation order, so that window is about a block long). Correlation ids are dense counters: when
-    the window's keys span at most _DENSE_SPAN times its length, a direct table from key to first call
-    replaces the binary search (2 M ops against 2 M calls: 39 ms of CPU against 60 ms here)."""
-    if not call_key.size or not op_key.size:
-        return np.full(op_key.size, -1, dtype=np.int64)
-    if call_key.size < 2 or bool((call_key[1:] >= call_key[:-1]).all()):
-        order, sk = None, call_key
-    else:
-        order = np.argsort(call_key, kind="stable")
-        sk = call_key[order]
-    # Written here first: new memory is paged in by one thread. Two threads paging in their halves at once
-    # took three times the CPU on the development VM (2 M ops: 70 ms against 28 ms with this fill).
-    pos = np.full(op_key.size, -1, dtype=np.int64)
-    last = sk.size - 1
-    first_valid = int(np.searchsorted(sk, 0))  # keys < 0 (no correlation) come first and never match
-
-    def part(lo: int, hi: int) -> None:
-        # every temporary is this thread's and reused block after block: allocating them anew each
-        # block makes glibc map and unmap them (page faults), which doubled this function's time
-        scratch = np.empty(min(_SCRATCH_ROWS, hi - lo), dtype=np.int64)
-        miss = np.empty(scratch.size, dtype=bool)
-        table = keys = iota = np.empty(0, dtype=np.int64)
-        first = np.empty(0, dtype=bool)
-        for a in range(lo, hi, _SCRATCH_ROWS):
-            b = min(a + _SCRATCH_ROWS, hi)
-            p, ok, m, sc = pos[a:b], op_key[a:b], miss[: b - a], scratch[: b - a]
-            w0 = max(int(np.searchsorted(sk, ok.min())), first_valid)
-            w1 = int(np.searchsorted(sk, ok.max(), side="right"))
-            win = sk[w0:w1]
-            nw = win.size
-            span = int(win[-1] - win[0]) + 1 if nw else 0
-            dense = 0 < span <= _DENSE_SPAN * max(nw, b - a)
-            if dense:
-                if keys.size < nw:
-                    keys, iota, first = np.empty(nw, dtype=np.int64), np.arange(nw, dtype=np.int64), np.empty(nw, bool)
-                np.not_equal(win[1:], win[:-1], out=first[1:nw])
-                dense = bool(first[1:nw].all())  # no repeated key (else the binary search below)
-            if dense:
-                if table.size < span:
-                    table = np.empty(span, dtype=np.int64)
-                t = table[:span]
-                t.fill(-1)
-                t[np.subtract(win, win[0], out=keys[:nw])] = iota[:nw]  # key -> position in the window
-                idx = np.subtract(ok, win[0], out=sc)
-                np.less(idx, 0, out=m)
-                m |= idx >= span
-                np.clip(idx, 0, span - 1, out=idx)
-                np.take(t, idx, out=p)
-                p[m] = -1
-                np.less(p, 0, out=m)
-                p += w0
-            else:
-                np.add(np.searchsorted(win, ok), w0, out=p)
-                np.minimum(p, last, out=p)
-                np.not_equal(np.take(sk, p, out=sc), ok, out=m)
-                m |= ok < 0
-            if order is not None:
-                np.take(order, np.maximum(p, 0), out=sc)
-                p[:] = sc
-            p[m] = -1
-
-    _in_two(op_key.size, part)
-    return pos
-
-
-def _in_two(n: int, fn) -> None:
-    """fn(0, half) in a second thread and fn(half, n) here when n is large enough to gain from it."""
-    if n < 2 * _SCRATCH_ROWS:
-        fn(0, n)
-        return
-    half = n // 2
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            fn(0, half)
-        except BaseException as e:  # noqa: BLE001 -- re-raised below
-            errors.append(e)
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    try:
-        fn(half, n)
-    finally:
-        t.join()
-    if errors:
-        raise errors[0]
-
-
-class _Fetcher:
-    """Reads integer columns of tables as int64 numpy arrays (connectorx when available, else stdlib),
-    one thread per table."""
-
-    def __init__(self, path: str, reader: str) -> None:
-        self.path = path
-        self.backend = "stdlib"
-        self._cx = None
-        if reader in ("auto", "connectorx"):
-            if _cx_available():
-                self.backend = "connectorx"
-            elif reader == "connectorx":
-                raise TraceError("connectorx is not installed (pip install connectorx)")
-        self._lock = threading.Lock()
-
-    def run(self, queries: list[_Query]) -> None:
-        errors: list[BaseException] = []
-
-        def work(q: _Query) -> None:
-            try:
-                q.result = self._one(q)
-                if q.post is not None:  # in this thread too: numpy releases the GIL on large arrays
-                    q.result = q.post(q.result)
-            except BaseException as e:  # noqa: BLE001 -- re-raised in the calling thread
-                errors.append(e)
-
-        # In the order given, the first (the kernel table, the longest read) first: connectorx holds the
-        # GIL while it counts a query's rows (0.06 s for 2 M kernels, 0.1 s for the filtered runtime
-        # rows), so a read started before the kernel table's delayed it by that much.
-        threads = [threading.Thread(target=work, args=(q,), daemon=True) for q in queries[:-1]]
-        for t in threads:
-            t.start()
-        if queries:
-            work(queries[-1])
-        for t in threads:
-            t.join()
-        if errors:
-            raise errors[0]
-
-    def _one(self, q: _Query) -> list[np.ndarray]:
-        conn = _connect(self.path)
-        try:
-            # two statements: SQLite answers a lone min() or max() of the rowid from the b-tree's edge,
-            # but scans the whole table for both in one statement (0.1 s on 2 M kernels)
-            (lo,) = conn.execute(f'SELECT min(rowid) FROM "{q.table}"').fetchone()
-            (hi,) = conn.execute(f'SELECT max(rowid) FROM "{q.table}"').fetchone()
-            if lo is None:
-                return [np.zeros(0, dtype=np.int64) for _ in q.cols]
-            if self.backend == "connectorx":
-                try:
-                    return self._connectorx(q, int(lo), int(hi))
-                except Exception:  # noqa: BLE001 -- any connectorx failure: fall back to the stdlib reader
-                    with self._lock:
-                        self.backend = "stdlib"
-            return _stdlib(conn, q, int(lo), int(hi), self.path)
-        finally:
-            conn.close()
-
-    def _connectorx(self, q: _Query, lo: int, hi: int) -> list[np.ndarray]:
-        sel = ", ".join(f"{e} AS c{i}" for i, e in enumerate(q.exprs()))
-        sql = f'SELECT {sel} FROM "{q.table}"'
-        parts = _cx_parts(hi - lo + 1)
-        if parts <= 1:
-            return self._cx_read(q, sql + (f" WHERE {q.where}" if q.where else ""))
-        # Rowid ranges, one read_sql call each in its own thread, joined in rowid order (connectorx's
-        # own multi-query read returns the partitions in no fixed order).
-        step = (hi - lo + parts) // parts
-        cond = f" AND ({q.where})" if q.where else ""
-        # (the last range open above: lo + parts * step can pass 2**63 - 1, which SQLite would read as a REAL)
-        sqls = [f"{sql} WHERE rowid >= {lo + i * step}" + (f" AND rowid < {lo + (i + 1) * step}" if i < parts - 1
-                                                            else "") + cond for i in range(parts)]
-        out: list = [None] * parts
-        errors: list[BaseException] = []
-
-        def work(i: int) -> None:
-            try:
-                out[i] = self._cx_read(q, sqls[i])
-            except BaseException as e:  # noqa: BLE001 -- re-raised below
-                errors.append(e)
-
-        threads = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(1, parts)]
-        for t in threads:
-            t.start()
-        work(0)
-        for t in threads:
-            t.join()
-        if errors:
-            raise errors[0]
-        return [np.concatenate([o[j] for o in out]) for j in range(len(q.cols))]
-
-    def _cx_read(self, q: _Query, sql: str) -> list[np.ndarray]:
-        conn = "sqlite://" + urllib.parse.quote(os.path.abspath(self.path))
-        df = _cx().read_sql(conn, sql, return_type="pandas")
-        return [df[f"c{i}"].to_numpy(dtype=np.int64, na_value=nv) for i, (_, nv) in enumerate(q.cols)]
-
-
-def _cx_available() -> bool:
-    try:
-        return importlib.util.find_spec("connectorx") is not None  # locates it without importing it
-    except (ImportError, ValueError):
-        return False
-
-
-def _cx():
-    """The connectorx package, imported once (from any reader thread). connectorx 0.4.6 calls a pandas API
-    that pandas 3 deprecates: that warning, from connectorx's own module only, is silenced here
-    (``warnings.catch_warnings`` per call would swap process-wide state across threads)."""
-    with _CX_LOCK:
-        import connectorx
-
-        # (re-added each call: an identical filter is replaced, not stacked; test runners reset filters)
-        warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"connectorx(\..*)?$")
-        return connectorx
-
-
-def _cx_parts(rows: int) -> int:
-    """Rowid ranges to read one table in (in parallel threads); the kernel and runtime tables already
-    run side by side, so split further only with spare cores."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    if rows < _PARTITION_MIN_ROWS:
-        return 1
-    return max(1, min(8, cpus // 2))
-
-
-def _stdlib(conn: sqlite3.Connection, q: _Query, lo: int, hi: int, path: str = "") -> list[np.ndarray]:
-    # One scan per chunk of rows for all columns; each column comes back as one string (no per-row
-    # Python objects). group_concat skips NULLs, hence ifnull: the columns stay aligned. Chunks are
-    # _CHUNK_ROWS rows from the last rowid read (keyset pagination): sparse rowids (1 and 2**63-1) take
-    # one step, not 2**63 / _CHUNK_ROWS of them.
-    inner = ", ".join(f"ifnull({e}, {nv}) AS x{i}" for i, (e, nv) in enumerate(q.cols))
-    outer = ", ".join(f"group_concat(x{i})" for i in range(len(q.cols)))
-    cond = f" AND ({q.where})" if q.where else ""
-    out: list[list[np.ndarray]] = [[] for _ in q.cols]
-    after, first = lo, True
-    while True:
-        where = (f"rowid >= {lo}" if first else f"rowid > {after}") + cond
-        row = conn.execute(f'SELECT max(r), {outer} FROM (SELECT rowid AS r, {inner} FROM "{q.table}" WHERE '
-                           f'{where} ORDER BY rowid LIMIT {_CHUNK_ROWS})').fetchone()
-        first = False
-        if row[0] is None:
-            break
-        n = None
-        for i, sv in enumerate(row[1:]):
-            if sv is None:
-                a = np.zeros(0, dtype=np.int64)
-            elif isinstance(sv, str):
-                try:
-                    a = np.fromstring(sv, dtype=np.int64, sep=",")
-                except ValueError:
-                    a = None
-            else:
-                a = None
-            if a is None:
-                raise TraceError(f"cannot read {path}: {q.table}: {q.cols[i][0]} holds values that are not "
-                                 f"integers; {EXPORT_HINT}")
-            out[i].append(a)
-            n = a.size if n is None else n
-        after = int(row[0])
-        if after >= hi:
-            break
-    res = [np.concatenate(c) if len(c) > 1 else (c[0] if c else np.zeros(0, dtype=np.int64)) for c in out]
-    if len({a.size for a in res}) > 1:
-        raise TraceError(f"cannot read {path}: {q.table}: columns of different lengths (values that are not "
-                         f"integers); {EXPORT_HINT}")
-    return res
