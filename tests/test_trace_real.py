@@ -301,3 +301,14 @@ def test_mostly_idle_gpu_without_a_mechanism_is_inconclusive(tmp_path):
     assert inc["id"] == "launch-bound" and "idle 90 %" in inc["reason"]
     r = CliRunner().invoke(diagnose_group, ["trace", str(p)])
     assert r.exit_code == 0 and "No finding." in r.output and "not a clean bill of health" in r.output
+
+
+def test_half_idle_training_rank_is_inconclusive_not_healthy():
+    """HTA's sampled rank 0 (HTA 0.5.0: idle 53.56 %, median launch delay 10,246 µs): the gaps follow late
+    launches, but a 10 ms launch delay means work was queued -- launch-bound is dropped, and the idle GPU
+    gets an inconclusive entry saying why, not a bare "No finding"."""
+    a, findings = analyse_trace_file(str(DATA / "hta_timeline_sampled_rank0.json.gz"))
+    assert findings == [] and a["workload"]["kind"] == "training"
+    assert a["devices"][0]["idle_ratio"] == pytest.approx(0.5356, abs=1e-4)
+    (inc,) = a["inconclusive"]
+    assert inc["id"] == "launch-bound" and "idle 54 %" in inc["reason"] and "10.2 ms" in inc["reason"]

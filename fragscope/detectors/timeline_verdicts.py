@@ -30,12 +30,17 @@ def judge(a: dict, cfg: Config = Config()) -> tuple[list[Finding], list[Inconclu
         if len(findings) == before and idle is not None and idle >= cfg.idle_ratio_min and \
                 sum(d["ops"].values()) >= cfg.min_ops:
             # mostly idle and no mechanism found: never a silent "healthy"
+            waits = (f"host wait {_pct(d.get('host_wait_ratio'))}, kernel wait {_pct(d.get('kernel_wait_ratio'))} "
+                     f"of the idle time; sync gaps {_pct(d.get('sync_gap_ratio'))}")
+            ld = d.get("launch_delay_seconds")
+            if (d.get("host_wait_ratio") or 0) + (d.get("kernel_wait_ratio") or 0) >= cfg.wait_share_min and ld:
+                why = (f"the gaps follow late launches ({waits}), but the median launch delay "
+                       f"{_us(ld['p50'])} says work was queued on the GPU: the evidence disagrees")
+            else:
+                why = f"neither late launches nor synchronizing calls explain most of it ({waits})"
             inconclusive.append(Inconclusive(
                 LAUNCH_BOUND, ["host-side profile of the idle gaps (CPU ops, data loading, other processes)"],
-                f"GPU {d['device']}: idle {_pct(idle)} of {d['span_seconds']:.3g} s, but neither late launches "
-                f"(host wait {_pct(d.get('host_wait_ratio'))}, kernel wait {_pct(d.get('kernel_wait_ratio'))} of "
-                f"the idle time) nor synchronizing calls ({_pct(d.get('sync_gap_ratio'))}) explain most of it",
-                {"gpu": str(d["device"])}))
+                f"GPU {d['device']}: idle {_pct(idle)} of {d['span_seconds']:.3g} s; {why}", {"gpu": str(d["device"])}))
     _judge_allocator(host, cfg, findings)
     um = _judge_unified_memory(a, cfg, win)
     if um is not None:
