@@ -312,3 +312,15 @@ def test_half_idle_training_rank_is_inconclusive_not_healthy():
     assert a["devices"][0]["idle_ratio"] == pytest.approx(0.5356, abs=1e-4)
     (inc,) = a["inconclusive"]
     assert inc["id"] == "launch-bound" and "idle 54 %" in inc["reason"] and "10.2 ms" in inc["reason"]
+
+
+def test_no_gpu_activity_names_what_the_trace_holds(tmp_path):
+    """As in HTA's MTIA and CUPTI-profiler-range traces: no CUDA/ROCm GPU rows -- say what is there."""
+    ev = [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 1, "dur": 1}] * 3 + \
+        [{"ph": "X", "cat": "mtia_ccp_events", "name": "k", "ts": 2, "dur": 1}] * 2
+    p = tmp_path / "mtia.json"
+    p.write_text(json.dumps({"traceEvents": ev}))
+    with pytest.raises(TraceError) as ei:
+        read_kineto(str(p))
+    msg = str(ei.value)
+    assert "no GPU activity" in msg and "cpu_op 3, mtia_ccp_events 2" in msg and "MTIA trace" in msg

@@ -235,8 +235,8 @@ def _from_events(events: list, source: str, doc: dict) -> Timeline:
     if n_x == 0:
         raise TraceError(f"cannot read {source}: not a PyTorch profiler trace (no complete 'X' events)")
     if not o_ts:
-        raise TraceError(f"cannot read {source}: no GPU activity (no kernel, memcpy or memset events); "
-                         "profile with ProfilerActivity.CUDA")
+        raise TraceError(f"cannot read {source}: no GPU activity (no kernel, memcpy or memset events{_cats_seen(events)})"
+                         "; profile with ProfilerActivity.CUDA")
 
     if exact:
         op_start, op_end = _exact_ns(o_ts, o_dur)
@@ -300,6 +300,22 @@ def _from_events(events: list, source: str, doc: dict) -> Timeline:
         call_kind=call_kind, call_name=call_name, call_names=names,
         steps=sorted(zip(step_s.tolist(), step_e.tolist())),
         epoch_offset_ns=epoch, meta=meta, markers=marks, marker_examples=mark_names)
+
+
+def _cats_seen(events: list) -> str:
+    """What the trace holds instead (for the error): its most frequent 'X' categories, and a word when
+    they belong to another accelerator (MTIA) than the CUDA / ROCm GPUs analysed here."""
+    counts: dict[str, int] = {}
+    for e in events:
+        if isinstance(e, dict) and e.get("ph") == "X" and isinstance(e.get("cat"), str):
+            counts[e["cat"]] = counts.get(e["cat"], 0) + 1
+    if not counts:
+        return ""
+    top = sorted(counts.items(), key=lambda kv: -kv[1])[:4]
+    out = "; categories seen: " + ", ".join(f"{k} {v}" for k, v in top)
+    if any(k.startswith("mtia") for k in counts):
+        out += "; an MTIA trace: only CUDA and ROCm GPU timelines are analysed"
+    return out
 
 
 def _scalar(v):
