@@ -20,6 +20,11 @@ from ..timeline_model import TraceError
 
 _CHUNK_ROWS = 2_000_000  # rows per group_concat string (stays far below SQLite's 1 GB string limit)
 _PARTITION_MIN_ROWS = 500_000  # connectorx: split a table into rowid ranges read in parallel above this
+# "auto": connectorx only when the tables to read hold this many rows together (by rowid span). Its public
+# read_sql returns a pandas DataFrame, and importing pandas costs about 0.5 s of CPU here (0.78 s against
+# numpy's 0.24 s); below about 1.5 M rows the stdlib reader finishes first (bench/bench_trace.py,
+# docs/trace.md). FRAGSCOPE_SQLITE_READER=connectorx forces it.
+_CX_MIN_TOTAL_ROWS = 1_500_000
 _CX_LOCK = threading.Lock()
 # A stdlib statement running longer than this is stopped (sqlite3 progress handler): a real export's
 # largest read takes seconds (2 M rows: ~1 s here); a crafted file must not hang the reader.
@@ -59,7 +64,7 @@ class _Fetcher:
     def __init__(self, path: str, reader: str) -> None:
         self.path = path
         self.backend = "stdlib"
-        self._cx = None
+        self.auto = reader == "auto"
         if reader in ("auto", "connectorx"):
             if _cx_available():
                 self.backend = "connectorx"
@@ -68,6 +73,8 @@ class _Fetcher:
         self._lock = threading.Lock()
 
     def run(self, queries: list[_Query]) -> None:
+        if self.backend == "connectorx" and self.auto and _rows(self.path, queries) < _CX_MIN_TOTAL_ROWS:
+            self.backend = "stdlib"
         errors: list[BaseException] = []
 
         def work(q: _Query) -> None:
@@ -146,6 +153,21 @@ class _Fetcher:
         conn = "sqlite://" + urllib.parse.quote(os.path.abspath(self.path))
         df = _cx().read_sql(conn, sql, return_type="pandas")
         return [df[f"c{i}"].to_numpy(dtype=np.int64, na_value=nv) for i, (_, nv) in enumerate(q.cols)]
+
+
+def _rows(path: str, queries: list[_Query]) -> int:
+    """Rows of the tables to read, by rowid span (an upper bound; two b-tree edge lookups per table)."""
+    conn = _connect(path)
+    try:
+        n = 0
+        for q in queries:
+            (lo,) = conn.execute(f'SELECT min(rowid) FROM "{q.table}"').fetchone()
+            (hi,) = conn.execute(f'SELECT max(rowid) FROM "{q.table}"').fetchone()
+            if lo is not None:
+                n += int(hi) - int(lo) + 1
+        return n
+    finally:
+        conn.close()
 
 
 def _cx_available() -> bool:
