@@ -6,8 +6,7 @@ fits the trace's workload (``analysis["workload"]["kind"]``). Contract: docs/tra
 from __future__ import annotations
 
 from .detectors.timeline_config import LAUNCH_BOUND, UNIFIED_MEMORY_THRASHING
-from .model import Finding
-from .playbooks import Action, Playbook
+from .model import Action, Finding, Playbook
 
 # launch-bound in a training step: no serving-engine flags (a training job has no --enforce-eager).
 LAUNCH_BOUND_TRAINING = Playbook(
