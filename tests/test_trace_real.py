@@ -324,3 +324,20 @@ def test_no_gpu_activity_names_what_the_trace_holds(tmp_path):
         read_kineto(str(p))
     msg = str(ei.value)
     assert "no GPU activity" in msg and "cpu_op 3, mtia_ccp_events 2" in msg and "MTIA trace" in msg
+
+
+def test_flow_link_matches_the_instant_not_the_text(tmp_path):
+    """An ac2g flow end written "….5" and its kernel written "….500" (epoch µs): the same instant."""
+    base = 1_700_000_000_000_000
+    text = ('{"traceEvents": ['
+            f'{{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 2, "ts": {base}.25, '
+            '"dur": 2.0, "args": {}},'
+            f'{{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": {base + 3}.500, "dur": 1.0, '
+            '"args": {"device": 0, "stream": 7}},'
+            f'{{"ph": "s", "cat": "ac2g", "id": 9, "pid": 1, "tid": 2, "ts": {base}.250}},'
+            f'{{"ph": "f", "cat": "ac2g", "id": 9, "pid": 0, "tid": 7, "ts": {base + 3}.5, "bp": "e"}}]}}')
+    p = tmp_path / "flow.json"
+    p.write_text(text)
+    tl = read_kineto(str(p))
+    assert tl.op_launch.tolist() == [0]
+    assert int(tl.op_start[0] - tl.call_end[0]) == 1250  # 3.5 - (0.25 + 2.0) µs, exactly

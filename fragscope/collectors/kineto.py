@@ -261,11 +261,13 @@ def _from_events(events: list, source: str, doc: dict) -> Timeline:
     call_corr = np.asarray(c_corr, dtype=np.int64)
     op_launch = _link_by_key(op_corr, call_corr)
     if flows_f and (op_launch < 0).any():
-        call_at = {loc: i for i, loc in enumerate(c_loc)}
+        # locations compared by time in ns (the same instant may be written 3.5 or 3.500)
+        call_at = {_loc_ns(loc): i for i, loc in enumerate(c_loc)}
+        f_at = {_loc_ns(loc): fid for loc, fid in flows_f.items()}
         for i, loc in o_loc.items():
-            fid = flows_f.get(loc)
+            fid = f_at.get(_loc_ns(loc))
             src = flows_s.get(fid) if fid is not None else None
-            j = call_at.get(src) if src is not None else None
+            j = call_at.get(_loc_ns(src)) if src is not None else None
             if j is not None:
                 op_launch[i] = j
 
@@ -316,6 +318,17 @@ def _cats_seen(events: list) -> str:
     if any(k.startswith("mtia") for k in counts):
         out += "; an MTIA trace: only CUDA and ROCm GPU timelines are analysed"
     return out
+
+
+def _loc_ns(loc: tuple) -> tuple:
+    """(pid, tid, ts) with ts as int ns where it is a number (a flow end and its op are matched on it)."""
+    pid, tid, ts = loc
+    if isinstance(ts, (int, float, _Dec)) and not isinstance(ts, bool):
+        try:
+            ts = _us_to_ns(ts)
+        except (_Bad, OverflowError, ValueError):
+            pass
+    return pid, tid, ts
 
 
 def _scalar(v):
