@@ -282,9 +282,12 @@ def _from_events(events: list, source: str, doc: dict) -> Timeline:
     comm = np.zeros(kind_a.size, dtype=bool)
     comm[o_comm] = True
     epoch = None
+    base = doc.get("baseTimeNanoseconds")
     if op_start.size and op_start.min() > 10**18:  # µs since the unix epoch (after 2001) -> wall clock
         epoch = 0
-    base = doc.get("baseTimeNanoseconds")
+    elif isinstance(base, int) and not isinstance(base, bool) and 10**18 < base < 1 << 62:
+        # newer Kineto: ts on its own clock, unix ns = ts * 1000 + baseTimeNanoseconds (as HTA converts)
+        epoch = base
     dist = doc.get("distributedInfo")
     meta = {"schema_version": _scalar(doc.get("schemaVersion")), "events": len(events),
             "trace_name": _scalar(doc.get("traceName")),
