@@ -352,3 +352,8 @@ def test_base_time_gives_the_wall_clock():
     a = analyse(read_kineto(str(MI250)))
     assert a["window"]["start"] == pytest.approx((first + base) / 1e9, abs=1e-6)
     assert a["window"]["start"] > 1.7e9  # 2024-2025, not "?"
+
+
+def test_gzipped_nsys_export_gets_a_hint():
+    line = CliRunner().invoke(diagnose_group, ["trace", str(WB2)]).output.strip()
+    assert "compressed SQLite file" in line and "gunzip" in line and len(line.splitlines()) == 1

@@ -56,6 +56,9 @@ def _reject_constant(name: str):
 
 def _load_json(path: str, max_bytes: int = DEFAULT_MAX_JSON_BYTES) -> object:
     raw = read_json_bytes(path, max_bytes)
+    if raw.startswith(b"SQLite format 3\x00"):
+        raise TraceError(f"cannot read {path}: a compressed SQLite file: decompress it first (gunzip -k {path}), "
+                         "then diagnose trace the .sqlite")
     try:
         return json.loads(raw, parse_float=_parse_float, parse_constant=_reject_constant)
     except RecursionError:
