@@ -215,7 +215,6 @@ def _stdlib(conn: sqlite3.Connection, q: _Query, lo: int, hi: int, path: str = "
         first = False
         if row[0] is None:
             break
-        n = None
         for i, sv in enumerate(row[1:]):
             if sv is None:
                 a = np.zeros(0, dtype=np.int64)
@@ -230,7 +229,6 @@ def _stdlib(conn: sqlite3.Connection, q: _Query, lo: int, hi: int, path: str = "
                 raise TraceError(f"cannot read {path}: {q.table}: {q.cols[i][0]} holds values that are not "
                                  "integers")
             out[i].append(a)
-            n = a.size if n is None else n
         after = int(row[0])
         if after >= hi:
             break
