@@ -25,22 +25,11 @@ def judge(a: dict, cfg: Config = Config()) -> tuple[list[Finding], list[Inconclu
     wl = (a.get("workload") or {}).get("kind", "unknown")
     for d in a["devices"]:
         before = len(findings)
-        _judge_device(d, a, cfg, win, onset, host, wl, findings, inconclusive)
-        idle = d["idle_ratio"]
-        if len(findings) == before and idle is not None and idle >= cfg.idle_ratio_min and \
-                sum(d["ops"].values()) >= cfg.min_ops:
-            # mostly idle and no mechanism found: never a silent "healthy"
-            waits = (f"host wait {_pct(d.get('host_wait_ratio'))}, kernel wait {_pct(d.get('kernel_wait_ratio'))} "
-                     f"of the idle time; sync gaps {_pct(d.get('sync_gap_ratio'))}")
-            ld = d.get("launch_delay_seconds")
-            if (d.get("host_wait_ratio") or 0) + (d.get("kernel_wait_ratio") or 0) >= cfg.wait_share_min and ld:
-                why = (f"the gaps follow late launches ({waits}), but the median launch delay "
-                       f"{_us(ld['p50'])} says work was queued on the GPU: the evidence disagrees")
-            else:
-                why = f"neither late launches nor synchronizing calls explain most of it ({waits})"
-            inconclusive.append(Inconclusive(
-                LAUNCH_BOUND, ["host-side profile of the idle gaps (CPU ops, data loading, other processes)"],
-                f"GPU {d['device']}: idle {_pct(idle)} of {d['span_seconds']:.3g} s; {why}", {"gpu": str(d["device"])}))
+        _judge_device(d, cfg, win, onset, host, wl, findings, inconclusive)
+        if len(findings) == before:
+            inc = _idle_inconclusive(d, cfg)
+            if inc is not None:
+                inconclusive.append(inc)
     _judge_allocator(host, cfg, findings)
     um = _judge_unified_memory(a, cfg, win)
     if um is not None:
@@ -48,7 +37,26 @@ def judge(a: dict, cfg: Config = Config()) -> tuple[list[Finding], list[Inconclu
     return findings, inconclusive
 
 
-def _judge_device(d: dict, a: dict, cfg: Config, win, onset, host: dict, wl: str, findings: list[Finding],
+def _idle_inconclusive(d: dict, cfg: Config) -> Inconclusive | None:
+    """A device idle most of its span with no finding: never a silent "healthy". Says why nothing was
+    concluded (late launches contradicted by a queued launch delay, or no mechanism at all)."""
+    idle = d["idle_ratio"]
+    if idle is None or idle < cfg.idle_ratio_min or sum(d["ops"].values()) < cfg.min_ops:
+        return None
+    waits = (f"host wait {_pct(d.get('host_wait_ratio'))}, kernel wait {_pct(d.get('kernel_wait_ratio'))} "
+             f"of the idle time; sync gaps {_pct(d.get('sync_gap_ratio'))}")
+    ld = d.get("launch_delay_seconds")
+    if (d.get("host_wait_ratio") or 0) + (d.get("kernel_wait_ratio") or 0) >= cfg.wait_share_min and ld:
+        why = (f"the gaps follow late launches ({waits}), but the median launch delay {_us(ld['p50'])} says "
+               "work was queued on the GPU: the evidence disagrees")
+    else:
+        why = f"neither late launches nor synchronizing calls explain most of it ({waits})"
+    return Inconclusive(LAUNCH_BOUND, ["host-side profile of the idle gaps (CPU ops, data loading, other processes)"],
+                        f"GPU {d['device']}: idle {_pct(idle)} of {d['span_seconds']:.3g} s; {why}",
+                        {"gpu": str(d["device"])})
+
+
+def _judge_device(d: dict, cfg: Config, win, onset, host: dict, wl: str, findings: list[Finding],
                   inconclusive: list[Inconclusive]) -> None:
     """launch-bound / sync-bound for one device (appends to ``findings`` / ``inconclusive``)."""
     subject = {"gpu": str(d["device"])}
