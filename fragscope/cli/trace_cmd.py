@@ -60,8 +60,8 @@ def _small_pages() -> None:
 @click.option("--html", "html", type=click.Path(dir_okay=False), default=None,
               help="Also write a self-contained HTML report (busy/idle share, gaps, findings) to this file.")
 @click.option("--max-json-bytes", type=click.IntRange(min=1), default=None,
-              help="Cap on a JSON trace's size after decompression (default 1 GiB; about 8 bytes of memory "
-                   "per byte of JSON).")
+              help="Cap on a JSON trace's size after decompression (default 1 GiB; reading takes about 5 bytes "
+                   "of memory per byte of JSON).")
 def trace_cmd(file: str, fmt: str, fail_on: str, html: str | None = None, max_json_bytes: int | None = None) -> int:
     """Analyse a kernel timeline FILE: an Nsight Systems SQLite export (nsys export --type sqlite)
     or a PyTorch profiler / Kineto JSON trace (.json, .json.gz). Format detected by content."""

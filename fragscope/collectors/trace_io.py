@@ -9,9 +9,10 @@ import zlib
 
 from ..timeline_model import TraceError
 
-# Cap on JSON text, after decompression. json.loads holds the text and its objects: about 6-10 bytes of
-# memory per byte of trace text (the HTA sampled rank: 2.9 MB of JSON -> 23 MB RSS growth), so 1 GiB of
-# text needs ~8 GiB. Raised with `diagnose trace --max-json-bytes`.
+# Cap on JSON text, after decompression. Reading holds the text and its objects: peak RSS grows by 4-5
+# bytes per byte of trace text (measured: 5.2 on HTA's sampled rank, 1.8 MB of JSON; 4.9 and 4.0 on two
+# 33 MB traces; about 100 ms per MB on the shared 2-core VM), so 1 GiB of text needs ~5 GiB.
+# Raised with `diagnose trace --max-json-bytes`.
 DEFAULT_MAX_JSON_BYTES = 1 << 30
 _READ_STEP = 1 << 22  # decompressed bytes per zlib call: the cap is checked at least this often
 
