@@ -22,9 +22,11 @@ _CHUNK_ROWS = 2_000_000  # rows per group_concat string (stays far below SQLite'
 _PARTITION_MIN_ROWS = 500_000  # connectorx: split a table into rowid ranges read in parallel above this
 # "auto": connectorx only when the tables to read hold this many rows together (by rowid span). Its public
 # read_sql returns a pandas DataFrame, and importing pandas costs about 0.5 s of CPU here (0.78 s against
-# numpy's 0.24 s); below about 1.5 M rows the stdlib reader finishes first (bench/bench_trace.py,
-# docs/trace.md). FRAGSCOPE_SQLITE_READER=connectorx forces it.
-_CX_MIN_TOTAL_ROWS = 1_500_000
+# numpy's 0.24 s). Whole `diagnose trace` process, best CPU / best wall, connectorx vs stdlib, exports of N
+# kernels + N launches (2-core VM at load 5-7): N = 50 k 0.67 / 1.71 s vs 0.63 / 1.40 s; 125 k 0.99 / 2.54 s
+# vs 0.98 / 2.47 s; 250 k 0.91 / 1.90 s vs 1.06 / 1.67 s; 500 k 1.27 / 2.14 s vs 1.39 / 2.87 s; 1 M
+# 1.53 / 2.51 s vs 2.26 / 3.59 s. FRAGSCOPE_SQLITE_READER=connectorx forces it.
+_CX_MIN_TOTAL_ROWS = 1_000_000
 _CX_LOCK = threading.Lock()
 # A stdlib statement running longer than this is stopped (sqlite3 progress handler): a real export's
 # largest read takes seconds (2 M rows: ~1 s here); a crafted file must not hang the reader.
