@@ -178,6 +178,7 @@ def _bytecode_env(tmp: Path) -> dict:
     full = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     full.update(env)
     mods = ("fragscope.cli, fragscope.cli.trace_cmd, fragscope.collectors.nsys, fragscope.detectors.timeline, "
+            "fragscope.trace_pipeline, "
             "fragscope.playbooks")
     subprocess.run([sys.executable, "-c", f"import {mods}"], check=True, env=full, cwd=ROOT)
     return env
@@ -188,30 +189,28 @@ def _med(xs: list) -> float:
 
 
 def _connectorx_floor(p: Path, reps: int) -> None:
-    """connectorx alone on the queries read_nsys sends it (recorded once): each alone, then all at once in
-    threads as the reader runs them. No post-processing, no join, no analysis: the read's floor."""
+    """connectorx alone on the queries read_nsys sends it (recorded once, through its public read_sql as the
+    reader calls it): each alone, then all at once in threads as the reader runs them. No post-processing,
+    no join, no analysis: the read's floor."""
     import threading
 
-    from fragscope.collectors import nsys
+    import connectorx
 
-    native = nsys._cx_native()
     sent: list[tuple[str, str]] = []
+    real = connectorx.read_sql
 
-    class Recorder:
-        @staticmethod
-        def read_sql(conn, rt, queries, **kw):
-            sent.append((conn, queries[0]))
-            return native.read_sql(conn, rt, queries=queries, **kw)
+    def recorder(conn, query, **kw):
+        sent.append((conn, query))
+        return real(conn, query, **kw)
 
-    real = nsys._cx_native
-    nsys._cx_native = lambda: Recorder
+    connectorx.read_sql = recorder
     try:
         read_nsys(str(p), reader="connectorx")
     finally:
-        nsys._cx_native = real
+        connectorx.read_sql = real
 
     def one(conn: str, sql: str) -> None:
-        native.read_sql(conn, "pandas", queries=[sql], protocol=None, partition_query=None, pre_execution_queries=None)
+        real(conn, sql, return_type="pandas")
 
     alone = []
     for conn, sql in sent:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -14,10 +15,12 @@ import pytest
 from click.testing import CliRunner
 
 from fragscope.cli import diagnose_group
-from fragscope.collectors.kineto import (GRAPH_LAUNCH, LAUNCH, SYNC, TraceError, base_api_name, classify_api,
-                                         read_kineto, read_trace)
+from fragscope.collectors.kineto import read_kineto
 from fragscope.collectors.nsys import read_nsys
-from fragscope.detectors.timeline import _merged, analyse, analyse_trace_file, judge, trace_samples
+from fragscope.collectors.trace_format import read_trace
+from fragscope.detectors.timeline import _merged, analyse, judge, trace_samples
+from fragscope.timeline_model import GRAPH_LAUNCH, LAUNCH, SYNC, TraceError, base_api_name, classify_api
+from fragscope.trace_pipeline import analyse_trace_file
 
 DATA = Path(__file__).parent / "data" / "trace"
 ALEXNET = DATA / "hta_alexnet_critical_path.json.gz"
@@ -103,9 +106,14 @@ def test_merge_reproduces_hta_on_htas_op_set():
 
 # --------------------------------------------------------------------------------------------
 # Synthetic Kineto traces
+_FRACTION = re.compile(r"(?<=[:\[, ])(-?\d+\.\d+(?:[eE][-+]?\d+)?)(?=[,\]}])")
+
+
 def _kineto(path: Path, events: list, gz: bool = False) -> Path:
+    """Write events as Kineto does: fractional µs with three decimals, formatted from the intended value
+    (Python's shortest repr of 1.7e15 + 13.75 is "...13.8", text that means 13.8 µs)."""
     doc = {"schemaVersion": 1, "traceEvents": events}
-    raw = json.dumps(doc).encode()
+    raw = _FRACTION.sub(lambda m: f"{float(m.group(1)):.3f}", json.dumps(doc)).encode()
     path.write_bytes(gzip.compress(raw) if gz else raw)
     return path
 
@@ -404,9 +412,9 @@ def _analysis(tl) -> dict:
 
 
 def test_nsys_reader_paths_give_the_same_analysis(tmp_path, monkeypatch):
-    """The stdlib reader is the reference: connectorx (native call, public fallback, rowid partitions) and
+    """The stdlib reader is the reference: connectorx (public read_sql, rowid partitions, failure) and
     the stdlib reader split in small chunks must give the same Timeline columns and the same analysis."""
-    import fragscope.collectors.nsys as nsys
+    import fragscope.collectors.sqlite_columns as nsys  # (the column readers behind read_nsys)
 
     p = make_nsys_mixed(tmp_path / "mixed.sqlite")
     ref_tl = read_nsys(str(p), reader="stdlib")
@@ -435,18 +443,18 @@ def test_nsys_reader_paths_give_the_same_analysis(tmp_path, monkeypatch):
     monkeypatch.setattr(nsys, "_PARTITION_MIN_ROWS", 1)
     monkeypatch.setattr(nsys, "_cx_parts", lambda rows: 3)  # rowid ranges read in parallel by connectorx
     same(read_nsys(str(p), reader="connectorx"), "connectorx")
-    import connectorx.connectorx as native
+    import connectorx
 
     def broken(*a, **k):
-        raise RuntimeError("internal API changed")
+        raise RuntimeError("connectorx failed")
 
-    monkeypatch.setattr(native, "read_sql", broken)  # the public read_sql (pandas) takes over
-    same(read_nsys(str(p), reader="connectorx"), "connectorx")
+    monkeypatch.setattr(connectorx, "read_sql", broken)  # the stdlib reader takes over, and says so
+    same(read_nsys(str(p), reader="connectorx"), "stdlib")
 
 
 def test_nsys_link_matches_kineto_link():
     from fragscope.collectors.kineto import _link_by_key
-    from fragscope.collectors.nsys import _SCRATCH_ROWS, _link
+    from fragscope.collectors.nsys_join import _SCRATCH_ROWS, _link
 
     rng = np.random.default_rng(3)
     for sort_calls in (True, False):
@@ -508,6 +516,7 @@ def test_analysis_error_leaves_no_thread_waiting(tmp_path, monkeypatch):
     import time
 
     import fragscope.detectors.timeline as timeline
+    import fragscope.detectors.timeline_streams as streams
 
     tl = read_nsys(str(make_nsys_mixed(tmp_path / "m.sqlite")), reader="stdlib")
     monkeypatch.setattr(timeline, "_THREAD_MIN_OPS", 1)
@@ -516,9 +525,9 @@ def test_analysis_error_leaves_no_thread_waiting(tmp_path, monkeypatch):
     def broken(*a, **k):
         raise RuntimeError("boom")
 
-    for name in ("_host_fields", "_idle_breakdown"):  # in the calling thread's part / in a shared task
+    for mod, name in ((timeline, "_host_fields"), (streams, "_idle_breakdown")):  # caller's part / shared task
         with monkeypatch.context() as m:
-            m.setattr(timeline, name, broken)
+            m.setattr(mod, name, broken)
             with pytest.raises(RuntimeError, match="boom"):
                 analyse(tl)
     for _ in range(100):
@@ -557,17 +566,31 @@ def test_nsys_one_wanted_api(tmp_path):
         assert _analysis(tl) == _analysis(tls[0])
 
 
-def test_connectorx_native_module():
+def test_connectorx_public_api_only(tmp_path, monkeypatch):
+    """nsys.py reaches connectorx through its public read_sql only (issue 9: no compiled module by path)."""
+    import fragscope.collectors.nsys as nsys
+    import fragscope.collectors.sqlite_columns as columns
+
+    src = Path(nsys.__file__).read_text() + Path(columns.__file__).read_text()
+    assert "connectorx.connectorx" not in src and "ExtensionFileLoader" not in src
     if "connectorx" not in READERS:
         pytest.skip("connectorx not installed")
-    from fragscope.collectors.nsys import _cx_native
-
-    mod = _cx_native()
-    assert callable(mod.read_sql)
     import connectorx
-    import connectorx.connectorx as again
 
-    assert again is mod and callable(connectorx.read_sql)  # the package, imported later, reuses it
+    calls = []
+    real = connectorx.read_sql
+
+    def recorder(conn, query, **kw):
+        calls.append((query, kw.get("return_type")))
+        return real(conn, query, **kw)
+
+    monkeypatch.setattr(connectorx, "read_sql", recorder)
+    tl = read_nsys(str(make_nsys(tmp_path / "r.sqlite")), reader="connectorx")
+    assert tl.meta["reader"] == "connectorx"
+    assert {rt for _, rt in calls} == {"pandas"}
+    # one query per table make_nsys fills (no memset table there)
+    assert sorted(q.split(' FROM "')[1].split('"')[0] for q, _ in calls) == [
+        "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_RUNTIME"]
 
 
 def test_trace_cli_asks_numpy_for_small_pages(monkeypatch):

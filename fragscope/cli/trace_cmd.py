@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 
@@ -17,8 +18,19 @@ FAIL_ON = click.Choice(["info", "warning", "critical", "never"])
 
 def _json_default(o):
     if hasattr(o, "item"):
-        return o.item()
+        return _finite(o.item())
     return str(o)
+
+
+def _finite(o):
+    """JSON-safe copy: NaN and infinities become null (the output never holds NaN / Infinity tokens)."""
+    if isinstance(o, float):
+        return o if math.isfinite(o) else None
+    if isinstance(o, dict):
+        return {k: _finite(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_finite(v) for v in o]
+    return o
 
 
 def _small_pages() -> None:
@@ -47,16 +59,20 @@ def _small_pages() -> None:
               help="Exit 1 when a finding is at or above this severity.")
 @click.option("--html", "html", type=click.Path(dir_okay=False), default=None,
               help="Also write a self-contained HTML report (busy/idle share, gaps, findings) to this file.")
-def trace_cmd(file: str, fmt: str, fail_on: str, html: str | None = None) -> int:
+@click.option("--max-json-bytes", type=click.IntRange(min=1), default=None,
+              help="Cap on a JSON trace's size after decompression (default 1 GiB; reading takes about 5 bytes "
+                   "of memory per byte of JSON).")
+def trace_cmd(file: str, fmt: str, fail_on: str, html: str | None = None, max_json_bytes: int | None = None) -> int:
     """Analyse a kernel timeline FILE: an Nsight Systems SQLite export (nsys export --type sqlite)
     or a PyTorch profiler / Kineto JSON trace (.json, .json.gz). Format detected by content."""
-    from ..collectors.kineto import TraceError
-    from ..detectors.timeline import analyse_trace_file
+    from ..collectors.trace_io import DEFAULT_MAX_JSON_BYTES
     from ..model import Inconclusive
+    from ..timeline_model import TraceError
+    from ..trace_pipeline import analyse_trace_file
 
     _small_pages()
     try:
-        analysis, findings = analyse_trace_file(file)
+        analysis, findings = analyse_trace_file(file, max_json_bytes=max_json_bytes or DEFAULT_MAX_JSON_BYTES)
     except TraceError as e:
         fail(str(e))
     except MemoryError:
@@ -73,7 +89,7 @@ def trace_cmd(file: str, fmt: str, fail_on: str, html: str | None = None) -> int
     if fmt == "json":
         out = dict(analysis)
         out["findings"] = [f.to_dict() for f in rank_findings(findings)]
-        sys.stdout.write(json.dumps(out, indent=2, default=_json_default) + "\n")
+        sys.stdout.write(json.dumps(_finite(out), indent=2, default=_json_default, allow_nan=False) + "\n")
     else:
         _print_tables(analysis)
         render_human(report, sys.stdout)
@@ -112,6 +128,15 @@ def _print_tables(a: dict) -> None:
          f"{h['sync_api_calls']} synchronizing calls {fmt_value(h['sync_api_seconds'], 'seconds')} "
          f"({_r(h['sync_api_ratio'])}), {h['pageable_copies']} pageable copies, steady-state "
          f"{h['steady_malloc_calls']} malloc / {h['steady_free_calls']} free")
+    wl = a.get("workload") or {}
+    if wl:
+        marks = ", ".join(f"{k} {v}" for k, v in wl.get("markers", {}).items())
+        echo(f"workload: {wl.get('kind')}" + (f" ({marks})" if marks else " (no training or serving markers)"))
+    um = a.get("unified_memory")
+    if um and um["migrations"]:
+        echo(f"unified memory: {um['migrations']} page migrations ({um['htod']} host->device, {um['dtoh']} "
+             f"device->host), {um['bytes'] / 2**20:.1f} MiB, {fmt_value(um['seconds'], 'seconds')} "
+             f"({_r(um['time_ratio'])} of the window)")
     for n in a.get("notes", []):
         echo(f"note: {n}")
     echo("")

@@ -1,7 +1,7 @@
 """PyTorch profiler / Kineto Chrome-trace JSON (``*.pt.trace.json``, ``.gz`` too) -> columnar Timeline.
 
-Also defines :class:`Timeline`, the columnar kernel-timeline model that the Nsight Systems reader
-(:mod:`fragscope.collectors.nsys`) fills too, so every timeline metric runs on both sources.
+The columnar model it fills is :class:`fragscope.timeline_model.Timeline` (the Nsight Systems reader
+:mod:`fragscope.collectors.nsys` fills it too); the format dispatch is :mod:`.trace_format`.
 Format notes: ../shared/notes/formats-and-analyses.md section 4; contract: docs/trace.md.
 
 Kineto facts this parser relies on: ``ts``/``dur`` are microseconds (floats with sub-µs digits in
@@ -11,155 +11,98 @@ Triton / torch.compile) and ``cudaGraphLaunch`` (one correlation -> many kernels
 """
 from __future__ import annotations
 
-import gzip
+import decimal
 import json
-import re
-import zlib
-from dataclasses import dataclass, field
 
 import numpy as np
 
-# GPU op kinds (Timeline.op_kind)
-KERNEL, MEMCPY, MEMSET = 0, 1, 2
-OP_KINDS = {KERNEL: "kernel", MEMCPY: "memcpy", MEMSET: "memset"}
+from ..timeline_model import (KERNEL, MEMCPY, MEMSET, Timeline, TraceError, classify_api, copy_kind_from_name,
+                              workload_marker)
+from .trace_io import DEFAULT_MAX_JSON_BYTES, read_json_bytes
 
-# Host API call kinds (Timeline.call_kind)
-OTHER, LAUNCH, GRAPH_LAUNCH, SYNC, MEMCPY_SYNC, MEMCPY_ASYNC, MALLOC, FREE = range(8)
-CALL_KINDS = {OTHER: "other", LAUNCH: "launch", GRAPH_LAUNCH: "graph_launch", SYNC: "sync",
-              MEMCPY_SYNC: "memcpy_sync", MEMCPY_ASYNC: "memcpy_async", MALLOC: "malloc", FREE: "free"}
-
-# Copy directions (Timeline.op_copy_kind): the values of nsys ENUM_CUDA_MEMCPY_OPER.
-COPY_UNKNOWN, COPY_HTOD, COPY_DTOH, COPY_DTOD, COPY_PTOP = 0, 1, 2, 8, 10
-
-
-class TraceError(ValueError):
-    """Unreadable or unsuitable trace: the message is one line naming the file and the problem."""
-
-
-@dataclass(slots=True)
-class Timeline:
-    """Columnar kernel timeline. Times are integer nanoseconds on the trace's own clock.
-
-    ``op_*`` arrays describe GPU operations (kernels, copies, sets), ``call_*`` arrays host API calls;
-    ``op_launch[i]`` is the index of the call that launched op ``i`` (-1: unknown).
-    ``epoch_offset_ns`` + a trace time = unix time in ns (None when the clock is not wall time).
-    """
-
-    source: str
-    format: str  # "kineto-json" | "nsys-sqlite"
-    op_device: np.ndarray  # int64
-    op_stream: np.ndarray  # int64
-    op_pid: np.ndarray  # int64, -1 unknown (Kineto GPU rows carry the device, not the process)
-    op_kind: np.ndarray  # int8, KERNEL | MEMCPY | MEMSET
-    op_start: np.ndarray  # int64 ns
-    op_end: np.ndarray  # int64 ns
-    op_bytes: np.ndarray  # int64, -1 for kernels / unknown
-    op_copy_kind: np.ndarray  # int8, COPY_*
-    op_pageable: np.ndarray  # bool: a copy from or to pageable host memory
-    op_launch: np.ndarray  # int64 index into call_*, -1 when not linked
-    op_comm: np.ndarray  # bool: a communication kernel (HTA's COMM type: names ^nccl, ncclKernel, ^hccl)
-    call_start: np.ndarray  # int64 ns
-    call_end: np.ndarray  # int64 ns
-    call_kind: np.ndarray  # int8, see CALL_KINDS
-    call_name: np.ndarray  # int32 index into call_names
-    call_names: list[str] = field(default_factory=list)
-    steps: list[tuple[int, int]] = field(default_factory=list)  # ProfilerStep#N ranges (ns)
-    epoch_offset_ns: int | None = None
-    meta: dict = field(default_factory=dict)
-
-    @property
-    def n_ops(self) -> int:
-        return int(self.op_start.size)
-
-
-_SUFFIX = re.compile(r"(_v\d+)?(_ptsz|_ptds)?(_v\d+)?$")
-_LAUNCH = {"cudaLaunchKernel", "cudaLaunchKernelExC", "cudaLaunchCooperativeKernel",
-           "cudaLaunchCooperativeKernelMultiDevice", "cuLaunchKernel", "cuLaunchKernelEx",
-           "cuLaunchCooperativeKernel", "cuLaunchGrid", "cuLaunchGridAsync"}
-_GRAPH = {"cudaGraphLaunch", "cuGraphLaunch"}
-_SYNC = {"cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaThreadSynchronize",
-         "cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize"}
-_MALLOC = {"cudaMalloc", "cudaMallocPitch", "cudaMalloc3D", "cuMemAlloc", "cuMemAllocPitch", "cuMemCreate"}
-_FREE = {"cudaFree", "cuMemFree", "cuMemRelease"}
-
-
-def base_api_name(name: str) -> str:
-    """``cudaLaunchKernel_v7000`` -> ``cudaLaunchKernel``; ``cuMemcpyHtoD_v2`` -> ``cuMemcpyHtoD``."""
-    return _SUFFIX.sub("", name) or name
-
-
-def classify_api(name: str) -> int:
-    """Kind of a CUDA runtime / driver API call, from its (possibly version-suffixed) name."""
-    b = base_api_name(name)
-    if b in _LAUNCH:
-        return LAUNCH
-    if b in _GRAPH:
-        return GRAPH_LAUNCH
-    if b in _SYNC:
-        return SYNC
-    if b in _MALLOC:
-        return MALLOC
-    if b in _FREE:
-        return FREE
-    if b.startswith(("cudaMemcpy", "cudaMemset", "cuMemcpy", "cuMemset")):
-        return MEMCPY_ASYNC if "Async" in b else MEMCPY_SYNC
-    return OTHER
-
-
-def copy_kind_from_name(name: str) -> int:
-    """Kineto copy rows are named like ``Memcpy HtoD (Pageable -> Device)``."""
-    if "HtoD" in name:
-        return COPY_HTOD
-    if "DtoH" in name:
-        return COPY_DTOH
-    if "DtoD" in name:
-        return COPY_DTOD
-    if "PtoP" in name:
-        return COPY_PTOP
-    return COPY_UNKNOWN
-
+__all__ = ["read_kineto", "timeline_from_events", "Timeline", "TraceError"]
 
 _GPU_CATS = {"kernel": KERNEL, "Kernel": KERNEL, "gpu_memcpy": MEMCPY, "Memcpy": MEMCPY,
              "gpu_memset": MEMSET, "Memset": MEMSET}
 _HOST_CATS = {"cuda_runtime", "cuda_driver", "Runtime", "cuda_runtime_api", "Driver"}
+# Categories whose ProfilerStep#N rows are not steps: the GPU-side copy of each CPU annotation
+# (gpu_user_annotation, one per stream that ran work in the step).
+_NOT_STEP_CATS = {"gpu_user_annotation"}
+# Host-side rows whose names can mark the workload (training vs serving).
+_MARK_CATS = {"cpu_op", "user_annotation", "python_function", "Operator", "cpu_instant_event"}
+
+# A float JSON number below this many µs (2**41 µs, 25 days) converts to ns exactly enough (its float64
+# step is under 0.5 ns); above it (epoch µs: 1.7e15, where float64 keeps 0.25 µs steps) the number is kept
+# as its decimal text and converted exactly.
+_FLOAT_EXACT_US = float(1 << 41)
+_TS_MAX_US = (1 << 62) // 1000  # |ts|, |dur| in µs whose ns fit int64 with room for sums (year 2116)
+_I64 = 1 << 63
 
 
-def _load_json(path: str) -> object:
+class _Dec(str):
+    """The text of a JSON number too large for an exact float64 ns conversion."""
+
+    __slots__ = ()
+
+
+def _parse_float(text: str):
+    f = float(text)
+    return f if -_FLOAT_EXACT_US < f < _FLOAT_EXACT_US else _Dec(text)
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _load_json(path: str, max_bytes: int = DEFAULT_MAX_JSON_BYTES) -> object:
+    raw = read_json_bytes(path, max_bytes)
+    if raw.startswith(b"SQLite format 3\x00"):
+        raise TraceError(f"cannot read {path}: a compressed SQLite file: decompress it first (gunzip -k {path}), "
+                         "then diagnose trace the .sqlite")
     try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except OSError as e:
-        raise TraceError(f"cannot read {path}: {e.strerror or e}") from None
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            raw = gzip.decompress(raw)
-        except (EOFError, OSError, zlib.error) as e:
-            raise TraceError(f"cannot read {path}: truncated or corrupt gzip ({e})") from None
-    try:
-        return json.loads(raw)
+        return json.loads(raw, parse_float=_parse_float, parse_constant=_reject_constant)
+    except RecursionError:
+        raise TraceError(f"cannot read {path}: JSON nested too deeply") from None
     except (UnicodeDecodeError, ValueError) as e:
-        msg = str(e).splitlines()[0]
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise TraceError(f"cannot read {path}: not valid JSON ({msg})") from None
 
 
-def _int(v, default: int = -1) -> int:
+class _Bad(Exception):
+    """A field holding a number out of range (caught and reported with the file and event)."""
+
+
+def _int(v, default: int = -1, field: str = "value") -> int:
+    """An id from a JSON value: ints, integral floats and decimal strings; ``default`` for anything
+    else; _Bad when out of int64's range."""
     if isinstance(v, bool):
         return default
     if isinstance(v, int):
-        return v
-    if isinstance(v, float) and v == v:
-        return int(v)
-    if isinstance(v, str):
+        out = v
+    elif isinstance(v, float):
+        if v != v or v in (float("inf"), float("-inf")):
+            return default
+        out = int(v)
+    elif isinstance(v, str) and not isinstance(v, _Dec):
         try:
-            return int(v)
+            out = int(v)
         except ValueError:
             return default
-    return default
+    else:
+        return default
+    if not -_I64 <= out < _I64:
+        raise _Bad(f"{field} {str(v)[:30]} out of the 64-bit range")
+    return out
 
 
-def read_kineto(path: str) -> Timeline:
+def _hashable(v):
+    """pid / tid / flow id as a dict key: scalars only (a list or object becomes None)."""
+    return v if isinstance(v, (int, float, str)) else None
+
+
+def read_kineto(path: str, max_json_bytes: int = DEFAULT_MAX_JSON_BYTES) -> Timeline:
     """Parse a Kineto trace file into a Timeline. Raises TraceError (one line) on bad input."""
-    doc = _load_json(path)
+    doc = _load_json(path, max_json_bytes)
     if isinstance(doc, dict):
         events = doc.get("traceEvents")
         if not isinstance(events, list):
@@ -174,28 +117,51 @@ def read_kineto(path: str) -> Timeline:
 
 
 def timeline_from_events(events: list, source: str = "", doc: dict | None = None) -> Timeline:
-    """Build a Timeline from Chrome-trace events (one pass, plain Python; columns built with numpy)."""
-    doc = doc or {}
+    """Build a Timeline from Chrome-trace events (one pass, plain Python; columns built with numpy).
+    Raises TraceError on values no trace holds (times or ids out of range)."""
+    try:
+        return _from_events(events, source, doc if isinstance(doc, dict) else {})
+    except _Bad as e:
+        raise TraceError(f"cannot read {source}: {e}") from None
+
+
+def _num(v) -> bool:
+    """A usable time value: an int, a finite float or a large number's text, within _TS_MAX_US."""
+    if isinstance(v, float):
+        return -_TS_MAX_US <= v <= _TS_MAX_US  # (False for NaN)
+    if isinstance(v, int):
+        if isinstance(v, bool):
+            return False
+        if -_TS_MAX_US <= v <= _TS_MAX_US:
+            return True
+        raise _Bad(f"time {str(v)[:30]} µs out of range")
+    return isinstance(v, _Dec)
+
+
+def _from_events(events: list, source: str, doc: dict) -> Timeline:
     o_dev: list[int] = []
     o_stream: list[int] = []
     o_kind: list[int] = []
-    o_ts: list[float] = []
-    o_dur: list[float] = []
+    o_ts: list = []
+    o_dur: list = []
     o_corr: list[int] = []
     o_bytes: list[int] = []
     o_names: list[str] = []
-    c_ts: list[float] = []
-    c_dur: list[float] = []
+    c_ts: list = []
+    c_dur: list = []
     c_corr: list[int] = []
     c_name: list[int] = []
     c_loc: list[tuple] = []
     name_ids: dict[str, int] = {}
-    steps: list[tuple[float, float]] = []
+    steps: list[tuple] = []
     flows_s: dict = {}
     flows_f: dict = {}
     o_loc: dict[int, tuple] = {}
     o_comm: list[int] = []
+    marks: dict[str, int] = {}
+    mark_names: dict[str, list[str]] = {}
     n_x = 0
+    exact = False  # a time came as a large number's text: convert every time exactly
     gpu_cats, host_cats = _GPU_CATS, _HOST_CATS
     for e in events:
         if not isinstance(e, dict):
@@ -204,70 +170,90 @@ def timeline_from_events(events: list, source: str = "", doc: dict | None = None
         if ph == "X":
             n_x += 1
             cat = e.get("cat")
+            if not isinstance(cat, str):
+                cat = ""
             kind = gpu_cats.get(cat)
             ts = e.get("ts")
             dur = e.get("dur", 0)
-            if not isinstance(ts, (int, float)) or not isinstance(dur, (int, float)):
+            if not _num(ts) or not _num(dur):
                 continue
-            args = e.get("args") or {}
+            if type(ts) is _Dec or type(dur) is _Dec:
+                exact = True
+            args = e.get("args")
+            if not isinstance(args, dict):
+                args = {}
+            name = e.get("name")
+            if not isinstance(name, str):
+                name = ""
             if kind is not None:
                 dev = args.get("device")
-                o_dev.append(_int(dev if dev is not None else e.get("pid")))
+                o_dev.append(_int(dev if dev is not None else e.get("pid"), field="device"))
                 st = args.get("stream")
-                o_stream.append(_int(st if st is not None else e.get("tid")))
+                o_stream.append(_int(st if st is not None else e.get("tid"), field="stream"))
                 o_kind.append(kind)
                 o_ts.append(ts)
                 o_dur.append(dur)
-                corr = _int(args.get("correlation"))
+                corr = _int(args.get("correlation"), field="correlation")
                 o_corr.append(corr)
                 if corr < 0:
-                    o_loc[len(o_ts) - 1] = (e.get("pid"), e.get("tid"), ts)
+                    o_loc[len(o_ts) - 1] = (_hashable(e.get("pid")), _hashable(e.get("tid")), ts)
                 if kind == KERNEL:
                     o_bytes.append(-1)
-                    nm = e.get("name") or ""
-                    if nm.startswith(("nccl", "hccl")) or "ncclKernel" in nm or "ncclDevKernel" in nm:
+                    if name.startswith(("nccl", "hccl")) or "ncclKernel" in name or "ncclDevKernel" in name:
                         o_comm.append(len(o_ts) - 1)
                     o_names.append("")
                 else:
-                    o_bytes.append(_int(args.get("bytes")))
-                    o_names.append(e.get("name") or "")
+                    o_bytes.append(_int(args.get("bytes"), field="bytes"))
+                    o_names.append(name)
             elif cat in host_cats:
-                name = e.get("name") or ""
                 nid = name_ids.get(name)
                 if nid is None:
                     nid = name_ids[name] = len(name_ids)
                 c_ts.append(ts)
                 c_dur.append(dur)
-                c_corr.append(_int(args.get("correlation")))
+                c_corr.append(_int(args.get("correlation"), field="correlation"))
                 c_name.append(nid)
-                c_loc.append((e.get("pid"), e.get("tid"), ts))
+                c_loc.append((_hashable(e.get("pid")), _hashable(e.get("tid")), ts))
             else:
-                name = e.get("name")
-                if isinstance(name, str) and name.startswith("ProfilerStep#"):
-                    steps.append((ts, ts + dur))
+                if name.startswith("ProfilerStep#") and cat not in _NOT_STEP_CATS:
+                    steps.append((ts, dur))
+                elif cat in _MARK_CATS:
+                    m = workload_marker(name)
+                    if m is not None:
+                        marks[m] = marks.get(m, 0) + 1
+                        ex = mark_names.setdefault(m, [])
+                        if len(ex) < 3 and name not in ex:
+                            ex.append(name)
         elif ph == "s" or ph == "f":
-            if e.get("cat") == "ac2g" and "id" in e:
-                loc = (e.get("pid"), e.get("tid"), e.get("ts"))
+            cat = e.get("cat")
+            fid = _hashable(e.get("id"))
+            if cat == "ac2g" and fid is not None:
+                loc = (_hashable(e.get("pid")), _hashable(e.get("tid")), _hashable(e.get("ts")))
                 if ph == "s":
-                    flows_s[e["id"]] = loc  # at the launch call on the CPU row
+                    flows_s[fid] = loc  # at the launch call on the CPU row
                 else:
-                    flows_f[loc] = e["id"]  # at the GPU op (bp "e")
+                    flows_f[loc] = fid  # at the GPU op (bp "e")
+            elif cat == "fwdbwd" and ph == "s":  # autograd's forward -> backward links: a training step
+                marks["backward_links"] = marks.get("backward_links", 0) + 1
     if n_x == 0:
         raise TraceError(f"cannot read {source}: not a PyTorch profiler trace (no complete 'X' events)")
     if not o_ts:
-        raise TraceError(f"cannot read {source}: no GPU activity (no kernel, memcpy or memset events); "
-                         "profile with ProfilerActivity.CUDA")
+        raise TraceError(f"cannot read {source}: no GPU activity (no kernel, memcpy or memset events{_cats_seen(events)})"
+                         "; profile with ProfilerActivity.CUDA")
 
-    # µs floats -> int ns. Subtract an integer µs base first: epoch µs * 1000 exceeds 2**53, where a
-    # float64 keeps only 256 ns steps.
-    ts_a = np.asarray(o_ts, dtype=np.float64)
-    base_us = float(np.floor(ts_a.min()))
-    op_start, op_end = _to_ns(ts_a, np.asarray(o_dur, dtype=np.float64), base_us)
-    call_start, call_end = _to_ns(np.asarray(c_ts, dtype=np.float64), np.asarray(c_dur, dtype=np.float64),
-                                  base_us)
-    st_a = np.asarray([s[0] for s in steps], dtype=np.float64)
-    st_b = np.asarray([s[1] - s[0] for s in steps], dtype=np.float64)
-    step_s, step_e = _to_ns(st_a, st_b, base_us)
+    if exact:
+        op_start, op_end = _exact_ns(o_ts, o_dur)
+        call_start, call_end = _exact_ns(c_ts, c_dur)
+        step_s, step_e = _exact_ns([s[0] for s in steps], [s[1] for s in steps])
+    else:
+        # µs floats -> int ns. Subtract an integer µs base first (the products stay small and exact).
+        ts_a = np.asarray(o_ts, dtype=np.float64)
+        base_us = float(np.floor(ts_a.min()))
+        op_start, op_end = _to_ns(ts_a, np.asarray(o_dur, dtype=np.float64), base_us)
+        call_start, call_end = _to_ns(np.asarray(c_ts, dtype=np.float64), np.asarray(c_dur, dtype=np.float64),
+                                      base_us)
+        step_s, step_e = _to_ns(np.asarray([s[0] for s in steps], dtype=np.float64),
+                                np.asarray([s[1] for s in steps], dtype=np.float64), base_us)
     names = list(name_ids)
     kinds_by_name = np.array([classify_api(n) for n in names] or [0], dtype=np.int8)
     call_name = np.asarray(c_name, dtype=np.int32)
@@ -278,11 +264,13 @@ def timeline_from_events(events: list, source: str = "", doc: dict | None = None
     call_corr = np.asarray(c_corr, dtype=np.int64)
     op_launch = _link_by_key(op_corr, call_corr)
     if flows_f and (op_launch < 0).any():
-        call_at = {loc: i for i, loc in enumerate(c_loc)}
+        # locations compared by time in ns (the same instant may be written 3.5 or 3.500)
+        call_at = {_loc_ns(loc): i for i, loc in enumerate(c_loc)}
+        f_at = {_loc_ns(loc): fid for loc, fid in flows_f.items()}
         for i, loc in o_loc.items():
-            fid = flows_f.get(loc)
+            fid = f_at.get(_loc_ns(loc))
             src = flows_s.get(fid) if fid is not None else None
-            j = call_at.get(src) if src is not None else None
+            j = call_at.get(_loc_ns(src)) if src is not None else None
             if j is not None:
                 op_launch[i] = j
 
@@ -297,12 +285,17 @@ def timeline_from_events(events: list, source: str = "", doc: dict | None = None
     comm = np.zeros(kind_a.size, dtype=bool)
     comm[o_comm] = True
     epoch = None
+    base = doc.get("baseTimeNanoseconds")
     if op_start.size and op_start.min() > 10**18:  # µs since the unix epoch (after 2001) -> wall clock
         epoch = 0
-    base = doc.get("baseTimeNanoseconds")
-    meta = {"schema_version": doc.get("schemaVersion"), "events": len(events),
-            "trace_name": doc.get("traceName"), "distributed_rank": (doc.get("distributedInfo") or {}).get("rank")}
-    if base is not None:
+    elif isinstance(base, int) and not isinstance(base, bool) and 10**18 < base < 1 << 62:
+        # newer Kineto: ts on its own clock, unix ns = ts * 1000 + baseTimeNanoseconds (as HTA converts)
+        epoch = base
+    dist = doc.get("distributedInfo")
+    meta = {"schema_version": _scalar(doc.get("schemaVersion")), "events": len(events),
+            "trace_name": _scalar(doc.get("traceName")),
+            "distributed_rank": _scalar(dist.get("rank")) if isinstance(dist, dict) else None}
+    if isinstance(base, int) and not isinstance(base, bool):
         meta["base_time_ns"] = base
     return Timeline(
         source=source, format="kineto-json",
@@ -314,7 +307,64 @@ def timeline_from_events(events: list, source: str = "", doc: dict | None = None
         call_start=call_start, call_end=np.maximum(call_end, call_start),
         call_kind=call_kind, call_name=call_name, call_names=names,
         steps=sorted(zip(step_s.tolist(), step_e.tolist())),
-        epoch_offset_ns=epoch, meta=meta)
+        epoch_offset_ns=epoch, meta=meta, markers=marks, marker_examples=mark_names)
+
+
+def _cats_seen(events: list) -> str:
+    """What the trace holds instead (for the error): its most frequent 'X' categories, and a word when
+    they belong to another accelerator (MTIA) than the CUDA / ROCm GPUs analysed here."""
+    counts: dict[str, int] = {}
+    for e in events:
+        if isinstance(e, dict) and e.get("ph") == "X" and isinstance(e.get("cat"), str):
+            counts[e["cat"]] = counts.get(e["cat"], 0) + 1
+    if not counts:
+        return ""
+    top = sorted(counts.items(), key=lambda kv: -kv[1])[:4]
+    out = "; categories seen: " + ", ".join(f"{k} {v}" for k, v in top)
+    if any(k.startswith("mtia") for k in counts):
+        out += "; an MTIA trace: only CUDA and ROCm GPU timelines are analysed"
+    return out
+
+
+def _loc_ns(loc: tuple) -> tuple:
+    """(pid, tid, ts) with ts as int ns where it is a number (a flow end and its op are matched on it)."""
+    pid, tid, ts = loc
+    if isinstance(ts, (int, float, _Dec)) and not isinstance(ts, bool):
+        try:
+            ts = _us_to_ns(ts)
+        except (_Bad, OverflowError, ValueError):
+            pass
+    return pid, tid, ts
+
+
+def _scalar(v):
+    """A metadata value kept only when it is a plain JSON scalar (strings, numbers)."""
+    if isinstance(v, _Dec):
+        return str(v)
+    return v if isinstance(v, (str, int, float)) and not isinstance(v, bool) else None
+
+
+def _us_to_ns(v) -> int:
+    """µs (int, float below _FLOAT_EXACT_US, or a large number's text) -> int ns, exactly (the text through
+    Decimal, rounded half to even)."""
+    if isinstance(v, _Dec):
+        try:
+            ns = int((decimal.Decimal(v) * 1000).to_integral_value(decimal.ROUND_HALF_EVEN))
+        except (ArithmeticError, ValueError):
+            raise _Bad(f"time {str(v)[:30]} µs is not a usable number") from None
+        if not -(1 << 62) <= ns <= 1 << 62:
+            raise _Bad(f"time {str(v)[:30]} µs out of range")
+        return ns
+    if isinstance(v, int):
+        return v * 1000
+    return round(v * 1000)
+
+
+def _exact_ns(ts: list, dur: list) -> tuple[np.ndarray, np.ndarray]:
+    """start, end in int ns from µs values, exact for large numbers (epoch µs with sub-µs digits)."""
+    start = np.fromiter((_us_to_ns(v) for v in ts), dtype=np.int64, count=len(ts))
+    d = np.fromiter((_us_to_ns(v) for v in dur), dtype=np.int64, count=len(dur))
+    return start, start + d
 
 
 def _to_ns(ts_us: np.ndarray, dur_us: np.ndarray, base_us: float) -> tuple[np.ndarray, np.ndarray]:
@@ -337,23 +387,3 @@ def _link_by_key(op_key: np.ndarray, call_key: np.ndarray) -> np.ndarray:
     hit = (sk[pos_c] == op_key) & (op_key >= 0)
     out[hit] = order[pos_c[hit]]
     return out
-
-
-def read_trace(path: str) -> Timeline:
-    """Read a kernel timeline, detecting the format by content: Nsight Systems SQLite export, or
-    Kineto JSON (plain or gzip). Raises TraceError with one line naming the file and the problem."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(16)
-    except OSError as e:
-        raise TraceError(f"cannot read {path}: {e.strerror or e}") from None
-    if head.startswith(b"SQLite format 3\x00"):
-        from .nsys import read_nsys
-
-        return read_nsys(path)
-    if head[:2] == b"\x1f\x8b" or head.lstrip()[:1] in (b"{", b"["):
-        return read_kineto(path)
-    if not head:
-        raise TraceError(f"cannot read {path}: empty file")
-    raise TraceError(f"cannot read {path}: not a trace (expected an Nsight Systems SQLite export or a "
-                     "PyTorch profiler JSON trace, .json or .json.gz)")

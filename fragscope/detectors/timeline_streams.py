@@ -1,0 +1,331 @@
+"""Per-device and per-stream timeline figures: merged busy intervals, gaps, HTA's idle-time categories and
+launch statistics, from one device's op columns in start order. Pure (numpy only; threads, no I/O)."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from ..timeline_model import KERNEL, MEMCPY, MEMCPY_ASYNC, MEMCPY_SYNC, MEMSET, SYNC
+from .timeline_config import Config
+
+
+def _q(values_ns: np.ndarray, qs=(50, 90, 99), zeros: int = 0) -> dict | None:
+    """Quantiles in seconds of ``zeros`` zeros followed by ``values_ns`` (all > 0 when ``zeros``), with
+    np.percentile's arithmetic (its default linear interpolation, operation for operation: the same
+    floats). Sorts ``values_ns`` in place: callers pass scratch arrays.
+
+    Why not np.percentile: sorting and then indexing is faster than its copy and partition (15 ms vs 28 ms
+    on 2 M values), its partition of already sorted data still costs 2-4 ms a call, and its first call
+    imports numpy.ma (about 15 ms of the CLI's start). ``zeros`` lets callers sort only the positive gaps
+    (most gaps between overlapping ops are 0)."""
+    n = zeros + values_ns.size
+    if n == 0:
+        return None
+    values_ns.sort()
+    # numpy.lib._function_base_impl._quantile, method "linear" (alpha = beta = 1)
+    virtual = (n - 1) * np.true_divide(list(qs), 100)
+    prev = np.floor(virtual)
+    nxt = prev + 1
+    above = virtual >= n - 1
+    prev[above] = -1
+    nxt[above] = -1
+    prev_i, next_i = prev.astype(np.intp), nxt.astype(np.intp)
+    gamma = np.asarray(virtual - prev_i, dtype=virtual.dtype)
+
+    def at(i: np.ndarray) -> np.ndarray:  # values of the whole sorted sample (zeros first) at indices i
+        i = np.where(i < 0, i + n, i)
+        if values_ns.size == 0:
+            return np.zeros(i.size, dtype=np.int64)
+        return np.where(i < zeros, 0, values_ns[np.maximum(i - zeros, 0)])
+
+    a, b = at(prev_i), at(next_i)
+    diff_b_a = b - a
+    vals = np.add(a, diff_b_a * gamma)
+    np.subtract(b, diff_b_a * (1 - gamma), out=vals, where=gamma >= 0.5, casting="unsafe", dtype=np.float64)
+    return {f"p{q}": float(v) / 1e9 for q, v in zip(qs, vals)}
+
+
+def _sec(ns) -> float:
+    return float(ns) / 1e9
+
+
+_THREAD_MIN_OPS = 200_000  # below this a second thread costs more than it saves
+
+
+class _Device:
+    """One device's figures, its own and per stream, from its ops' columns in start order.
+
+    The device's merged intervals and the grouping by (process, stream) need only the ops' times and
+    streams; the rest waits for the per-op launch columns (``set_launch``). With ``threaded`` a worker
+    thread starts on the former at once; then the worker and the thread calling ``result()`` share the
+    remaining tasks, largest first: the device's launch figures, each stream's figures, and an optional
+    ``extra`` task (the host figures). Streams come back in grouping order, their idle breakdowns summed
+    in that order: the same floats as one thread."""
+
+    def __init__(self, d: int, s, e, kd, comm, pid, sid, c_kind, cfg: Config, threaded: bool) -> None:
+        self.d, self.s, self.e, self.kd, self.comm, self.pid, self.sid = d, s, e, kd, comm, pid, sid
+        self.c_kind, self.cfg = c_kind, cfg
+        self.launch: tuple = ()
+        self.sync: tuple = ()
+        self.extra = None
+        self.launch_set = threading.Event()
+        self.grouped = threading.Event()
+        self.lock = threading.Lock()
+        self.tasks: list | None = None
+        self.next = 0
+        self.order: np.ndarray | None = None
+        self.bounds: list[int] = [0]
+        self.m: dict = {}
+        self.comp_busy = 0
+        self.fields: dict = {}
+        self.dev_launch: dict = {}
+        self.extra_result = None
+        self.out: dict[int, tuple[dict, np.ndarray]] = {}
+        self.errors: list[BaseException] = []
+        self.thread = None
+        if threaded:
+            self.thread = threading.Thread(target=self._worker, daemon=True)
+            self.thread.start()
+
+    def set_launch(self, ls, fd, dd, sk, ss, sync: tuple, extra=None) -> None:
+        """The per-op launch columns (this device's, in its order), the synchronizing calls, and an
+        optional extra task to run among the device's."""
+        self.launch, self.sync, self.extra = (ls, fd, dd, sk, ss), sync, extra
+        self.launch_set.set()
+
+    def abort(self) -> None:
+        """The caller failed: let the worker stop (it would otherwise wait for set_launch)."""
+        self.errors.append(RuntimeError("analysis aborted"))
+        self.launch_set.set()
+
+    def _worker(self) -> None:
+        try:
+            self._group()
+            self._merged()
+            self.launch_set.wait()
+            if self.errors:
+                return
+            self._fields()
+            self._take()
+        except BaseException as e:  # noqa: BLE001 -- re-raised by result()
+            self.errors.append(e)
+            self.grouped.set()
+
+    def _group(self) -> None:
+        pmin, pmax = (int(self.pid.min()), int(self.pid.max())) if self.pid.size else (0, 0)
+        key = self.sid if pmin == pmax else self.sid + (self.pid << 40)  # one process (or none known): by stream
+        self.order, self.bounds = _group(key)
+        self.grouped.set()
+
+    def _merged(self) -> None:
+        s, e, kd, comm, ck = self.s, self.e, self.kd, self.comm, self.c_kind
+        # the gaps' start times are needed only to match them with synchronizing calls
+        maybe_sync = bool(((ck == SYNC) | (ck == MEMCPY_SYNC) | (ck == MEMCPY_ASYNC)).any())
+        self.m = m = _merged(s, e, gap_starts=maybe_sync)
+        if not comm.any() and bool((kd == KERNEL).all()):
+            self.comp_busy = m["busy_ns"]  # the same intervals
+        else:
+            compm = (kd == KERNEL) & ~comm
+            self.comp_busy = _merged(s[compm], e[compm])["busy_ns"] if compm.any() else 0
+
+    def _fields(self) -> None:
+        """The device's own figures but its launch and wait ones (after set_launch)."""
+        m, cfg = self.m, self.cfg
+        n_sync, sync_starts, sync_cmend = self.sync
+        # Which gaps follow a synchronizing call? (before _interval_fields sorts the gap lengths)
+        sync_gap = 0
+        if n_sync and m["gap_starts"].size:
+            j = np.searchsorted(sync_starts, m["gap_starts"], side="right") - 1
+            ok = j >= 0
+            cov = np.zeros(j.size, dtype=bool)
+            cov[ok] = sync_cmend[j[ok]] + cfg.sync_tolerance_s * 1e9 >= m["gap_starts"][ok]
+            sync_gap = int(m["gap_lengths"][cov].sum())
+        m.pop("gap_starts", None)
+        f = {"ops": _op_counts(self.kd)}
+        f.update(_interval_fields(m, cfg))
+        f["compute_seconds"] = _sec(self.comp_busy)
+        f["non_compute_seconds"] = _sec(m["span_ns"] - self.comp_busy - m["idle_ns"])
+        f["sync_gap_ratio"] = (sync_gap / m["idle_ns"]) if m["idle_ns"] > 0 else None
+        self.fields, self.m = f, {}
+
+    def _take(self) -> None:
+        """Run tasks until none is left: the device's launch figures (a sort of all its launch delays),
+        the streams, largest first, then the extra task."""
+        with self.lock:
+            if self.tasks is None:
+                sizes = np.diff(self.bounds)
+                self.tasks = [-1] + np.argsort(-sizes, kind="stable").tolist() + ([-2] if self.extra else [])
+        while not self.errors:
+            with self.lock:
+                i, self.next = self.next, self.next + 1
+            if i >= len(self.tasks):
+                return
+            k = self.tasks[i]
+            if k == -1:
+                self.dev_launch = _launch_fields(*self.launch[1:], self.cfg)
+            elif k == -2:
+                self.extra_result = self.extra()
+            else:
+                self.out[k] = self._stream(k)
+
+    def _stream(self, k: int) -> tuple[dict, np.ndarray]:
+        s, e, kd, pid, sid, cfg = self.s, self.e, self.kd, self.pid, self.sid, self.cfg
+        ls, fd, dd, sk, ss = self.launch
+        a, b = self.bounds[k], self.bounds[k + 1]
+        ix = slice(a, b) if self.order is None else self.order[a:b]
+        s_, e_ = s[ix], e[ix]
+        sm = _merged(s_, e_)
+        w = _idle_breakdown(s_, e_, ls[ix], cfg.kernel_wait_cutoff_s * 1e9)
+        del s_, e_
+        a0 = a if self.order is None else int(self.order[a])
+        st = {"stream": int(sid[a0]), "ops": _op_counts(kd[ix])}
+        if pid[a0] >= 0:
+            st["pid"] = int(pid[a0])
+        st.update(_interval_fields(sm, cfg))
+        st.update(_wait_fields(w))
+        st.update(_launch_fields(fd[ix], dd[ix], sk[ix], ss[ix], cfg))
+        return st, w
+
+    def result(self) -> dict:
+        """The device's dict (after set_launch); the extra task's result is in ``extra_result``."""
+        if self.thread is None:
+            self._group()
+            self._merged()
+            self._fields()
+            self._take()
+        else:
+            self.grouped.wait()
+            try:
+                self._take()
+            except BaseException as e:  # noqa: BLE001 -- re-raised below, after the worker stopped
+                self.errors.append(e)
+            self.thread.join()
+        if self.errors:
+            raise self.errors[0]
+        streams, waits = [], np.zeros(3, dtype=np.float64)
+        for k in range(len(self.bounds) - 1):
+            st, w = self.out[k]
+            waits += w
+            streams.append(st)
+        dev = {"device": int(self.d), **self.fields}
+        dev.update(_wait_fields(waits))
+        dev.update(self.dev_launch)
+        streams.sort(key=lambda x: -x["busy_seconds"])
+        dev["streams"] = streams
+        return dev
+
+
+def _group(key: np.ndarray) -> tuple[np.ndarray | None, list[int]]:
+    """Stable grouping by key, groups in ascending key order: (order or None for identity, bounds)."""
+    if key.size == 0:
+        return None, [0]
+    kmin, kmax = int(key.min()), int(key.max())
+    if kmin == kmax:
+        return None, [0, int(key.size)]
+    if kmax - kmin < 1 << 16:  # stream ids are small: a radix sort on 16-bit codes
+        codes = np.subtract(key, kmin, out=np.empty(key.size, dtype=np.uint16), casting="unsafe")
+        order = np.argsort(codes, kind="stable")
+        sc = codes[order]
+        cuts = np.flatnonzero(sc[1:] != sc[:-1]) + 1
+        counts = np.diff(np.concatenate(([0], cuts, [key.size])))
+    else:
+        order = np.argsort(key, kind="stable")
+        sk = key[order]
+        cuts = np.flatnonzero(sk[1:] != sk[:-1]) + 1
+        counts = np.diff(np.concatenate(([0], cuts, [key.size])))
+    return order, [0] + np.cumsum(counts).tolist()
+
+
+def _merged(s: np.ndarray, e: np.ndarray, gap_starts: bool = False) -> dict:
+    """Union of intervals sorted by start: busy time and the gaps between merged runs (nsys pairing:
+    a gap exists where the next start is after the running maximum end).
+
+    ``gap_lengths``: the positive gaps in time order (``gap_starts``, when asked, where each begins);
+    the other ``n_gaps - gap_lengths.size`` gaps are 0."""
+    if s.size == 0:
+        return {"span_ns": 0, "busy_ns": 0, "idle_ns": 0, "gap_lengths": s, "gap_starts": s, "n_gaps": 0, "n": 0}
+    cm = np.maximum.accumulate(e)
+    span = int(cm[-1] - s[0])
+    # the gaps, over the running maximum's buffer unless their start times are wanted
+    d = s[1:] - cm[:-1] if gap_starts else np.subtract(s[1:], cm[:-1], out=cm[:-1])
+    pos = d > 0
+    lengths = d[pos]
+    idle = int(lengths.sum())
+    out = {"span_ns": span, "busy_ns": span - idle, "idle_ns": idle, "gap_lengths": lengths,
+           "n_gaps": int(s.size) - 1, "n": int(s.size)}
+    if gap_starts:
+        out["gap_starts"] = cm[:-1][pos]
+    return out
+
+
+def _interval_fields(m: dict, cfg: Config) -> dict:
+    """Busy/idle figures and the gap distribution of a :func:`_merged` result (sorts its ``gap_lengths``
+    in place: use ``gap_starts`` before)."""
+    span = m["span_ns"]
+    out = {
+        "span_seconds": _sec(span),
+        "busy_seconds": _sec(m["busy_ns"]),
+        "idle_seconds": _sec(m["idle_ns"]),
+        "busy_ratio": (m["busy_ns"] / span) if span > 0 else None,
+        "idle_ratio": (m["idle_ns"] / span) if span > 0 else None,
+    }
+    lengths = m["gap_lengths"]
+    long_gaps = int(np.count_nonzero(lengths >= cfg.long_gap_s * 1e9))
+    gq = _q(lengths, zeros=m["n_gaps"] - lengths.size)  # sorts the positive gaps in place
+    if gq is not None:
+        gq["max"] = _sec(lengths[-1] if lengths.size else 0)
+    out["gap_seconds"] = gq
+    out["long_gaps"] = long_gaps
+    return out
+
+
+def _idle_breakdown(s: np.ndarray, e: np.ndarray, ls: np.ndarray, kw_ns: float) -> np.ndarray:
+    """HTA's idle-time categories on one stream (ops sorted by start): [host, kernel, other] ns.
+
+    gap = start - previous op's end; host wait if this op's launch call started after the previous op
+    ended (the CPU was late); else kernel wait if gap < cutoff; else other. Sums of integer ns, exact
+    (the float sums they replace were exact too below 2**53 ns, 104 days)."""
+    if s.size < 2:
+        return np.zeros(3)
+    prev_end = e[:-1]
+    gap = s[1:] - prev_end
+    host = ls[1:] > prev_end
+    kern = gap < kw_ns
+    kern &= ~host
+    h, k = int(gap[host].sum()), int(gap[kern].sum())
+    return np.array([h, k, int(gap.sum()) - h - k], dtype=np.float64)
+
+
+def _wait_fields(w: np.ndarray) -> dict:
+    tot = float(w.sum())
+    return {
+        "idle_breakdown_seconds": {"host_wait": float(w[0]) / 1e9, "kernel_wait": float(w[1]) / 1e9,
+                                   "other": float(w[2]) / 1e9},
+        "host_wait_ratio": float(w[0] / tot) if tot > 0 else None,
+        "kernel_wait_ratio": float(w[1] / tot) if tot > 0 else None,
+        "other_wait_ratio": float(w[2] / tot) if tot > 0 else None,
+    }
+
+
+def _launch_fields(first: np.ndarray, delay: np.ndarray, short_ok: np.ndarray, is_short: np.ndarray,
+                   cfg: Config) -> dict:
+    """Launch figures over one group of ops (arrays aligned with each other; ``is_short`` implies
+    ``short_ok``)."""
+    d = delay[first]
+    n_out = int(np.count_nonzero(d > cfg.launch_delay_cutoff_s * 1e9))
+    lq = _q(d, (50, 99))
+    n_ok = int(np.count_nonzero(short_ok))
+    return {
+        "launches_linked": int(d.size),
+        "launch_delay_seconds": lq,
+        "launch_delay_outlier_ratio": n_out / d.size if d.size else None,
+        "short_kernel_ratio": int(np.count_nonzero(is_short)) / n_ok if n_ok else None,
+    }
+
+
+def _op_counts(kinds: np.ndarray) -> dict:
+    return {"kernel": int(np.count_nonzero(kinds == KERNEL)), "memcpy": int(np.count_nonzero(kinds == MEMCPY)),
+            "memset": int(np.count_nonzero(kinds == MEMSET))}
+
+
