@@ -27,8 +27,6 @@ def test_timeline_detectors_do_no_io():
     for p in DETECTORS:
         src = p.read_text()
         for mod, level in _imports(p):
-            if p.name == "timeline.py" and mod == "trace_pipeline":
-                continue  # the lazy compatibility alias for agent/capture.py (module __getattr__), see docstring
             assert mod.split(".")[0] not in IO_MODULES, (p.name, mod)
             assert "collectors" not in mod and "cli" not in mod.split(".") and "agent" not in mod, (p.name, mod)
         assert "open(" not in src, p.name

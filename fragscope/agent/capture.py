@@ -458,7 +458,7 @@ class CaptureManager:
         att["path"], att["paths"] = dest, [dest]
         att["source_path"] = chosen
         try:
-            from ..detectors.timeline import analyse_trace_file
+            from ..trace_pipeline import analyse_trace_file
         except ImportError:
             att["ok"], att["verdict"] = True, "analysis unavailable"
             return

@@ -370,14 +370,3 @@ def _host_fields(tl: Timeline, cfg: Config, w0: int, w1: int, first_call: int | 
         "steady_malloc_free_ratio": mf_sec / steady_span,
         "api": dict(sorted(by_name.items(), key=lambda kv: -kv[1]["seconds"])),
     }
-
-
-
-def __getattr__(name: str):
-    # Compatibility for callers written before the split (agent/capture.py): file reading now lives in
-    # fragscope.trace_pipeline, outside detectors/. Resolved lazily, so importing this module does no I/O.
-    if name == "analyse_trace_file":
-        from ..trace_pipeline import analyse_trace_file
-
-        return analyse_trace_file
-    raise AttributeError(name)

@@ -3,6 +3,7 @@ playbooks, registered without a window detector (docs/snapshot.md, docs/trace.md
 from __future__ import annotations
 
 from ..model import Action, Playbook
+from ..trace_playbooks import UNIFIED_MEMORY_THRASHING_PLAYBOOK
 from ..sizing.playbooks import KV_POOL_UNDERSIZED, STARTUP_OOM, kv_pool_undersized_actions, startup_oom_actions
 from .fixes import expandable_segments
 from .registry import Diagnosis
@@ -84,4 +85,5 @@ DIAGNOSES = [
               corroborates=("preemptions_total", "requests_waiting", "request_prompt_tokens",
                             "request_generation_tokens"), actions=kv_pool_undersized_actions),
     Diagnosis("startup-oom", STARTUP_OOM, source="log", alerting=False, actions=startup_oom_actions),
+    _deep("trace", UNIFIED_MEMORY_THRASHING_PLAYBOOK),
 ]
