@@ -22,6 +22,7 @@ from .. import __version__
 from ..model import Window
 from .config import AgentConfig, ConfigError, parse_duration
 from .exporter import Exporter
+from .health import readiness_problems
 from .store import TooManyPoints
 
 log = logging.getLogger("fragscope.agent.api")
@@ -181,16 +182,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(200, {"status": "ok"})
 
     def _readyz(self, q: dict) -> None:
-        st = self.state
-        why = []
-        if not _first_round_done(st):
-            why.append("first round of collection not finished")
-        if st.store is not None and st.store.degraded:
-            why.append(f"history degraded: {st.store.degraded}")
-        if not st.collectors:
-            why.append("no collector configured")
-        elif not any(h.up for h in st.collectors.values()):
-            why.append("every collector is down")
+        """503 with the reasons while the agent cannot judge: first round not done, history
+        degraded, every collector down, or an engine source (vLLM) down (docs/agent.md#health)."""
+        why = readiness_problems(self.state)
         if why:
             self._json(503, {"status": "not ready", "reasons": why})
         else:

@@ -1,0 +1,240 @@
+"""The agent's threads: one per collector, the detectors, captures, housekeeping.
+
+Each is a function over the :class:`~fragscope.agent.daemon.Agent` that runs until its stop event.
+Isolation: each collector runs in its own thread (a hung HTTP or NVML call stalls only that
+collector; housekeeping's watchdog marks it down once it overruns its timeout), with exponential
+backoff after failures. All loops wake on the agent's one time grid (``Agent.on_grid``).
+Logging is once per state change, never per tick.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from typing import Any
+
+from ..model import CollectResult
+from .health import down_collectors, explain_down
+from .state import CollectorHealth
+from .store import is_signal
+
+log = logging.getLogger("fragscope.agent")
+
+HOUSEKEEPING_S = 2.0  # watchdog resolution; every wake-up of an idle thread costs CPU
+
+
+def one_line(e: BaseException | str) -> str:
+    s = str(e) if not isinstance(e, BaseException) else f"{type(e).__name__}: {e}"
+    s = " ".join(s.split())
+    return s[:300]
+
+
+def mark_down(h: CollectorHealth, err: str, now: float) -> None:
+    """Record a collector as down (``down_since`` is kept from its first failure in a row)."""
+    if h.up is not False or h.down_since is None:
+        h.down_since = now
+    h.up = False
+    h.errors_total += 1
+    h.last_error = err
+
+
+# ---------------------------------------------------------------------------------------------
+def collector_loop(agent: Any, h: CollectorHealth, obj: Any) -> None:
+    interval = h.interval
+    next_due = agent._base
+    state = agent.state
+    stop = agent._stop
+    while not stop.is_set():
+        delay = next_due - time.monotonic()
+        if delay > 0 and stop.wait(delay):
+            break
+        t0 = time.monotonic()
+        c0 = time.thread_time()
+        now = time.time()
+        agent.clock.check(now, t0)
+        h.in_flight_since = t0
+        try:
+            res = obj.collect(now)
+            if not isinstance(res, CollectResult):
+                raise TypeError(f"collect() returned {type(res).__name__}, not CollectResult")
+            err = None if res.up else (res.error or "down")
+        except Exception as e:  # noqa: BLE001 - the protocol says never raises; be safe anyway
+            res = CollectResult(up=False, error=one_line(e))
+            err = res.error
+        dt = time.monotonic() - t0
+        h.in_flight_since = None
+        h.runs_total += 1
+        h.last_duration = dt
+        was = h.up
+        if err is None:
+            h.up = True
+            h.last_error = None
+            h.last_success = time.time()
+            h.down_since = None
+            h.backoff = 0.0
+            if was is False:
+                log.info("collector %s: up again", h.name)
+        else:
+            prev_err = h.last_error
+            mark_down(h, err, now)
+            h.backoff = min(agent.cfg.max_backoff, max(interval, h.backoff * 2 or interval))
+            if was is not False or (prev_err or "")[:60] != err[:60]:
+                log.warning("collector %s: down (%s); retrying with backoff up to %gs", h.name, err,
+                            agent.cfg.max_backoff)
+        # latest values for the exporter: on failure keep nothing stale (absent, not old values)
+        h.latest = res.samples
+        h.missing = res.missing
+        if res.samples:
+            state.ring.add(s for s in res.samples if is_signal(s.name))
+            if state.store is not None:
+                state.store.append(res.samples)
+        state.bump()
+        h.cpu_seconds += time.thread_time() - c0
+        wait = interval if err is None else h.backoff
+        mono = time.monotonic()
+        # overran: skip missed ticks rather than bursting; stay on the agent's grid either way
+        next_due = agent.on_grid(max(next_due + wait, mono + 0.2 * wait, mono), interval)
+
+
+# ---------------------------------------------------------------------------------------------
+def detect_once(agent: Any) -> None:
+    st = agent.state
+    now = time.time()
+    t0 = time.monotonic()
+    c0 = time.thread_time()
+    try:
+        w = st.ring.window_at(now, source="fragscope agent (live)")
+        if agent._detect is not None:
+            report = agent._detect(w)
+        else:
+            from ..pipeline import diagnose
+
+            report = diagnose(w)
+        # a source that is down explains what the detectors could not judge (agent/health.py)
+        explain_down(report, down_collectors(st.collectors.values()), now)
+        if agent._capture is not None:
+            with agent._att_lock:
+                for f in report.findings:
+                    f.attachments.extend(agent._atts.get(finding_key(f), ()))
+            if report.findings:
+                agent._capture_q[:] = [(list(report.findings), now)]  # latest only
+                agent._capture_wake.set()
+        prev = {(f.id, f.severity.value) for f in st.report.findings} if st.report else set()
+        cur = {(f.id, f.severity.value) for f in report.findings}
+        for fid, sev in sorted(cur - prev):
+            log.warning("diagnosis %s (%s) active", fid, sev)
+        for fid, sev in sorted(prev - cur):
+            log.info("diagnosis %s (%s) cleared", fid, sev)
+        st.report, st.report_at = report, now
+        st.detector.last_error = None
+        if st.store is not None:
+            st.store.put_meta("last_report", json.dumps({"at": now, "report": report.to_dict()},
+                                                        default=_json_default))
+    except Exception as e:  # noqa: BLE001 - a detector bug must not kill the agent
+        st.detector.errors += 1
+        if st.detector.last_error is None:
+            log.error("detectors failed (%s); will retry", one_line(e))
+        st.detector.last_error = one_line(e)
+    st.detector.runs += 1
+    st.detector.last_run = now
+    st.detector.last_duration = time.monotonic() - t0
+    st.detector.cpu_seconds += time.thread_time() - c0
+    st.bump()
+
+
+def detector_loop(agent: Any) -> None:
+    # first run once the first round of samples is in, then every detect.interval, on the grid
+    cfg = agent.cfg
+    first = min(cfg.detect_interval, max(2.0, 2 * cfg.interval))
+    next_due = agent.on_grid(agent._base + first, min(cfg.interval, first))
+    while not agent._stop.wait(max(0.0, next_due - time.monotonic())):
+        agent._detect_once()
+        next_due = agent.on_grid(max(next_due + cfg.detect_interval,
+                                     time.monotonic() + min(1.0, cfg.detect_interval)),
+                                 min(cfg.interval, cfg.detect_interval))
+
+
+# ---------------------------------------------------------------------------------------------
+def capture_loop(agent: Any) -> None:
+    """Captures block for seconds (a profile, a snapshot): they run here, never in the detector
+    thread. Attachments are kept per (finding id, subject) and re-attached on every run."""
+    cfg, cap = agent.cfg, agent._capture
+    every = float(cfg.capture_profile_every or 0.0)
+    next_profile = time.monotonic() + min(every, 60.0) if every > 0 else math.inf
+    while not agent._stop.is_set():
+        # sleep until a finding arrives (the event) or the next periodic profile; no idle ticks
+        agent._capture_wake.wait(min(30.0, max(0.05, next_profile - time.monotonic())))
+        agent._capture_wake.clear()
+        if time.monotonic() >= next_profile:
+            # periodic short profile: the kernel-gap signals of the time series (issue 2)
+            next_profile = time.monotonic() + every
+            try:
+                left = cap.budget_left(time.time())  # periodic ones count too
+                if cfg.vllm_urls and cfg.capture_profiler_dir and (left is None or left > 0):
+                    att = cap.capture("profile", time.time())
+                    if not att.get("ok"):
+                        log.warning("periodic profile: %s", att.get("error") or att.get("verdict"))
+            except Exception as e:  # noqa: BLE001
+                log.error("periodic profile failed (%s)", one_line(e))
+            agent._record(cap.pop_samples())
+        if not agent._capture_q:
+            continue
+        findings, now = agent._capture_q.pop()
+        try:
+            new = cap.on_findings(findings, now)
+        except Exception as e:  # noqa: BLE001
+            log.error("capture: failed (%s)", one_line(e))
+            continue
+        agent._record(cap.pop_samples())
+        if new:
+            with agent._att_lock:
+                for a in new:
+                    key = (str(a.get("finding")), tuple(sorted((str(k), str(v)) for k, v in
+                                                               (a.get("subject") or {}).items())))
+                    lst = agent._atts.setdefault(key, [])
+                    lst.append(a)
+                    del lst[:-20]
+            agent.state.bump()
+
+
+# ---------------------------------------------------------------------------------------------
+def housekeeping_loop(agent: Any) -> None:
+    """Flush the history, apply retention, watch for hung collectors and clock jumps."""
+    st, cfg = agent.state, agent.cfg
+    next_flush = time.monotonic() + cfg.flush_interval
+    next_maint = time.monotonic() + 5.0
+    period = HOUSEKEEPING_S
+    while not agent._stop.wait(max(0.0, agent.on_grid(time.monotonic() + 0.5 * period, period)
+                                   - time.monotonic())):
+        mono = time.monotonic()
+        st.heartbeat = mono
+        if not st.first_round_done and all(h.runs_total > 0 or h.up is False for h in st.collectors.values()):
+            st.first_round_done = True
+        agent.clock.check(time.time(), mono)
+        for h in st.collectors.values():
+            since = h.in_flight_since
+            if since is not None and mono - since > h.timeout and h.up is not False:
+                mark_down(h, f"hung: no answer for {mono - since:.0f} s (timeout {h.timeout:g} s)", time.time())
+                h.latest = []
+                log.warning("collector %s: %s; other collectors continue", h.name, h.last_error)
+                st.bump()
+        if st.store is not None:
+            if mono >= next_flush:
+                st.store.flush()
+                next_flush = mono + cfg.flush_interval
+            if mono >= next_maint:
+                st.store.maintain()
+                next_maint = mono + 60.0
+
+
+def finding_key(f: Any) -> tuple:
+    return (f.id, tuple(sorted((str(k), str(v)) for k, v in (f.subject or {}).items())))
+
+
+def _json_default(o: Any) -> Any:
+    if hasattr(o, "item"):
+        return o.item()
+    if hasattr(o, "to_dict"):
+        return o.to_dict()
+    return str(o)
