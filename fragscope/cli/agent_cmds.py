@@ -233,6 +233,129 @@ def run_live(ctx: click.Context, **opts) -> "object | None":
                         opts.get("duration"), opts.get("interval"), default_since="1h", allow_none=True)
 
 
+def agent_verdict(window, base: str):
+    """Diagnose a window read from an agent, with the agent's collector state: inconclusive
+    reasons name a down source, and a not-ready agent is said once on stderr (and in the notes)."""
+    from ..agent.health import down_collectors, explain_down
+    from ..agent.live import agent_status
+    from ..playbooks import diagnose
+
+    status, ready = agent_status(base)
+    if isinstance(ready, dict) and ready.get("status") == "not ready":
+        why = "; ".join(str(r) for r in ready.get("reasons") or []) or "no reason given"
+        window.notes.append(f"agent not ready: {why}")
+        click.echo(f"agent {base}: not ready: {why}"[:500], err=True)
+    report = diagnose(window)
+    if isinstance(status, dict) and isinstance(status.get("collectors"), list):
+        explain_down(report, down_collectors(c for c in status["collectors"] if isinstance(c, dict)))
+    return report
+
+
+def _fmt_elapsed(s: float) -> str:
+    s = int(s)
+    return f"{s // 60}:{s % 60:02d}"
+
+
+def diagnose_url(arg: str, fmt: str, fail_on: str, **opts) -> int:
+    """``diagnose URL``: a vLLM / SGLang server, a dcgm-exporter or a fragscope agent (docs/cli.md#live).
+
+    A first verdict after two scrapes (stderr), refined until --duration or Ctrl-C; the final
+    report on stdout. Errors that cannot go away fail at once (exit 2)."""
+    from ..agent.client import ClientError, fetch_window
+    from ..agent.live import LiveError, PageCollector, finding_line, resolve, verdict_key, watch
+    from .render import print_report, report_exit_code
+
+    if opts.get("agent") or opts.get("vllm") or opts.get("dcgm") or opts.get("prometheus"):
+        fail("give a URL or a live option (--agent, --vllm, --dcgm, --prometheus), not both")
+    if opts.get("scrape_interval"):
+        fail("--scrape-interval applies to a scrape FILE without timestamps, not to a live URL")
+    try:
+        target = resolve(arg)
+    except LiveError as e:
+        fail(str(e))
+    if target.is_agent:
+        if opts.get("duration") or opts.get("interval"):
+            fail(f"{target.base} is a fragscope agent: it has history, use --since (not --duration/--interval)")
+        since_s = _duration(opts.get("since"), "--since", "1h")
+        click.echo(f"{target.base}: fragscope agent; reading its last {since_s:g} s of history", err=True)
+        try:
+            window = fetch_window(target.base, since_s)
+        except ClientError as e:
+            fail(str(e))
+        report = agent_verdict(window, target.base)
+        print_report(report, fmt)
+        return report_exit_code(report, fail_on)
+    if opts.get("since"):
+        fail("--since reads history (a FILE or an agent); a live page is sampled from now: use --duration")
+    dur = _duration(opts.get("duration"), "--duration", "2m")
+    if dur > MAX_LIVE_DURATION_S:
+        fail(f"--duration: at most 24h (got {opts.get('duration')}); for longer, run `fragscope agent`")
+    ivl = _duration(opts.get("interval"), "--interval", "5s")
+    if ivl < MIN_INTERVAL_S:
+        fail(f"--interval: at least {MIN_INTERVAL_S:g}s")
+    if ivl > dur:
+        fail("--interval is longer than --duration")
+    tty = sys.stderr.isatty()
+    say = lambda msg: click.echo(msg, err=True)  # noqa: E731
+    say(f"{target.url}: {target.describe()}; sampling every {ivl:g}s for {dur:g}s, first verdict after "
+        f"2 scrapes (Ctrl-C gives the final verdict at once)")
+    shown: list[set] = []
+    status_len = [0]
+
+    def clear() -> None:
+        if tty and status_len[0]:
+            sys.stderr.write("\r\x1b[K")
+            status_len[0] = 0
+
+    def on_round(p) -> None:
+        if not tty:
+            if p.last_error and p.round > 1:
+                say(f"  {_fmt_elapsed(p.elapsed_s)} scrape {p.round} failed: {p.last_error}"[:300])
+            return
+        rep = p.report
+        verdict = ("no verdict yet" if rep is None else
+                   ", ".join(f"{f.id} ({f.severity.value})" for f in rep.findings) or "no finding")
+        line = (f"  {_fmt_elapsed(p.elapsed_s)}  {p.ok_rounds}/{p.round} scrapes  {verdict}"
+                + (f"  last scrape failed: {p.last_error}" if p.last_error else "") + "  (Ctrl-C: final verdict)")
+        width = max(40, __import__("shutil").get_terminal_size((100, 20)).columns - 1)
+        sys.stderr.write("\r\x1b[K" + line[:width])
+        sys.stderr.flush()
+        status_len[0] = len(line)
+
+    def on_verdict(rep, p, first: bool) -> None:
+        clear()
+        cur = verdict_key(rep)
+        if first:
+            say(f"first verdict after {p.ok_rounds} scrapes ({p.elapsed_s:.0f} s):")
+            for f in rep.findings:
+                say("  " + finding_line(f)[:400])
+            if not rep.findings:
+                say(f"  no finding yet ({len(rep.inconclusive)} detectors inconclusive; refining)")
+        else:
+            prev = shown[-1] if shown else set()
+            for f in rep.findings:
+                if (f.id, f.severity.value) not in prev:
+                    say(f"  {_fmt_elapsed(p.elapsed_s)} new: " + finding_line(f)[:400])
+            for fid, sev in sorted(prev - cur):
+                say(f"  {_fmt_elapsed(p.elapsed_s)} cleared: {fid} ({sev})")
+        shown.append(cur)
+
+    import logging
+
+    logging.getLogger("fragscope.collectors").setLevel(logging.ERROR)
+    try:
+        _, report, prog = watch(PageCollector(target), dur, ivl, source=f"live: {target.url}",
+                                on_verdict=on_verdict, on_round=on_round)
+    except LiveError as e:
+        clear()
+        fail(str(e))
+    clear()
+    say(f"final verdict after {prog.ok_rounds} scrapes ({prog.elapsed_s:.0f} s)"
+        + (", stopped by Ctrl-C" if prog.interrupted else "") + ":")
+    print_report(report, fmt)
+    return report_exit_code(report, fail_on)
+
+
 def register(fragscope_group: click.Group, diagnose_group: click.Group) -> None:
     """Attach this module's commands to the two entry points."""
     fragscope_group.add_command(agent_cmd)

@@ -75,12 +75,14 @@ _CONNS = _Conns()
 _MAX_REDIRECTS = 3
 
 
-def http_get(url: str, timeout_s: float = 2.0, max_bytes: int = DEFAULT_MAX_BYTES) -> str:
+def http_get(url: str, timeout_s: float = 2.0, max_bytes: int = DEFAULT_MAX_BYTES,
+             ok_status: tuple[int, ...] = ()) -> str:
     """GET ``url`` and return its body as text; raise FetchError (one line) on any failure.
 
     Failures: refused / unreachable, timeout (total, ``timeout_s``), HTTP status >= 400, body over
     ``max_bytes`` (after content decoding), an HTML page or a binary body (not metrics text).
     Follows up to 3 redirects (Starlette answers ``/metrics`` with 307 -> ``/metrics/``).
+    ``ok_status``: statuses >= 400 whose body is wanted anyway (the agent's ``/readyz`` answers 503).
 
     Plain http.client with keep-alive: neither requests (14.6 MB of RSS on import) nor urllib3
     (~0.5 ms more CPU per fetch than this, measured) fit the sidecar's budget (bench/bench_agent.py).
@@ -88,14 +90,14 @@ def http_get(url: str, timeout_s: float = 2.0, max_bytes: int = DEFAULT_MAX_BYTE
     deadline = time.monotonic() + timeout_s
     target = url
     for _ in range(_MAX_REDIRECTS + 1):
-        status, headers, body, location = _get_once(url, target, timeout_s, deadline, max_bytes)
+        status, headers, body, location = _get_once(url, target, timeout_s, deadline, max_bytes, ok_status)
         if status in (301, 302, 303, 307, 308) and location:
             target = urljoin(target, location)
             continue
         break
     else:
         raise FetchError(f"{url}: too many redirects")
-    if status >= 400:
+    if status >= 400 and status not in ok_status:
         raise FetchError(f"{url}: HTTP {status} {headers.get('_reason', '')}".rstrip())
     if b"\x00" in body[:4096]:
         raise FetchError(f"{url}: binary body, not metrics text", Reason.PARSE_ERROR)
@@ -110,7 +112,8 @@ def http_get(url: str, timeout_s: float = 2.0, max_bytes: int = DEFAULT_MAX_BYTE
     return text
 
 
-def _get_once(url: str, target: str, timeout_s: float, deadline: float, max_bytes: int):
+def _get_once(url: str, target: str, timeout_s: float, deadline: float, max_bytes: int,
+              ok_status: tuple[int, ...] = ()):
     parts = urlsplit(target)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise FetchError(f"{url}: invalid URL (expected http://host:port/metrics)")
@@ -147,7 +150,7 @@ def _get_once(url: str, target: str, timeout_s: float, deadline: float, max_byte
         headers = {k.lower(): v for k, v in resp.getheaders()}
         headers["_reason"] = resp.reason or ""
         status = resp.status
-        if status in (301, 302, 303, 307, 308) or status >= 400:
+        if status in (301, 302, 303, 307, 308) or (status >= 400 and status not in ok_status):
             _drain(resp, deadline)
             reusable = not resp.will_close and resp.isclosed()
             return status, headers, b"", headers.get("location")
