@@ -75,8 +75,8 @@ def classify(text: str) -> list[str]:
     for line in text.splitlines():
         if line and line[0] != "#":
             names.add(line.split("{", 1)[0].split(None, 1)[0])
-    if "fragscope_agent_info" in names:
-        return ["agent"]
+    if names & {"fragscope_agent_info", "fragscope_collector_up", "fragscope_diagnosis_active"}:
+        return ["agent"]  # families only the agent's exporter writes
     kinds = []
     vllm = {n[4:] if n.startswith("ray_") else n for n in names if n.startswith(("vllm:", "ray_vllm:"))}
     if vllm:
@@ -291,6 +291,8 @@ def watch(collector: Any, duration_s: float, interval_s: float, *, source: str,
         prog.interrupted = True
         prog.elapsed_s = clock() - t0
     if not samples:
+        if prog.interrupted and not errors:
+            raise LiveError(f"interrupted by Ctrl-C before the first scrape ({prog.elapsed_s:.0f} s)")
         why = "; ".join(dict.fromkeys(errors)) or "no samples"
         raise LiveError(f"no data sampled in {prog.elapsed_s:.0f} s: {why}")
     w = window()

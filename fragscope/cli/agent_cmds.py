@@ -263,6 +263,7 @@ def diagnose_url(arg: str, fmt: str, fail_on: str, **opts) -> int:
     report on stdout. Errors that cannot go away fail at once (exit 2)."""
     from ..agent.client import ClientError, fetch_window
     from ..agent.live import LiveError, PageCollector, finding_line, resolve, verdict_key, watch
+    from ..playbooks import diagnose  # imported before sampling starts: Ctrl-C then always lands in watch()
     from .render import print_report, report_exit_code
 
     if opts.get("agent") or opts.get("vllm") or opts.get("dcgm") or opts.get("prometheus"):
@@ -295,10 +296,13 @@ def diagnose_url(arg: str, fmt: str, fail_on: str, **opts) -> int:
         fail(f"--interval: at least {MIN_INTERVAL_S:g}s")
     if ivl > dur:
         fail("--interval is longer than --duration")
+    import logging
+
+    logging.getLogger("fragscope.collectors").setLevel(logging.ERROR)
     tty = sys.stderr.isatty()
     say = lambda msg: click.echo(msg, err=True)  # noqa: E731
-    say(f"{target.url}: {target.describe()}; sampling every {ivl:g}s for {dur:g}s, first verdict after "
-        f"2 scrapes (Ctrl-C gives the final verdict at once)")
+    say(f"{target.url}: {target.describe()}; sampling every {ivl:g}s for {dur:g}s, a first verdict once "
+        f"2 scrapes are in (Ctrl-C gives the final verdict at once)")
     shown: list[set] = []
     status_len = [0]
 
@@ -340,11 +344,8 @@ def diagnose_url(arg: str, fmt: str, fail_on: str, **opts) -> int:
                 say(f"  {_fmt_elapsed(p.elapsed_s)} cleared: {fid} ({sev})")
         shown.append(cur)
 
-    import logging
-
-    logging.getLogger("fragscope.collectors").setLevel(logging.ERROR)
     try:
-        _, report, prog = watch(PageCollector(target), dur, ivl, source=f"live: {target.url}",
+        _, report, prog = watch(PageCollector(target), dur, ivl, source=f"live: {target.url}", judge=diagnose,
                                 on_verdict=on_verdict, on_round=on_round)
     except LiveError as e:
         clear()
