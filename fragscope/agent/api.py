@@ -18,17 +18,25 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+import numpy as np
+
 from .. import __version__
 from ..model import Window
 from .config import AgentConfig, ConfigError, parse_duration
 from .exporter import Exporter
 from .health import readiness_problems
+from . import memory
 from .store import TooManyPoints
 
 log = logging.getLogger("fragscope.agent.api")
 
 MAX_SINCE_S = 31 * 86400.0
 HEARTBEAT_STALE_S = 15.0
+# History queries (window, signals, series) run one at a time; others wait up to HEAVY_WAIT_S, then get
+# 503 with Retry-After (diagnose --agent retries). Each holds at most api.max_points points (16 bytes each in numpy, streamed out in
+# blocks): 20 concurrent unbounded ones took the agent from 49 to 323 MB (bench/bench_agent_hostile.py).
+HEAVY_CONCURRENCY = 1
+HEAVY_WAIT_S = 3.0
 
 
 class BadRequest(ValueError):
@@ -47,6 +55,33 @@ def window_to_json(w: Window, max_points: int | None = None) -> dict:
         out.append({"name": key.name, "labels": dict(key.labels), "type": s.type,
                     "ts": [round(float(t), 3) for t in s.ts], "values": [float(v) for v in s.values]})
     return {"start": _num(w.start), "end": _num(w.end), "source": w.source, "points": total, "series": out}
+
+
+_BLOCK = 8192  # points formatted at a time: bounded memory per response, whatever its size
+
+
+def iter_window_json(w: Window, start: float | None = None, end: float | None = None):
+    """``window_to_json`` as a stream of bytes pieces (same document): a response never holds more
+    than one block of formatted points (~0.3 MB), instead of ~100 bytes per point at once."""
+    series = sorted(w.series.items(), key=lambda kv: (kv[0].name, kv[0].labels))
+    total = sum(len(s) for _, s in series)
+    dumps = json.dumps
+    head = {"start": _num(w.start if start is None else start), "end": _num(w.end if end is None else end),
+            "source": w.source, "points": total}
+    yield (dumps(head, allow_nan=False)[:-1] + ',"series":[').encode()
+    for i, (key, s) in enumerate(series):
+        meta = dumps({"name": key.name, "labels": dict(key.labels), "type": s.type}, allow_nan=False)
+        yield (("," if i else "") + meta[:-1]).encode()
+        for field, arr in (("ts", np.round(s.ts, 3)), ("values", s.values)):
+            yield f',"{field}":['.encode()
+            for j in range(0, arr.size, _BLOCK):
+                block = arr[j:j + _BLOCK]
+                vals = block.tolist() if np.isfinite(block).all() else \
+                    [x if math.isfinite(x) else None for x in block.tolist()]
+                yield (("," if j else "") + dumps(vals)[1:-1]).encode()
+            yield b"]"
+        yield b"}"
+    yield b"]}"
 
 
 def _num(x: float | None) -> float | None:
@@ -95,6 +130,7 @@ class _Handler(BaseHTTPRequestHandler):
     state: Any = None
     cfg: AgentConfig = None  # type: ignore[assignment]
     exporter: Exporter = None  # type: ignore[assignment]
+    heavy_slots: threading.Semaphore = None  # type: ignore[assignment]
 
     def log_message(self, fmt: str, *args: Any) -> None:  # access log at debug only
         log.debug("%s %s", self.address_string(), fmt % args)
@@ -110,6 +146,48 @@ class _Handler(BaseHTTPRequestHandler):
                 self.wfile.write(body)
             except (BrokenPipeError, ConnectionResetError):
                 pass
+
+    def _send_stream(self, code: int, pieces, ctype: str) -> None:
+        """A body of unknown length, chunked (HTTP/1.1): written as it is formatted."""
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Transfer-Encoding", "chunked")
+        self.send_header("Cache-Control", "no-store")
+        self.end_headers()
+        if self.command == "HEAD":
+            return
+        try:
+            buf = bytearray()
+            for p in pieces:
+                buf += p
+                if len(buf) >= 1 << 16:
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(buf), bytes(buf)))
+                    buf.clear()
+            if buf:
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(buf), bytes(buf)))
+            self.wfile.write(b"0\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+
+    def _heavy(self, fn, q: dict) -> None:
+        """Run a history query under the concurrency limit; trim memory after a large one."""
+        sem = self.heavy_slots
+        if not sem.acquire(timeout=HEAVY_WAIT_S):
+            self.send_response(503)
+            body = json.dumps({"error": "busy: another history query is running; retry in a second",
+                               "status": 503}).encode()
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Retry-After", "1")
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+            return
+        try:
+            fn(q)
+        finally:
+            sem.release()
+            memory.trim()  # ~1 ms, at most once per history query: RSS back to where it was
 
     def _json(self, code: int, obj: Any) -> None:
         body = json.dumps(_finite(obj), separators=(",", ":"), default=_json_default, allow_nan=False).encode()
@@ -136,9 +214,9 @@ class _Handler(BaseHTTPRequestHandler):
                 "/healthz": self._healthz,
                 "/readyz": self._readyz,
                 "/api/v1/findings": self._findings,
-                "/api/v1/signals": self._signals,
-                "/api/v1/window": self._window,
-                "/api/v1/series": self._series,
+                "/api/v1/signals": lambda q: self._heavy(self._signals, q),
+                "/api/v1/window": lambda q: self._heavy(self._window, q),
+                "/api/v1/series": lambda q: self._heavy(self._series, q),
                 "/api/v1/status": self._status,
                 "/": self._index,
             }.get(parts.path.rstrip("/") or "/")
@@ -227,7 +305,7 @@ class _Handler(BaseHTTPRequestHandler):
                         if k.name in fam or any(k.name.startswith(n + "_") for n in fam)}
         return w
 
-    def _signals(self, q: dict) -> None:
+    def _signals(self, q: dict) -> int:
         names = [n.strip() for n in (q.get("names") or "").split(",") if n.strip()]
         if not names:
             raise BadRequest("names: give one or more metric names, comma-separated "
@@ -237,19 +315,23 @@ class _Handler(BaseHTTPRequestHandler):
         start, end = self._range(q, 3600.0)
         step = _param_duration(q, "step", None)
         w = self._query(names, start, end, step)
-        d = window_to_json(w, self.cfg.api_max_points)
-        d["start"], d["end"] = start, end
-        self._json(200, d)
+        return self._send_window(w, start, end)
 
-    def _window(self, q: dict) -> None:
+    def _window(self, q: dict) -> int:
         start, end = self._range(q, self.cfg.detect_window)
         step = _param_duration(q, "step", self.cfg.detect_step)
         w = self._query(None, start, end, step)
-        d = window_to_json(w, self.cfg.api_max_points)
-        d["start"], d["end"] = start, end
-        self._json(200, d)
+        return self._send_window(w, start, end)
 
-    def _series(self, q: dict) -> None:
+    def _send_window(self, w: Window, start: float, end: float) -> int:
+        points = sum(len(s) for s in w.series.values())
+        if points > self.cfg.api_max_points:
+            raise TooManyPoints(f"more than {self.cfg.api_max_points} points: narrow the range, name fewer "
+                                "signals or give a larger step")
+        self._send_stream(200, iter_window_json(w, start, end), "application/json")
+        return points
+
+    def _series(self, q: dict) -> int:
         st = self.state
         if st.store is not None:
             rows = [{"name": n, "labels": dict(lab), "type": t} for _, n, lab, t in st.store.series_list()]
@@ -258,6 +340,7 @@ class _Handler(BaseHTTPRequestHandler):
             rows = [{"name": k.name, "labels": dict(k.labels), "type": s.type} for k, s in w.series.items()]
         rows.sort(key=lambda r: (r["name"], sorted(r["labels"].items())))
         self._json(200, {"series": rows[:20000], "truncated": len(rows) > 20000})
+        return len(rows)
 
     def _status(self, q: dict) -> None:
         st = self.state
@@ -346,7 +429,8 @@ class _Server(ThreadingHTTPServer):
 def serve(state: Any, cfg: AgentConfig) -> _Server:
     """Bind ``cfg.listen`` and serve in a background thread. Raises OSError when it cannot bind."""
     host, port = cfg.listen_addr
-    handler = type("Handler", (_Handler,), {"state": state, "cfg": cfg, "exporter": Exporter(state)})
+    handler = type("Handler", (_Handler,), {"state": state, "cfg": cfg, "exporter": Exporter(state),
+                                            "heavy_slots": threading.BoundedSemaphore(HEAVY_CONCURRENCY)})
     cls = _Server
     if ":" in host:
         cls = type("Server6", (_Server,), {"address_family": socket.AF_INET6})

@@ -44,7 +44,28 @@ def window_from_json(d: Mapping[str, Any], source: str = "") -> Window:
     return w
 
 
+BUSY_RETRIES = 5  # the agent runs one history query at a time and answers 503 + Retry-After meanwhile
+
+
 def _get_json(url: str, timeout_s: float) -> Any:
+    import time as _time
+
+    for attempt in range(BUSY_RETRIES + 1):
+        try:
+            return _get_json_once(url, timeout_s)
+        except _Busy as b:
+            if attempt == BUSY_RETRIES:
+                raise ClientError(f"{url}: the agent stayed busy with other history queries; try again") from None
+            _time.sleep(b.wait_s)
+    return None
+
+
+class _Busy(Exception):
+    def __init__(self, wait_s: float) -> None:
+        self.wait_s = wait_s
+
+
+def _get_json_once(url: str, timeout_s: float) -> Any:
     import requests
 
     try:
@@ -75,6 +96,11 @@ def _get_json(url: str, timeout_s: float) -> Any:
     except (UnicodeDecodeError, ValueError):
         raise ClientError(f"{url}: not a fragscope agent (HTTP {resp.status_code}, {ctype or 'no content type'}, "
                           "not JSON)") from None
+    if resp.status_code == 503 and resp.headers.get("Retry-After"):
+        try:
+            raise _Busy(min(5.0, max(0.2, float(resp.headers["Retry-After"]))))
+        except ValueError:
+            pass
     if resp.status_code >= 400:
         msg = body.get("error") if isinstance(body, dict) else None
         raise ClientError(f"{url}: HTTP {resp.status_code}: {msg or 'error'}")

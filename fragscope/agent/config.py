@@ -214,7 +214,8 @@ class AgentConfig:
     vllm_urls: list[str] = field(default_factory=list)
     vllm_interval: float | None = None
     vllm_timeout: float = 2.0
-    vllm_max_bytes: int = 16 * 1024 * 1024
+    # a vLLM /metrics is ~50 kB (V1, one model); 4 MiB leaves 80x room and bounds what one scrape costs
+    vllm_max_bytes: int = 4 * 1024 * 1024
     dcgm_url: str | None = None
     dcgm_interval: float | None = None
     dcgm_timeout: float = 2.0
@@ -240,7 +241,8 @@ class AgentConfig:
     capture_profiler_dir: str | None = None
     capture_profile_every: float = 0.0  # e.g. 600 (10 min): fragscope_kernel_gap_seconds every 10 min
     max_backoff: float = 60.0
-    api_max_points: int = 500_000
+    # 16 bytes a point in numpy while a response streams out; 3 h at 15 s of 250 series is 180k
+    api_max_points: int = 200_000
     sources: dict[str, str] = field(default_factory=dict)  # key -> "default" | "file" | "env" | "flag"
 
     # -----------------------------------------------------------------------------------------

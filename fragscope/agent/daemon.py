@@ -17,7 +17,7 @@ import time
 from typing import Any, Callable
 
 from ..model import Report, Sample, Window
-from . import loops
+from . import loops, memory
 from .clock import CLOCK_JUMP_S, ClockWatch
 from .config import AgentConfig
 from .loops import HOUSEKEEPING_S, finding_key as _finding_key  # noqa: F401 - kept importable
@@ -219,6 +219,7 @@ class Agent:
                 signal.signal(s, _sig)
             except ValueError:  # not the main thread
                 pass
+        memory.tune()  # this process is the sidecar: large buffers mmapped, freed memory returned
         try:
             self.start()
         except BaseException:

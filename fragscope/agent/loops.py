@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from ..model import CollectResult
+from . import memory
 from .health import down_collectors, explain_down
 from .state import CollectorHealth
 from .store import is_signal
@@ -205,6 +206,7 @@ def housekeeping_loop(agent: Any) -> None:
     next_flush = time.monotonic() + cfg.flush_interval
     next_maint = time.monotonic() + 5.0
     period = HOUSEKEEPING_S
+    trimmer = memory.Trimmer()  # RSS back down after a large body or query (agent/memory.py)
     while not agent._stop.wait(max(0.0, agent.on_grid(time.monotonic() + 0.5 * period, period)
                                    - time.monotonic())):
         mono = time.monotonic()
@@ -212,6 +214,7 @@ def housekeeping_loop(agent: Any) -> None:
         if not st.first_round_done and all(h.runs_total > 0 or h.up is False for h in st.collectors.values()):
             st.first_round_done = True
         agent.clock.check(time.time(), mono)
+        trimmer.check()
         for h in st.collectors.values():
             since = h.in_flight_since
             if since is not None and mono - since > h.timeout and h.up is not False:

@@ -40,7 +40,7 @@ def plan_collectors(cfg: AgentConfig) -> list[Planned]:
         def mk_dcgm():
             from ..collectors.dcgm import DcgmCollector
 
-            return DcgmCollector(cfg.dcgm_url, timeout_s=cfg.dcgm_timeout)
+            return DcgmCollector(cfg.dcgm_url, timeout_s=cfg.dcgm_timeout, max_bytes=cfg.vllm_max_bytes)
         plan.append(Planned("dcgm", "dcgm", mk_dcgm, cfg.interval_of("dcgm"), cfg.dcgm_timeout + 1.0))
     if cfg.nvml_on():
         def mk_nvml():

@@ -48,6 +48,8 @@ CHUNK = 5000  # rows per write transaction
 MAX_BUFFER = 1_000_000  # samples kept in memory while the store cannot write (then the oldest go)
 
 
+_FETCH_ROWS = 8192  # rows per fetchmany() in query()
+
 class StoreError(RuntimeError):
     """The history cannot be opened or queried; one-line message naming the file."""
 
@@ -410,19 +412,28 @@ class Store:
                     continue
                 if step_ms:
                     # SQLite: a bare column next to max() comes from the row holding the max.
-                    rows = self._r.execute(
+                    cur = self._r.execute(
                         "SELECT max(t), v FROM points WHERE sid=? AND t>=? AND t<=? GROUP BY t/? ORDER BY 1",
-                        (sid, lo, hi, step_ms)).fetchall()
+                        (sid, lo, hi, step_ms))
                 else:
-                    rows = self._r.execute("SELECT t, v FROM points WHERE sid=? AND t>=? AND t<=? ORDER BY t",
-                                           (sid, lo, hi)).fetchall()
-                if not rows:
+                    cur = self._r.execute("SELECT t, v FROM points WHERE sid=? AND t>=? AND t<=? ORDER BY t",
+                                          (sid, lo, hi))
+                # in blocks straight into numpy (16 bytes a point), never a list of row tuples (~110
+                # bytes a point), and stopped as soon as the bound is passed
+                parts = []
+                while True:
+                    rows = cur.fetchmany(_FETCH_ROWS)
+                    if not rows:
+                        break
+                    total += len(rows)
+                    if max_points is not None and total > max_points:
+                        cur.close()
+                        raise TooManyPoints(f"more than {max_points} points in the range: narrow it, name fewer "
+                                            "signals or give a larger step")
+                    parts.append(np.array(rows, dtype=np.float64))
+                if not parts:
                     continue
-                total += len(rows)
-                if max_points is not None and total > max_points:
-                    raise TooManyPoints(f"more than {max_points} points in the range: narrow it, name fewer "
-                                        "signals or give a larger step")
-                arr = np.array(rows, dtype=np.float64)
+                arr = parts[0] if len(parts) == 1 else np.concatenate(parts)
                 cols[SeriesKey(name, labels)] = (arr[:, 0] / 1000.0, arr[:, 1])
                 types[name] = typ
         w = Window.from_columns(cols, source=source or f"agent history {self.path}", types=types)

@@ -23,7 +23,12 @@ from urllib.parse import urljoin, urlsplit
 from ..model import Reason
 
 DEFAULT_MAX_BYTES = 16 * 2**20  # a vLLM /metrics is ~50 kB; dcgm-exporter on 8 GPUs ~100 kB
+# Lines per body: real scrapes average 80-110 bytes a line (vLLM V1 52 kB / 562 lines, dcgm 7.8 kB /
+# 70 lines). A body of bare newlines passes the byte cap yet its split list costs 8 bytes a line (a
+# 16 MiB newline bomb: a 134 MB list); at most one line per 4 bytes keeps that list within 2x the cap.
+LINE_BYTES_MIN = 4
 _CHUNK = 64 * 1024
+_INFLATE = 256 * 1024  # decompressed bytes per step
 _ACCEPT = "text/plain;version=0.0.4;q=1.0,application/openmetrics-text;version=1.0.0;q=0.5,*/*;q=0.1"
 _HTML_CT = ("text/html", "application/xhtml")
 _BINARY_CT = ("application/octet-stream", "application/x-protobuf", "application/vnd.google.protobuf",
@@ -76,21 +81,25 @@ _MAX_REDIRECTS = 3
 
 
 def http_get(url: str, timeout_s: float = 2.0, max_bytes: int = DEFAULT_MAX_BYTES,
-             ok_status: tuple[int, ...] = ()) -> str:
+             ok_status: tuple[int, ...] = (), max_lines: int | None = None) -> str:
     """GET ``url`` and return its body as text; raise FetchError (one line) on any failure.
 
     Failures: refused / unreachable, timeout (total, ``timeout_s``), HTTP status >= 400, body over
     ``max_bytes`` (after content decoding), an HTML page or a binary body (not metrics text).
     Follows up to 3 redirects (Starlette answers ``/metrics`` with 307 -> ``/metrics/``).
     ``ok_status``: statuses >= 400 whose body is wanted anyway (the agent's ``/readyz`` answers 503).
+    ``max_lines`` (default ``max_bytes // 4``): more lines than this is refused while streaming.
 
     Plain http.client with keep-alive: neither requests (14.6 MB of RSS on import) nor urllib3
     (~0.5 ms more CPU per fetch than this, measured) fit the sidecar's budget (bench/bench_agent.py).
     """
     deadline = time.monotonic() + timeout_s
     target = url
+    if max_lines is None:
+        max_lines = max(10_000, max_bytes // LINE_BYTES_MIN)
     for _ in range(_MAX_REDIRECTS + 1):
-        status, headers, body, location = _get_once(url, target, timeout_s, deadline, max_bytes, ok_status)
+        status, headers, body, location = _get_once(url, target, timeout_s, deadline, max_bytes, ok_status,
+                                                    max_lines)
         if status in (301, 302, 303, 307, 308) and location:
             target = urljoin(target, location)
             continue
@@ -103,6 +112,7 @@ def http_get(url: str, timeout_s: float = 2.0, max_bytes: int = DEFAULT_MAX_BYTE
         raise FetchError(f"{url}: binary body, not metrics text", Reason.PARSE_ERROR)
     try:
         text = body.decode("utf-8")
+        del body  # the text is the only copy kept
     except UnicodeDecodeError:
         raise FetchError(f"{url}: body is not UTF-8 text, not metrics text", Reason.PARSE_ERROR) from None
     head = text.lstrip()[:64].lower()
@@ -113,7 +123,7 @@ def http_get(url: str, timeout_s: float = 2.0, max_bytes: int = DEFAULT_MAX_BYTE
 
 
 def _get_once(url: str, target: str, timeout_s: float, deadline: float, max_bytes: int,
-              ok_status: tuple[int, ...] = ()):
+              ok_status: tuple[int, ...] = (), max_lines: int = 1 << 62):
     parts = urlsplit(target)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise FetchError(f"{url}: invalid URL (expected http://host:port/metrics)")
@@ -168,6 +178,7 @@ def _get_once(url: str, target: str, timeout_s: float, deadline: float, max_byte
         dec = zlib.decompressobj(16 + zlib.MAX_WBITS) if enc == "gzip" else (
             zlib.decompressobj() if enc == "deflate" else None)
         buf = bytearray()
+        lines = 0
         try:
             while True:
                 remaining = deadline - time.monotonic()
@@ -178,13 +189,27 @@ def _get_once(url: str, target: str, timeout_s: float, deadline: float, max_byte
                     conn.sock.settimeout(remaining)
                 chunk = resp.read1(_CHUNK)
                 if not chunk:
+                    if dec is not None:  # what zlib still holds (at most its 32 KiB window)
+                        buf += dec.flush()
+                        if len(buf) > max_bytes:
+                            raise FetchError(f"{url}: body is over the {max_bytes} byte limit", Reason.PARSE_ERROR)
                     break
-                if dec is not None:
-                    # bounded: a gzip bomb stops at the cap instead of filling memory
-                    chunk = dec.decompress(chunk, max_bytes + 1 - len(buf))
-                buf += chunk
-                if len(buf) > max_bytes:
-                    raise FetchError(f"{url}: body is over the {max_bytes} byte limit", Reason.PARSE_ERROR)
+                # inflated in pieces of at most _INFLATE bytes, each counted before the next: a gzip
+                # bomb stops at the first cap it reaches, holding at most the cap plus one piece
+                data = chunk
+                while data:
+                    if dec is not None:
+                        piece = dec.decompress(data, _INFLATE)
+                        data = dec.unconsumed_tail
+                    else:
+                        piece, data = data, b""
+                    buf += piece
+                    if len(buf) > max_bytes:
+                        raise FetchError(f"{url}: body is over the {max_bytes} byte limit", Reason.PARSE_ERROR)
+                    lines += piece.count(b"\n")
+                    if lines > max_lines:
+                        raise FetchError(f"{url}: body has more than {max_lines} lines, not a metrics page this "
+                                         "agent keeps", Reason.PARSE_ERROR)
         except (socket.timeout, TimeoutError):
             raise FetchError(f"{url}: timed out after {timeout_s:g} s (body still arriving)",
                              Reason.TIMEOUT) from None
@@ -193,7 +218,7 @@ def _get_once(url: str, target: str, timeout_s: float, deadline: float, max_byte
             raise FetchError(f"{url}: body read failed ({_one_line(str(e))})", kind) from None
         resp.read()  # marks a fully read response closed, so the connection can send again
         reusable = not resp.will_close and resp.isclosed()
-        return status, headers, bytes(buf), None
+        return status, headers, buf, None
     finally:
         if reusable:
             _CONNS.give(key, conn)
