@@ -8,12 +8,14 @@ fields: docs/captures.md.
 from __future__ import annotations
 
 import calendar
+import errno
 import json
 import logging
 import os
 import re
 import secrets
 import shutil
+import stat
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping
@@ -55,6 +57,105 @@ def _dir_bytes(path: str) -> int:
             except OSError:
                 pass
     return total
+
+
+def _http_post(url: str, timeout: float) -> tuple[int, str]:
+    import http.client
+    import socket
+    from urllib.parse import urlsplit
+
+    u = urlsplit(url)
+    if u.scheme not in ("http", "https") or not u.hostname:
+        raise ConnectionError(f"cannot reach {url}: not an http(s) URL")
+    cls = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection
+    conn = cls(u.hostname, u.port, timeout=timeout)
+    try:
+        conn.request("POST", (u.path or "/") + (f"?{u.query}" if u.query else ""), body=b"",
+                     headers={"User-Agent": "fragscope", "Content-Length": "0"})
+        resp = conn.getresponse()
+        text = resp.read(4096).decode("utf-8", "replace")
+        return resp.status, text
+    except (socket.timeout, TimeoutError):
+        raise TimeoutError(f"{url}: no answer within {timeout:.0f} s") from None
+    except (OSError, http.client.HTTPException) as e:
+        raise ConnectionError(f"cannot reach {url}: {_one_line(e)}") from None
+    finally:
+        conn.close()
+
+
+class UnsafeFile(OSError):
+    """A file in the probe or profiler directory that the agent refuses to read (one line)."""
+
+
+MAX_TAKE_BYTES = 8 << 30  # a snapshot pickle of a large model is ~100 MB-2 GB; a trace up to ~1 GB
+
+
+def trusted_uids(directory: str, extra: Iterable[int] = ()) -> frozenset[int]:
+    """Owners whose files in ``directory`` are read: the agent's own user, the directory's owner,
+    and ``extra`` (capture.probe_uids)."""
+    uids = {os.geteuid(), *extra}
+    try:
+        uids.add(os.stat(directory).st_uid)
+    except OSError:
+        pass
+    return frozenset(uids)
+
+
+def take_file(src: str, dest: str, uids: frozenset[int], remove: bool = False,
+              max_bytes: int = MAX_TAKE_BYTES) -> int:
+    """Copy ``src`` to a new file ``dest`` and return its size, opening ``src`` safely: never through a
+    symbolic link (O_NOFOLLOW), never a FIFO or device (O_NONBLOCK, then a regular-file check on the
+    open descriptor), owned by one of ``uids``, one link only, at most ``max_bytes``. ``remove``
+    unlinks ``src`` afterwards (the probe's files are handed over). Raises UnsafeFile / OSError."""
+    try:
+        fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise UnsafeFile(f"{src}: is a symbolic link; refused") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsafeFile(f"{src}: not a regular file; refused")
+        if st.st_uid not in uids:
+            raise UnsafeFile(f"{src}: owned by uid {st.st_uid}, expected one of {sorted(uids)} "
+                             "(the agent's user or the directory's owner; see capture.probe_uids); refused")
+        if st.st_nlink != 1:
+            raise UnsafeFile(f"{src}: has {st.st_nlink} hard links; refused")
+        if st.st_size > max_bytes:
+            raise UnsafeFile(f"{src}: {st.st_size} bytes, over the {max_bytes} byte limit; refused")
+        os.set_blocking(fd, True)
+        out = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0),
+                      0o600)
+        n = 0
+        try:
+            while True:
+                chunk = os.read(fd, 1 << 20)
+                if not chunk:
+                    break
+                n += len(chunk)
+                if n > max_bytes:
+                    raise UnsafeFile(f"{src}: grew past the {max_bytes} byte limit while read; refused")
+                os.write(out, chunk)
+        except BaseException:
+            os.close(out)
+            out = -1
+            try:
+                os.unlink(dest)
+            except OSError:
+                pass
+            raise
+        finally:
+            if out >= 0:
+                os.close(out)
+    finally:
+        os.close(fd)
+    if remove:
+        try:
+            os.unlink(src)
+        except OSError:
+            pass
+    return n
 
 
 def _trace_complete(path: str) -> bool:
@@ -124,7 +225,7 @@ class CaptureManager:
                  profiler_dir: str | None = None,
                  triggers: Mapping[str, Iterable[str]] | None = None, min_severity: str = "warning",
                  rearm_seconds: float = 900.0, poll_interval: float = 0.1, segments_only_ok: bool = True,
-                 session=None,
+                 session=None, probe_uids: Iterable[int] = (),
                  sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.time) -> None:
         self.out_dir = os.fspath(out_dir)
         try:
@@ -149,6 +250,7 @@ class CaptureManager:
         self.poll = float(poll_interval)
         self.segments_only_ok = bool(segments_only_ok)
         self._session = session
+        self.probe_uids = tuple(int(u) for u in probe_uids)
         self._sleep = sleep
         self._clock = clock
         self._episodes: dict[tuple, _Episode] = {}
@@ -328,26 +430,32 @@ class CaptureManager:
             raise TimeoutError(f"no snapshot from the probe within {self.snapshot_timeout:.0f} s "
                                f"(is the fragscope probe running in the engine, watching {pdir}?)")
         errors, pickles = [], []
+        uids = trusted_uids(pdir, self.probe_uids)
         for pid in sorted(set(status) | set(pickles_seen), key=int):
             st = {}
             if pid in status:
                 dest = os.path.join(cdir, os.path.basename(status[pid]))
-                shutil.move(status[pid], dest)
-                try:
+                try:  # never through a link planted in the probe directory (docs/captures.md#safety)
+                    take_file(status[pid], dest, uids, remove=True, max_bytes=1 << 20)
                     with open(dest, encoding="utf-8") as fh:
                         st = json.load(fh)
                     if not isinstance(st, dict):
                         st = {}
+                except UnsafeFile as e:
+                    st = {"ok": False, "error": str(e)}
                 except (OSError, ValueError):
                     st = {"ok": False, "error": "unreadable status file"}
             pk = pickles_seen.get(pid)
             if pk is None:
                 cand = os.path.join(pdir, f"snapshot-{pid}-{cid}.pickle")
-                pk = cand if os.path.exists(cand) else None
+                pk = cand if os.path.lexists(cand) else None
             if pk is not None and st.get("ok", True):
                 dest = os.path.join(cdir, os.path.basename(pk))
-                shutil.move(pk, dest)
-                pickles.append((pid, dest))
+                try:
+                    take_file(pk, dest, uids, remove=True)
+                    pickles.append((pid, dest))
+                except OSError as e:
+                    errors.append(f"pid {pid}: {_one_line(str(e))}")
             else:
                 errors.append(f"pid {pid}: {_one_line(str(st.get('error') or 'no snapshot written'))}")
         att["paths"] = [p for _, p in pickles]
@@ -376,27 +484,19 @@ class CaptureManager:
             att["error"] = "; ".join(errors)
 
     # profile -----------------------------------------------------------------------------------
-    def _http(self):
-        if self._session is None:
-            import requests
-
-            self._session = requests.Session()
-        return self._session
-
     def _post(self, url: str, timeout: float) -> None:
-        import requests
-
-        try:
-            r = self._http().post(url, timeout=timeout)
-        except requests.Timeout:
-            raise TimeoutError(f"{url}: no answer within {timeout:.0f} s") from None
-        except requests.ConnectionError as e:
-            raise ConnectionError(f"cannot reach {url}: {_one_line(e)}") from None
-        if r.status_code == 404:
+        """POST with an empty body (vLLM's /start_profile, /stop_profile). http.client, not requests:
+        the sidecar does not import requests (14.6 MB of RSS; collectors/http.py)."""
+        if self._session is not None:  # an injected requests-like session (tests)
+            r = self._session.post(url, timeout=timeout)
+            code, text = r.status_code, getattr(r, "text", "") or ""
+        else:
+            code, text = _http_post(url, timeout)
+        if code == 404:
             raise RuntimeError(f"{url}: 404, the vLLM profiler is not enabled "
                                "(start the server with VLLM_TORCH_PROFILER_DIR set)")
-        if not 200 <= r.status_code < 300:
-            raise RuntimeError(f"{url}: HTTP {r.status_code} {_one_line(r.text or '')}")
+        if not 200 <= code < 300:
+            raise RuntimeError(f"{url}: HTTP {code} {_one_line(text or '')}")
 
     def _traces(self, since: float) -> list[tuple[float, str]]:
         out = []
@@ -411,10 +511,11 @@ class CaptureManager:
                 if f.endswith(_TRACE_SUFFIXES) and not f.startswith("."):
                     p = os.path.join(dirpath, f)
                     try:
-                        m = os.stat(p).st_mtime
+                        lst = os.lstat(p)  # a link planted among the traces is not followed
                     except OSError:
                         continue
-                    if m >= since:
+                    m = lst.st_mtime
+                    if stat.S_ISREG(lst.st_mode) and m >= since:
                         out.append((m, p))
         return sorted(out)
 
@@ -454,7 +555,8 @@ class CaptureManager:
             raise TimeoutError(f"no new complete trace in {self.profiler_dir} within {self.trace_timeout:.0f} s of "
                                "/stop_profile")
         dest = os.path.join(cdir, os.path.basename(chosen))
-        shutil.copy2(chosen, dest)  # the engine's directory is the engine's: copy, never move
+        # the engine's directory is the engine's: copy, never move; safely (take_file)
+        take_file(chosen, dest, trusted_uids(self.profiler_dir, self.probe_uids))
         att["path"], att["paths"] = dest, [dest]
         att["source_path"] = chosen
         try:

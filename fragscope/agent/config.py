@@ -188,9 +188,28 @@ _KEYS: dict[str, tuple[str, Any, str]] = {
                              "the engine's torch profiler directory (VLLM_TORCH_PROFILER_DIR) as the agent sees it"),
     "capture.profile_every": ("capture_profile_every", _duration_or_off,
                               "take a short profile this often for kernel-gap signals (0: only on findings)"),
+    "capture.probe_uids": ("capture_probe_uids", lambda v, w: _uid_list(v, w),
+                           "extra owners (uids) whose probe/trace files are read, besides the agent's user "
+                           "and the directory's owner"),
     "collector.max_backoff": ("max_backoff", parse_duration, "longest wait between retries of a failing collector"),
     "api.max_points": ("api_max_points", _pos_int, "largest number of points one API response carries"),
 }
+
+
+def _uid_list(v: Any, what: str) -> list[int]:
+    items = re.split(r"[,\s]+", v.strip()) if isinstance(v, str) else list(v) if isinstance(v, (list, tuple)) else [v]
+    out = []
+    for x in items:
+        if x == "":
+            continue
+        try:
+            u = int(x)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{what}: expected user ids (integers), got {x!r}") from None
+        if isinstance(x, bool) or not 0 <= u < 2**32:
+            raise ConfigError(f"{what}: expected user ids (integers), got {x!r}")
+        out.append(u)
+    return out
 
 
 def _choice(v: Any, what: str, choices: tuple[str, ...]) -> str:
@@ -239,6 +258,7 @@ class AgentConfig:
     capture_enabled: bool = False
     capture_max_per_hour: int = 4
     capture_profiler_dir: str | None = None
+    capture_probe_uids: list[int] = field(default_factory=list)
     capture_profile_every: float = 0.0  # e.g. 600 (10 min): fragscope_kernel_gap_seconds every 10 min
     max_backoff: float = 60.0
     # 16 bytes a point in numpy while a response streams out; 3 h at 15 s of 250 series is 180k

@@ -114,9 +114,10 @@ class Agent:
             # the profiler endpoints hang off the server's base URL, not /metrics
             urls = tuple(u[: -len("/metrics")] if u.rstrip("/").endswith("/metrics") else u
                          for u in (x.rstrip("/") for x in self.cfg.vllm_urls))
+            extra = {"probe_uids": self.cfg.capture_probe_uids} if self.cfg.capture_probe_uids else {}
             self._capture = CaptureManager(out, probe_dir=self.cfg.probe_dir, vllm_urls=urls,
                                            max_per_hour=self.cfg.capture_max_per_hour,
-                                           profiler_dir=self.cfg.capture_profiler_dir)
+                                           profiler_dir=self.cfg.capture_profiler_dir, **extra)
         except Exception as e:  # noqa: BLE001
             log.error("capture: disabled (%s)", loops.one_line(e))
 
