@@ -145,6 +145,7 @@ def test_api_json_endpoints(agent):
     code, st = _json(agent.url + "/api/v1/status")
     assert code == 200 and st["ready"] is True
     assert st["pandas_loaded"] is False  # the agent's steady state stays out of pandas (RSS)
+    assert st["requests_loaded"] is False  # nor requests (14.6 MB): http.client throughout
     assert {c["name"] for c in st["collectors"]} == {"vllm", "dcgm", "nvml", "torch", "logs"}
     code, f = _json(agent.url + "/api/v1/findings")
     assert code == 200 and "findings" in f and "inconclusive" in f

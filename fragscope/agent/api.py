@@ -355,6 +355,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._json(200, {
             "version": __version__, "started": st.started, "uptime_seconds": time.monotonic() - st.started_mono,
             "ready": _first_round_done(st), "rss_bytes": rss, "pandas_loaded": "pandas" in sys.modules,
+            "requests_loaded": "requests" in sys.modules,
             "collectors": [h.to_dict() for h in st.collectors.values()],
             "store": st.store.stats() if st.store is not None else None,
             "ring": {"series": len(st.ring), "points": st.ring.points(), "step_seconds": st.ring.step,

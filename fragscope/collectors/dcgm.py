@@ -8,6 +8,7 @@ add series (Hostname, driver version, PCI id, device node).
 from __future__ import annotations
 
 import logging
+import re
 
 from ..model import CollectResult, Missing, Reason, Sample
 from ..signals import SIGNALS
@@ -39,6 +40,8 @@ EXTRA_FIELDS = (
 )
 KEEP = frozenset([s.metric for sig in SIGNALS.values() for s in sig.sources if s.metric.startswith("DCGM_")]
                  + list(EXTRA_FIELDS))
+_FIELD_LINE = re.compile(r"^(DCGM_[A-Za-z0-9_]*)[{\s][^\n]*\n?", re.M)
+_HEAD_BYTES = 64 * 1024
 DROP_LABELS = frozenset({"Hostname", "DCGM_FI_DRIVER_VERSION", "pci_bus_id", "device"})
 CORE = ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_SM_CLOCK",
         "DCGM_FI_DEV_GPU_TEMP")
@@ -59,8 +62,18 @@ def is_blank(value: float, name: str = "") -> bool:
 
 def parse_dcgm_metrics(text: str, ts: float, source: str = "dcgm", key_cache: dict | None = None) -> list[Sample]:
     """A dcgm-exporter body -> kept samples stamped ``ts`` (pure). Raises ParseError."""
+    # only the kept fields' lines are parsed, found by a regex (no list of every line): bounded work
+    # and memory on a hostile body (collectors/vllm.py does the same)
+    kept = [m.group() for m in _FIELD_LINE.finditer(text) if m.group(1) in KEEP]
+    if not kept:  # nothing of ours: parse a bounded head, to reject garbage with the parser's message
+        head = text[:_HEAD_BYTES]
+        if len(text) > _HEAD_BYTES and "\n" in head:
+            head = head[: head.rindex("\n") + 1]
+        scraped = [s for s in scrape_samples(head, ts, source) if s.name in KEEP]
+    else:
+        scraped = scrape_samples("".join(kept), ts, source, key_cache)
     out = []
-    for s in scrape_samples(text, ts, source, key_cache):
+    for s in scraped:
         if s.name not in KEEP or is_blank(s.value, s.name):
             continue
         labels = s.labels

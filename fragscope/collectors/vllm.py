@@ -9,6 +9,7 @@ the detectors use, plus a few documented extras, are kept, to bound what the age
 from __future__ import annotations
 
 import logging
+import re
 
 from ..model import CollectResult, Missing, Reason, Sample, make_labels
 from ..signals import SIGNALS, normalise_name
@@ -18,6 +19,8 @@ from .http import DEFAULT_MAX_BYTES, Fetch, FetchError, LogOnce, http_get
 log = logging.getLogger(__name__)
 
 _HIST = ("_bucket", "_sum", "_count")
+_ENGINE_LINE = re.compile(r"^(?:ray_)?vllm:[^\n]*\n?", re.M)
+_HEAD_BYTES = 64 * 1024  # of a page without vllm: lines, parsed only for the parser's error message
 
 
 def _signal_sources(prefix: str) -> list[tuple[str, str]]:
@@ -80,14 +83,19 @@ def parse_vllm_metrics(text: str, ts: float, source: str = "vllm", key_cache: di
     """
     # Pre-filter lines by family before parsing: a vLLM scrape has ~600 lines, a third of them
     # kept; parsing only those cut the agent's per-scrape cost 3.5 -> 1.2 ms (bench/bench_agent.py).
+    # Lines are found by a regex over the text, never split into a list: a hostile body of 1M short
+    # lines would make a 50+ MB list of strings (bench/bench_agent_hostile.py); only kept lines live.
     kept = []
-    for line in text.splitlines(True):
-        if line.startswith(("vllm:", "ray_vllm:")):
-            name = normalise_name(line.split("{", 1)[0].split(None, 1)[0])
-            if name in KEEP:
-                kept.append(line)
-    if not kept:  # nothing of ours: parse it all, to reject garbage with the parser's message
-        return [s for s in scrape_samples(text, ts, source) if s.name in KEEP]
+    for m in _ENGINE_LINE.finditer(text):
+        line = m.group()
+        name = normalise_name(line.split("{", 1)[0].split(None, 1)[0])
+        if name in KEEP:
+            kept.append(line)
+    if not kept:  # nothing of ours: parse a bounded head, to reject garbage with the parser's message
+        head = text[:_HEAD_BYTES]
+        if len(text) > _HEAD_BYTES and "\n" in head:
+            head = head[: head.rindex("\n") + 1]
+        return [s for s in scrape_samples(head, ts, source) if s.name in KEEP]
     return scrape_samples("".join(kept), ts, source, key_cache)
 
 
