@@ -241,3 +241,26 @@ def test_snapshot_capture_still_takes_the_probes_real_files(tmp_path):
     assert os.path.basename(att["path"]).startswith("snapshot-5-") and os.path.isfile(att["path"])
     assert not os.path.islink(att["path"]) and os.stat(att["path"]).st_mode & 0o777 == 0o600
     assert [n for n in os.listdir(probe) if n.startswith("snapshot-")] == []  # handed over
+
+
+def test_trim_gives_freed_heap_memory_back():
+    """Freed memory in the middle of the heap (a pinned object every 50) stays resident until
+    malloc_trim; the agent trims after large bodies and history queries (agent/memory.py)."""
+    from fragscope.agent import memory
+
+    if memory._glibc() is None or memory.rss_bytes() is None:
+        pytest.skip("glibc malloc and /proc needed")
+    memory.trim()
+    base = memory.rss_bytes()
+    objs = [bytearray(2048) for _ in range(40_000)]  # ~80 MB of 2 KiB blocks (malloc, under the mmap threshold)
+    for i, o in enumerate(objs):
+        o[::512] = b"\x01" * len(o[::512])  # touch every page
+    pinned = objs[::50]
+    grown = memory.rss_bytes()
+    del objs
+    held = memory.rss_bytes()
+    assert memory.trim() is True
+    after = memory.rss_bytes()
+    assert grown - base > 60e6
+    assert held - after > 40e6, (base, grown, held, after)  # trim returned most of what was freed
+    assert len(pinned) == 800
