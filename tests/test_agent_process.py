@@ -242,14 +242,15 @@ def test_slow_huge_and_down_endpoints_never_stall_the_agent(replay, tmp_path):
 def test_kill_9_and_restart_keeps_history(replay, tmp_path):
     base, d = replay
     args = ["--vllm", base + "/vllm/metrics", "--dcgm", base + "/dcgm/metrics"]
-    a = Agent(args, str(tmp_path))
+    env = {"FRAGSCOPE_STORE_FLUSH_INTERVAL": "0.5s"}  # commits every 0.5 s: the same contract, sooner
+    a = Agent(args, str(tmp_path), env=env)
     q = "/api/v1/signals?names=DCGM_FI_DEV_FB_USED&since=1h&step=0"
-    # wait past one flush (5 s) so points are committed
-    first = _wait(lambda: (lambda s: s if s["points"] >= 10 else None)(_json(a.url + q)[1]), 30)
+    # wait past a few flushes so points are committed
+    first = _wait(lambda: (lambda s: s if s["points"] >= 4 else None)(_json(a.url + q)[1]), 30)
     t_last = max(max(s["ts"]) for s in first["series"])
     a.p.kill()  # SIGKILL: no clean shutdown
     a.p.wait(timeout=10)
-    b = Agent(args, str(tmp_path), port=a.port)
+    b = Agent(args, str(tmp_path), port=a.port, env=env)
     try:
         after = _json(b.url + q)[1]
         ts = [t for s in after["series"] for t in s["ts"]]
