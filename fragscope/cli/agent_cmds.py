@@ -318,7 +318,8 @@ def diagnose_url(arg: str, fmt: str, fail_on: str, **opts) -> int:
             return
         rep = p.report
         verdict = ("no verdict yet" if rep is None else
-                   ", ".join(f"{f.id} ({f.severity.value})" for f in rep.findings) or "no finding")
+                   ", ".join(f"{f.id} ({f.severity.value})" for f in rep.findings) or
+                   (f"no finding, {len(rep.inconclusive)} inconclusive" if rep.inconclusive else "no finding"))
         line = (f"  {_fmt_elapsed(p.elapsed_s)}  {p.ok_rounds}/{p.round} scrapes  {verdict}"
                 + (f"  last scrape failed: {p.last_error}" if p.last_error else "") + "  (Ctrl-C: final verdict)")
         width = max(40, __import__("shutil").get_terminal_size((100, 20)).columns - 1)
