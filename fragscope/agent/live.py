@@ -231,7 +231,7 @@ def watch(collector: Any, duration_s: float, interval_s: float, *, source: str,
     the end. Ctrl-C (KeyboardInterrupt) ends sampling early: the final verdict is still given.
     Raises LiveError when no scrape succeeded."""
     if judge is None:
-        from ..playbooks import diagnose as judge  # noqa: N813
+        from ..pipeline import diagnose as judge  # noqa: N813
     from .store import infer_types
 
     rounds = max(1, int(duration_s // interval_s) + 1)

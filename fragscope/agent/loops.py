@@ -14,6 +14,7 @@ import math
 import time
 from typing import Any
 
+from .. import units
 from ..model import CollectResult
 from . import memory
 from .health import down_collectors, explain_down
@@ -26,9 +27,8 @@ HOUSEKEEPING_S = 2.0  # watchdog resolution; every wake-up of an idle thread cos
 
 
 def one_line(e: BaseException | str) -> str:
-    s = str(e) if not isinstance(e, BaseException) else f"{type(e).__name__}: {e}"
-    s = " ".join(s.split())
-    return s[:300]
+    """An error as one line, always naming its type (the agent's logs and collector states)."""
+    return units.one_line(f"{type(e).__name__}: {e}" if isinstance(e, BaseException) else e, 300)
 
 
 def mark_down(h: CollectorHealth, err: str, now: float) -> None:

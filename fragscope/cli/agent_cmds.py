@@ -238,7 +238,7 @@ def agent_verdict(window, base: str):
     reasons name a down source, and a not-ready agent is said once on stderr (and in the notes)."""
     from ..agent.health import down_collectors, explain_down
     from ..agent.live import agent_status
-    from ..playbooks import diagnose
+    from ..pipeline import diagnose
 
     status, ready = agent_status(base)
     if isinstance(ready, dict) and ready.get("status") == "not ready":
@@ -256,14 +256,15 @@ def _fmt_elapsed(s: float) -> str:
     return f"{s // 60}:{s % 60:02d}"
 
 
-def diagnose_url(arg: str, fmt: str, fail_on: str, **opts) -> int:
+def diagnose_url(arg: str, fmt: str, fail_on: str, color: bool | None = None, html: str | None = None,
+                 **opts) -> int:
     """``diagnose URL``: a vLLM / SGLang server, a dcgm-exporter or a fragscope agent (docs/cli.md#live).
 
     A first verdict after two scrapes (stderr), refined until --duration or Ctrl-C; the final
     report on stdout. Errors that cannot go away fail at once (exit 2)."""
     from ..agent.client import ClientError, fetch_window
     from ..agent.live import LiveError, PageCollector, finding_line, resolve, verdict_key, watch
-    from ..playbooks import diagnose  # imported before sampling starts: Ctrl-C then always lands in watch()
+    from ..pipeline import diagnose  # imported before sampling starts: Ctrl-C then always lands in watch()
     from .render import print_report, report_exit_code
 
     if opts.get("agent") or opts.get("vllm") or opts.get("dcgm") or opts.get("prometheus"):
@@ -284,7 +285,7 @@ def diagnose_url(arg: str, fmt: str, fail_on: str, **opts) -> int:
         except ClientError as e:
             fail(str(e))
         report = agent_verdict(window, target.base)
-        print_report(report, fmt)
+        print_report(report, fmt, window=window, color=color, html=html)
         return report_exit_code(report, fail_on)
     if opts.get("since"):
         fail("--since reads history (a FILE or an agent); a live page is sampled from now: use --duration")
@@ -346,7 +347,7 @@ def diagnose_url(arg: str, fmt: str, fail_on: str, **opts) -> int:
         shown.append(cur)
 
     try:
-        _, report, prog = watch(PageCollector(target), dur, ivl, source=f"live: {target.url}", judge=diagnose,
+        window, report, prog = watch(PageCollector(target), dur, ivl, source=f"live: {target.url}", judge=diagnose,
                                 on_verdict=on_verdict, on_round=on_round)
     except LiveError as e:
         clear()
@@ -354,7 +355,7 @@ def diagnose_url(arg: str, fmt: str, fail_on: str, **opts) -> int:
     clear()
     say(f"final verdict after {prog.ok_rounds} scrapes ({prog.elapsed_s:.0f} s)"
         + (", stopped by Ctrl-C" if prog.interrupted else "") + ":")
-    print_report(report, fmt)
+    print_report(report, fmt, window=window, color=color, html=html)
     return report_exit_code(report, fail_on)
 
 
