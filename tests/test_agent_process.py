@@ -306,7 +306,7 @@ def test_diagnose_from_agent_and_record(agent, replay, tmp_path):
 
 @pytest.mark.parametrize("args,msg", [
     (["record", "--vllm", "http://127.0.0.1:1/metrics", "--duration", "1s", "--interval", "0.5s", "-o", "x.om"],
-     "no data sampled"),
+     "connection refused"),  # found out before sampling, not after --duration
     (["record", "--duration", "1s", "-o", "x.om"], "nothing to record"),
     (["record", "--vllm", "http://127.0.0.1:1/metrics", "--duration", "soon", "-o", "x.om"], "--duration"),
     (["agent", "--listen", "127.0.0.1:99999"], "port"),

@@ -313,6 +313,8 @@ def test_cli_url_ctrl_c_prints_the_final_verdict(site):
     (["{host}/nothere"], "HTTP 404"),
     (["{host}", "--since", "1h"], "--since reads history"),
     (["{host}", "--vllm", "http://{host}/metrics"], "not both"),
+    (["--vllm", "http://127.0.0.1:{closed}", "--duration", "2m"], "connection refused"),  # not after 2 min
+    (["--vllm", "http://{host}/metrics", "--dcgm", "http://{host}/nothere"], "nothere/metrics: HTTP 404"),
 ])
 def test_cli_url_errors_are_one_line_exit_2(site, args, needle):
     host, _ = site
@@ -323,6 +325,20 @@ def test_cli_url_errors_are_one_line_exit_2(site, args, needle):
     assert p.returncode == 2 and out == ""
     assert needle in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert time.monotonic() - t0 < 10
+
+
+def test_cli_vllm_flag_finds_metrics_and_samples_with_dcgm(site):
+    """`diagnose --vllm http://pod:8000` (the README's form, no /metrics) finds the page; with --dcgm
+    both are sampled in the same rounds."""
+    host, _ = site
+    p = _diagnose("--vllm", f"http://{host}", "--dcgm", f"{host}/dcgm", "--duration", "1s", "--interval", "0.5s",
+                  "--format", "json")
+    out, err = p.communicate(timeout=60)
+    assert p.returncode in (0, 1), err
+    d = json.loads(out)
+    assert d["source"] == f"live: http://{host}/metrics, http://{host}/dcgm/metrics"
+    assert f"http://{host}/metrics: vLLM (V1 engine)" in err and f"http://{host}/dcgm/metrics: dcgm-exporter" in err
+    assert "first verdict after 2 scrapes" in err
 
 
 def test_existing_file_that_looks_like_a_url_stays_a_file(tmp_path):

@@ -176,6 +176,15 @@ def _live_window(agent, vllm, dcgm, since, duration, interval, default_since: st
             fail(f"--interval: at least {MIN_INTERVAL_S:g}s")
         if ivl > dur:
             fail("--interval is longer than --duration")
+        # find each page first (/metrics when the path is empty): what cannot go away fails now,
+        # not after --duration of failed rounds
+        from ..agent.live import LiveError, resolve
+
+        try:
+            vllm = tuple(resolve(u).url for u in vllm)
+            dcgm = resolve(dcgm).url if dcgm else None
+        except LiveError as e:
+            fail(str(e))
         import logging
 
         # the collectors' own warnings would repeat what tick() prints once per change
@@ -263,8 +272,7 @@ def diagnose_url(arg: str, fmt: str, fail_on: str, color: bool | None = None, ht
     A first verdict after two scrapes (stderr), refined until --duration or Ctrl-C; the final
     report on stdout. Errors that cannot go away fail at once (exit 2)."""
     from ..agent.client import ClientError, fetch_window
-    from ..agent.live import LiveError, PageCollector, finding_line, resolve, verdict_key, watch
-    from ..pipeline import diagnose  # imported before sampling starts: Ctrl-C then always lands in watch()
+    from ..agent.live import LiveError, resolve
     from .render import print_report, report_exit_code
 
     if opts.get("agent") or opts.get("vllm") or opts.get("dcgm") or opts.get("prometheus"):
@@ -289,10 +297,65 @@ def diagnose_url(arg: str, fmt: str, fail_on: str, color: bool | None = None, ht
         return report_exit_code(report, fail_on)
     if opts.get("since"):
         fail("--since reads history (a FILE or an agent); a live page is sampled from now: use --duration")
-    dur = _duration(opts.get("duration"), "--duration", "2m")
+    return _watch_targets([target], fmt, fail_on, opts.get("duration"), opts.get("interval"), color, html)
+
+
+def diagnose_sources(fmt: str, fail_on: str, color: bool | None = None, html: str | None = None, **opts) -> int:
+    """``diagnose --vllm URL [--vllm URL ...] [--dcgm URL]``: each URL found and recognised like
+    ``diagnose URL`` (``/metrics`` tried when the path is empty; errors that cannot go away fail at
+    once), then sampled together with a first verdict and refinement (docs/cli.md#live)."""
+    from ..agent.live import LiveError, resolve
+
+    if opts.get("agent"):
+        fail("give --agent URL or --vllm/--dcgm URL, not both")
+    if opts.get("since"):
+        fail("--since reads history (--agent or a FILE); --vllm/--dcgm sample from now: use --duration")
+    targets = []
+    for url in [*(opts.get("vllm") or ()), *([opts["dcgm"]] if opts.get("dcgm") else [])]:
+        try:
+            t = resolve(url)
+        except LiveError as e:
+            fail(str(e))
+        if t.is_agent:
+            fail(f"{url} is a fragscope agent: use --agent {t.base} (or diagnose {t.base})")
+        targets.append(t)
+    return _watch_targets(targets, fmt, fail_on, opts.get("duration"), opts.get("interval"), color, html)
+
+
+class _Together:
+    """Several pages sampled as one round: up when any answered; the others' errors kept."""
+
+    def __init__(self, collectors: list) -> None:
+        self.collectors = collectors
+
+    def collect(self, now: float):
+        from ..model import CollectResult
+
+        if len(self.collectors) == 1:
+            return self.collectors[0].collect(now)
+        out = CollectResult()
+        errs = []
+        for c in self.collectors:
+            r = c.collect(now)
+            out.samples.extend(r.samples)
+            if not r.up:
+                errs.append(r.error or f"{c.name}: down")
+        out.up = bool(out.samples)
+        out.error = "; ".join(errs) or None
+        return out
+
+
+def _watch_targets(targets: list, fmt: str, fail_on: str, duration: str | None, interval: str | None,
+                   color: bool | None, html: str | None) -> int:
+    from ..agent.live import LiveError, PageCollector, finding_line, verdict_key, watch
+    from ..pipeline import diagnose  # imported before sampling starts: Ctrl-C then always lands in watch()
+    from .render import print_report, report_exit_code
+
+    dur = _duration(duration, "--duration", "2m")
     if dur > MAX_LIVE_DURATION_S:
-        fail(f"--duration: at most 24h (got {opts.get('duration')}); for longer, run `fragscope agent`")
-    ivl = _duration(opts.get("interval"), "--interval", "5s")
+        fail(f"--duration: at most 24h (got {duration}); for longer, run `fragscope agent`")
+    # default: 5 s, or less for a short --duration (at least 10 scrapes)
+    ivl = _duration(interval, "--interval") if interval else max(MIN_INTERVAL_S, min(5.0, dur / 10))
     if ivl < MIN_INTERVAL_S:
         fail(f"--interval: at least {MIN_INTERVAL_S:g}s")
     if ivl > dur:
@@ -302,8 +365,10 @@ def diagnose_url(arg: str, fmt: str, fail_on: str, color: bool | None = None, ht
     logging.getLogger("fragscope.collectors").setLevel(logging.ERROR)
     tty = sys.stderr.isatty()
     say = lambda msg: click.echo(msg, err=True)  # noqa: E731
-    say(f"{target.url}: {target.describe()}; sampling every {ivl:g}s for {dur:g}s, a first verdict once "
-        f"2 scrapes are in (Ctrl-C gives the final verdict at once)")
+    for t in targets:
+        say(f"{t.url}: {t.describe()}")
+    say(f"sampling every {ivl:g}s for {dur:g}s, a first verdict once 2 scrapes are in (Ctrl-C gives the "
+        "final verdict at once)")
     shown: list[set] = []
     status_len = [0]
 
@@ -347,8 +412,9 @@ def diagnose_url(arg: str, fmt: str, fail_on: str, color: bool | None = None, ht
         shown.append(cur)
 
     try:
-        window, report, prog = watch(PageCollector(target), dur, ivl, source=f"live: {target.url}", judge=diagnose,
-                                on_verdict=on_verdict, on_round=on_round)
+        window, report, prog = watch(_Together([PageCollector(t) for t in targets]), dur, ivl,
+                                     source="live: " + ", ".join(t.url for t in targets), judge=diagnose,
+                                     on_verdict=on_verdict, on_round=on_round)
     except LiveError as e:
         clear()
         fail(str(e))

@@ -87,6 +87,12 @@ def run_cmd(ctx: click.Context, file: str | None, fmt: str, fail_on: str, html: 
     rc = fleet_cmds.run_fleet(ctx, fmt=fmt, fail_on=fail_on, **opts)
     if rc is not None:
         return rc
+    if file and (opts.get("agent") or opts.get("vllm") or opts.get("dcgm")):
+        fail("give a recording FILE or a live source (--agent, --vllm, --dcgm), not both")
+    if not file and (opts.get("vllm") or opts.get("dcgm")):
+        if scrape_interval:
+            fail("--scrape-interval applies to a scrape FILE without timestamps")
+        return agent_cmds.diagnose_sources(fmt, fail_on, color=color, html=html, **opts)
     if file:
         if opts.get("duration") or opts.get("interval"):
             fail("--duration and --interval sample a live source; a FILE is read as recorded (--since "
