@@ -264,3 +264,35 @@ def test_trim_gives_freed_heap_memory_back():
     assert grown - base > 60e6
     assert held - after > 40e6, (base, grown, held, after)  # trim returned most of what was freed
     assert len(pinned) == 800
+
+
+def test_diagnose_agent_client_retries_while_the_agent_is_busy(monkeypatch):
+    import fragscope.agent.api as api
+    from fragscope.agent.client import fetch_window
+    from fragscope.agent.config import load_config
+    from fragscope.agent.daemon import Agent
+    from fragscope.model import CollectResult
+
+    class Gpu:
+        def collect(self, now):
+            return CollectResult(samples=[Sample("fragscope_gpu_memory_used_bytes", (("gpu", "0"),), now, 1e9)])
+
+    monkeypatch.setattr(api, "HEAVY_WAIT_S", 0.2)
+    port = _free_port()
+    cfg = load_config(None, {}, {"listen": f"127.0.0.1:{port}", "store.enabled": False, "interval": "0.2s",
+                                 "detect.step": "1s"})
+    ag = Agent(cfg, collectors=[("nvml", "nvml", Gpu(), 0.2, 2.0)], detect=lambda w: None)
+    ag.start()
+    try:
+        deadline = time.monotonic() + 10
+        while ag.state.ring.points() < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        slots = ag.server.RequestHandlerClass.heavy_slots
+        assert slots.acquire(timeout=1)
+        threading.Timer(1.5, slots.release).start()  # busy for 1.5 s: the first answers are 503
+        t0 = time.monotonic()
+        w = fetch_window(f"http://127.0.0.1:{port}", 600)
+        waited = time.monotonic() - t0
+    finally:
+        ag.close()
+    assert 1.0 <= waited < 8 and len(w.series[SeriesKey("fragscope_gpu_memory_used_bytes", (("gpu", "0"),))]) >= 3
