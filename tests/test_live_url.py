@@ -141,7 +141,8 @@ def test_resolve_tries_metrics_and_recognises(site):
     assert t.url == f"http://{host}/metrics" and t.kinds == ["vllm-v1"] and t.base == f"http://{host}"
     t = resolve(f"http://{host}/v0")  # a path without /metrics: the path, then path/metrics
     assert t.url == f"http://{host}/v0/metrics" and t.tried == [f"http://{host}/v0", f"http://{host}/v0/metrics"]
-    assert resolve(f"{host}/sg/metrics").kinds == ["sglang"]
+    t = resolve(f"{host}/sg/metrics")
+    assert t.kinds == ["sglang"] and t.base == f"http://{host}/sg"  # a path prefix is kept
     assert resolve(f"{host}/dcgm/metrics").describe() == "dcgm-exporter"
 
 

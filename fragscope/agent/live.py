@@ -140,7 +140,11 @@ def resolve(arg: str, timeout_s: float = 10.0, fetch: Callable[..., str] | None 
         kinds = classify(text)
         if kinds:
             p = urlsplit(cand)
-            base = urlunsplit((p.scheme, p.netloc, "", "", ""))
+            path = p.path.rstrip("/")
+            if path.endswith("/metrics"):
+                path = path[: -len("/metrics")]
+            # the base keeps a path prefix (an agent behind a reverse proxy at /fragscope/)
+            base = urlunsplit((p.scheme, p.netloc, path, "", ""))
             return Target(arg, cand, base, kinds, text, tried)
         problems.append(f"{cand}: not a page fragscope reads (no vllm:, sglang:, DCGM_FI_ or fragscope "
                         "agent metrics)")
