@@ -168,6 +168,9 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(b"0\r\n\r\n")
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
+        except Exception as e:  # noqa: BLE001 - headers are out: no second response, cut the connection
+            log.error("api: %s failed while streaming (%s: %s)", self.path[:100], type(e).__name__, e)
+            self.close_connection = True
 
     def _heavy(self, fn, q: dict) -> None:
         """Run a history query under the concurrency limit; trim memory after a large one."""
