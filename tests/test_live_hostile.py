@@ -296,3 +296,13 @@ def test_diagnose_agent_client_retries_while_the_agent_is_busy(monkeypatch):
     finally:
         ag.close()
     assert 1.0 <= waited < 8 and len(w.series[SeriesKey("fragscope_gpu_memory_used_bytes", (("gpu", "0"),))]) >= 3
+
+
+def test_capture_probe_uids_setting():
+    from fragscope.agent.config import ConfigError, load_config
+
+    cfg = load_config(None, {"FRAGSCOPE_CAPTURE_PROBE_UIDS": "1000, 1001"}, {})
+    assert cfg.capture_probe_uids == [1000, 1001] and "probe_uids = [1000, 1001]" in cfg.to_toml()
+    assert load_config(None, {}, {}).capture_probe_uids == []
+    with pytest.raises(ConfigError, match="capture.probe_uids .*expected user ids"):
+        load_config(None, {"FRAGSCOPE_CAPTURE_PROBE_UIDS": "root"}, {})
