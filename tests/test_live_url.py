@@ -267,6 +267,24 @@ def _diagnose(*args, **kw):
                             text=True, **kw)
 
 
+def _inproc(monkeypatch, capsys, *args) -> tuple[int, str, str]:
+    """The `diagnose` entry point in this process (its exit code, stdout, stderr)."""
+    import logging
+
+    from fragscope.cli import diagnose_main
+
+    monkeypatch.setattr(sys, "argv", ["diagnose", *args])
+    quiet = logging.getLogger("fragscope.collectors")
+    level = quiet.level  # live sampling quiets the collectors' own warnings: restore for other tests
+    try:
+        with pytest.raises(SystemExit) as ei:
+            diagnose_main()
+    finally:
+        quiet.setLevel(level)
+    out, err = capsys.readouterr()
+    return ei.value.code, out, err
+
+
 def test_cli_url_first_verdict_then_final_json(site):
     host, _ = site
     t0 = time.monotonic()
@@ -281,17 +299,17 @@ def test_cli_url_first_verdict_then_final_json(site):
     assert time.monotonic() - t0 < 20
 
 
-def test_cli_url_first_verdict_names_a_storm_in_progress(site):
+def test_cli_url_first_verdict_names_a_storm_in_progress(site, monkeypatch, capsys):
     """Plumbing and timing end to end: the first verdict (two scrapes, 1 s apart) already names the
     KV-cache storm, judged on the present state (the detectors' level evidence)."""
     host, _ = site
-    p = _diagnose(f"{host}/storm/metrics", "--duration", "2s", "--interval", "1s", "--format", "json")
-    out, err = p.communicate(timeout=60)
+    code, out, err = _inproc(monkeypatch, capsys, f"{host}/storm/metrics", "--duration", "2s", "--interval", "1s",
+                             "--format", "json")
     first = err.split("first verdict after 2 scrapes", 1)[1].split("final verdict", 1)[0]
     assert "kv-cache-pressure" in first and "preemptions since the engine started" in first, err
     d = json.loads(out)
     assert "kv-cache-pressure" in {f["id"] for f in d["findings"]}
-    assert p.returncode == (1 if any(f["severity"] == "critical" for f in d["findings"]) else 0)
+    assert code == (1 if any(f["severity"] == "critical" for f in d["findings"]) else 0)
 
 
 def test_cli_url_ctrl_c_prints_the_final_verdict(site):
@@ -317,25 +335,23 @@ def test_cli_url_ctrl_c_prints_the_final_verdict(site):
     (["--vllm", "http://127.0.0.1:{closed}", "--duration", "2m"], "connection refused"),  # not after 2 min
     (["--vllm", "http://{host}/metrics", "--dcgm", "http://{host}/nothere"], "nothere/metrics: HTTP 404"),
 ])
-def test_cli_url_errors_are_one_line_exit_2(site, args, needle):
+def test_cli_url_errors_are_one_line_exit_2(site, args, needle, monkeypatch, capsys):
     host, _ = site
     args = [a.format(host=host, closed=_closed_port()) for a in args]
     t0 = time.monotonic()
-    p = _diagnose(*args)
-    out, err = p.communicate(timeout=30)
-    assert p.returncode == 2 and out == ""
+    code, out, err = _inproc(monkeypatch, capsys, *args)
+    assert code == 2 and out == ""
     assert needle in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert time.monotonic() - t0 < 10
 
 
-def test_cli_vllm_flag_finds_metrics_and_samples_with_dcgm(site):
+def test_cli_vllm_flag_finds_metrics_and_samples_with_dcgm(site, monkeypatch, capsys):
     """`diagnose --vllm http://pod:8000` (the README's form, no /metrics) finds the page; with --dcgm
     both are sampled in the same rounds."""
     host, _ = site
-    p = _diagnose("--vllm", f"http://{host}", "--dcgm", f"{host}/dcgm", "--duration", "1s", "--interval", "0.5s",
-                  "--format", "json")
-    out, err = p.communicate(timeout=60)
-    assert p.returncode in (0, 1), err
+    code, out, err = _inproc(monkeypatch, capsys, "--vllm", f"http://{host}", "--dcgm", f"{host}/dcgm",
+                             "--duration", "1s", "--interval", "0.5s", "--format", "json")
+    assert code in (0, 1), err
     d = json.loads(out)
     assert d["source"] == f"live: http://{host}/metrics, http://{host}/dcgm/metrics"
     assert f"http://{host}/metrics: vLLM (V1 engine)" in err and f"http://{host}/dcgm/metrics: dcgm-exporter" in err
@@ -350,18 +366,19 @@ def test_existing_file_that_looks_like_a_url_stays_a_file(tmp_path):
     assert r.returncode == 2 and "connection" not in err and "host:9" in err
 
 
-def test_since_applies_to_a_recording(tmp_path):
+def test_since_applies_to_a_recording(tmp_path, monkeypatch, capsys):
     from fragscope.scenarios import Scenario, write_openmetrics
 
     f = tmp_path / "healthy.om"
-    write_openmetrics(Scenario(kind="healthy", step_s=30, duration_s=2 * 3600), str(f))
-    full = _diagnose(str(f), "--format", "json")
-    part = _diagnose(str(f), "--format", "json", "--since", "30m")
-    d_full, d_part = json.loads(full.communicate(timeout=60)[0]), json.loads(part.communicate(timeout=60)[0])
+    write_openmetrics(Scenario(kind="healthy", step_s=60, duration_s=2 * 3600), str(f))
+    d_full = json.loads(_inproc(monkeypatch, capsys, str(f), "--format", "json")[1])
+    d_part = json.loads(_inproc(monkeypatch, capsys, str(f), "--format", "json", "--since", "30m")[1])
     assert d_part["window"]["end"] == d_full["window"]["end"]
-    assert 1780 <= d_part["window"]["end"] - d_part["window"]["start"] <= 1800
+    assert 1740 <= d_part["window"]["end"] - d_part["window"]["start"] <= 1800
     assert d_full["window"]["end"] - d_full["window"]["start"] > 7000
     assert any("--since 30m" in n for n in d_part["signals"]["notes"])
+    code, out, err = _inproc(monkeypatch, capsys, str(f), "--duration", "1m")
+    assert code == 2 and "a FILE is read as recorded" in err
 
 
 def test_agent_kind_url_uses_its_history(tmp_path):
