@@ -418,3 +418,14 @@ def test_agent_kind_url_uses_its_history(tmp_path):
     assert d["source"].startswith(f"agent http://127.0.0.1:{port}")
     reasons = [i["reason"] for i in d["inconclusive"]]
     assert any(r.startswith("vllm collector down since") and "connection refused" in r for r in reasons), reasons
+
+
+def test_scrape_interval_reaches_the_reader(tmp_path, monkeypatch, capsys):
+    """Two curl outputs of one server, concatenated: --scrape-interval sets their spacing."""
+    f = tmp_path / "two.txt"
+    f.write_text(_read(CPU_BEFORE) * 2)
+    code, out, err = _inproc(monkeypatch, capsys, str(f), "--format", "json", "--scrape-interval", "10s")
+    d = json.loads(out)
+    assert code in (0, 1) and d["window"]["end"] - d["window"]["start"] == 10.0, err
+    code, out, err = _inproc(monkeypatch, capsys, "--scrape-interval", "10s", "--vllm", "http://127.0.0.1:1/metrics")
+    assert code == 2 and "--scrape-interval applies to a scrape FILE" in err

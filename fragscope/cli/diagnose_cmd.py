@@ -17,18 +17,11 @@ FAIL_ON = click.Choice(["info", "warning", "critical", "never"])
 
 
 def _read_file(path: str, scrape_interval: str | None):
-    import inspect
-
     from ..collectors.exposition import ParseError, read_recording
 
     kwargs = {}
-    if scrape_interval:
-        secs = agent_cmds._duration(scrape_interval, "--scrape-interval")
-        # TODO(lead): the `rec` helper adds the spacing of timestamp-less scrapes to read_recording;
-        # the keyword is assumed to be `scrape_interval_s` (seconds). Rename here if it lands otherwise.
-        if "scrape_interval_s" not in inspect.signature(read_recording).parameters:
-            fail("--scrape-interval: this build's recording reader does not support it yet")
-        kwargs["scrape_interval_s"] = secs
+    if scrape_interval:  # the spacing of scrapes saved without timestamps (curl output)
+        kwargs["scrape_interval_s"] = agent_cmds._duration(scrape_interval, "--scrape-interval")
     try:
         return read_recording(path, **kwargs)
     except ParseError as e:
