@@ -288,22 +288,22 @@ def _inproc(monkeypatch, capsys, *args) -> tuple[int, str, str]:
 def test_cli_url_first_verdict_then_final_json(site):
     host, _ = site
     t0 = time.monotonic()
-    p = _diagnose(host, "--duration", "2s", "--interval", "1s", "--format", "json")
+    p = _diagnose(host, "--duration", "1s", "--interval", "0.5s", "--format", "json")
     out, err = p.communicate(timeout=60)
     assert p.returncode in (0, 1), err
     d = json.loads(out)
     assert d["source"] == f"live: http://{host}/metrics"
     assert f"http://{host}/metrics: vLLM (V1 engine)" in err
-    assert "first verdict after 2 scrapes (1 s)" in err and "final verdict after 3 scrapes" in err
-    assert 2 <= d["window"]["end"] - d["window"]["start"] < 4
+    assert "first verdict after 2 scrapes (" in err and "final verdict after 3 scrapes" in err
+    assert 1 <= d["window"]["end"] - d["window"]["start"] < 3
     assert time.monotonic() - t0 < 20
 
 
 def test_cli_url_first_verdict_names_a_storm_in_progress(site, monkeypatch, capsys):
-    """Plumbing and timing end to end: the first verdict (two scrapes, 1 s apart) already names the
+    """Plumbing and timing end to end: the first verdict (two scrapes, 0.5 s apart) already names the
     KV-cache storm, judged on the present state (the detectors' level evidence)."""
     host, _ = site
-    code, out, err = _inproc(monkeypatch, capsys, f"{host}/storm/metrics", "--duration", "2s", "--interval", "1s",
+    code, out, err = _inproc(monkeypatch, capsys, f"{host}/storm/metrics", "--duration", "1s", "--interval", "0.5s",
                              "--format", "json")
     first = err.split("first verdict after 2 scrapes", 1)[1].split("final verdict", 1)[0]
     assert "kv-cache-pressure" in first and "preemptions since the engine started" in first, err
@@ -358,12 +358,12 @@ def test_cli_vllm_flag_finds_metrics_and_samples_with_dcgm(site, monkeypatch, ca
     assert "first verdict after 2 scrapes" in err
 
 
-def test_existing_file_that_looks_like_a_url_stays_a_file(tmp_path):
+def test_existing_file_that_looks_like_a_url_stays_a_file(tmp_path, monkeypatch, capsys):
     p = tmp_path / "host:9"
     p.write_text("garbage that is not metrics\n")
-    r = _diagnose(str(p.name), cwd=str(tmp_path), env={**os.environ, "PYTHONPATH": ROOT})
-    out, err = r.communicate(timeout=30)
-    assert r.returncode == 2 and "connection" not in err and "host:9" in err
+    monkeypatch.chdir(tmp_path)
+    code, out, err = _inproc(monkeypatch, capsys, "host:9")
+    assert code == 2 and "connect" not in err and "host:9" in err
 
 
 def test_since_applies_to_a_recording(tmp_path, monkeypatch, capsys):
@@ -381,7 +381,7 @@ def test_since_applies_to_a_recording(tmp_path, monkeypatch, capsys):
     assert code == 2 and "a FILE is read as recorded" in err
 
 
-def test_agent_kind_url_uses_its_history(tmp_path):
+def test_agent_kind_url_uses_its_history(tmp_path, monkeypatch, capsys):
     """A URL that is a fragscope agent: its history is read like --agent, and a down engine source is
     said (readiness and the inconclusive reasons)."""
     from fragscope.agent.config import load_config
@@ -407,11 +407,10 @@ def test_agent_kind_url_uses_its_history(tmp_path):
         deadline = time.monotonic() + 10
         while ag.state.report is None and time.monotonic() < deadline:
             time.sleep(0.1)
-        p = _diagnose(f"127.0.0.1:{port}", "--format", "json", "--since", "5m")
-        out, err = p.communicate(timeout=60)
+        code, out, err = _inproc(monkeypatch, capsys, f"127.0.0.1:{port}", "--format", "json", "--since", "5m")
     finally:
         ag.close()
-    assert p.returncode in (0, 1), err
+    assert code in (0, 1), err
     assert "fragscope agent; reading its last 300 s" in err
     assert "not ready: engine source vllm collector down since" in err and "connection refused" in err
     d = json.loads(out)
