@@ -1,0 +1,170 @@
+"""cpu-fallback (issue 13): ONNX Runtime profiles made for real on this machine's CPU from tiny graphs;
+the GPU-provider cases are those real profiles with the provider of chosen nodes rewritten and the
+copies ORT inserts at each boundary added, the way a CUDA session's profile shows them."""
+from __future__ import annotations
+
+import copy
+import json
+
+import numpy as np
+import pytest
+
+ort = pytest.importorskip("onnxruntime")
+onnx = pytest.importorskip("onnx")
+from onnx import TensorProto, helper  # noqa: E402
+
+from fragscope.collectors.ort_profile import ProfileError, parse_events, read_profile  # noqa: E402
+from fragscope.detectors import cpu_fallback  # noqa: E402
+from fragscope.model import Inconclusive, Severity  # noqa: E402
+
+
+def _profile(tmp_path, nodes, inputs, outputs, inits, feeds, runs=4) -> list:
+    g = helper.make_graph(nodes, "g", inputs, outputs, inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    path = tmp_path / "m.onnx"
+    onnx.save(m, str(path))
+    so = ort.SessionOptions()
+    so.enable_profiling = True
+    so.profile_file_prefix = str(tmp_path / "prof")
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # keep the nodes as built
+    s = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    for _ in range(runs):
+        s.run(None, feeds)
+    return json.loads(open(s.end_profiling(), encoding="utf-8").read())
+
+
+@pytest.fixture(scope="module")
+def mlp(tmp_path_factory):
+    """MatMul -> Relu -> Add -> Sigmoid: four float nodes, profiled for real."""
+    X = helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 64])
+    Y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 64])
+    W = helper.make_tensor("w", TensorProto.FLOAT, [64, 64], np.full(64 * 64, 0.01, np.float32).tolist())
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["a"], name="mm"),
+             helper.make_node("Relu", ["a"], ["b"], name="relu"),
+             helper.make_node("Add", ["b", "x"], ["c"], name="add"),
+             helper.make_node("Sigmoid", ["c"], ["y"], name="sig")]
+    return _profile(tmp_path_factory.mktemp("mlp"), nodes, [X], [Y], [W], {"x": np.ones((64, 64), np.float32)})
+
+
+@pytest.fixture(scope="module")
+def reshaper(tmp_path_factory):
+    """Shape -> Gather -> Unsqueeze -> Concat -> Reshape around a MatMul: int64 shape arithmetic."""
+    X = helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 16])
+    Y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 4, 4])
+    W = helper.make_tensor("w", TensorProto.FLOAT, [16, 16], np.full(256, 0.1, np.float32).tolist())
+    i0 = helper.make_tensor("i0", TensorProto.INT64, [], [0])
+    tail = helper.make_tensor("tail", TensorProto.INT64, [2], [4, 4])
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["a"], name="mm"),
+             helper.make_node("Shape", ["a"], ["s"], name="shape"),
+             helper.make_node("Gather", ["s", "i0"], ["n"], name="gather", axis=0),
+             helper.make_node("Unsqueeze", ["n", "ax"], ["n1"], name="unsq"),
+             helper.make_node("Concat", ["n1", "tail"], ["shp"], name="concat", axis=0),
+             helper.make_node("Reshape", ["a", "shp"], ["r"], name="reshape"),
+             helper.make_node("Relu", ["r"], ["y"], name="relu")]
+    ax = helper.make_tensor("ax", TensorProto.INT64, [1], [0])
+    return _profile(tmp_path_factory.mktemp("rs"), nodes, [X], [Y], [W, i0, tail, ax],
+                    {"x": np.ones((8, 16), np.float32)})
+
+
+def as_gpu(events: list, on_cpu: set[str], copy_us: float = 40.0, gpu: str = "CUDAExecutionProvider") -> list:
+    """A real CPU profile rewritten as a CUDA session's: nodes not in ``on_cpu`` on ``gpu``, and at each
+    provider boundary the copy node ORT inserts (MemcpyToHost to the CPU, MemcpyFromHost back),
+    placed in time after the node before it; later events shift by the copy's duration."""
+    out = []
+    runs = [e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"]
+    nodes = [e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
+    for r in runs:
+        inside = sorted((e for e in nodes if r["ts"] <= e["ts"] <= r["ts"] + r["dur"]), key=lambda e: e["ts"])
+        shift, prev, k = 0.0, None, 0
+        for e in inside:
+            e = copy.deepcopy(e)
+            node = e["name"][: -len("_kernel_time")]
+            prov = "CPUExecutionProvider" if node in on_cpu else gpu
+            e["args"]["provider"] = prov
+            if prev is not None and prov != prev:
+                op = "MemcpyToHost" if prov == "CPUExecutionProvider" else "MemcpyFromHost"
+                out.append({"cat": "Node", "name": f"Memcpy_{k}_kernel_time", "ts": e["ts"] + shift,
+                            "dur": copy_us, "ph": "X", "args": {"op_name": op, "provider": gpu}})
+                k += 1
+                shift += copy_us
+            e["ts"] += shift
+            out.append(e)
+            prev = prov
+        out.append(dict(r, dur=r["dur"] + shift))
+    return out
+
+
+def test_real_cpu_profile_is_read(mlp):
+    prof = parse_events(mlp)
+    assert len(prof.runs) == 4
+    assert [n.op for n in prof.nodes if n.run == 1] == ["MatMul", "Relu", "Add", "Sigmoid"]
+    assert prof.providers == ["CPUExecutionProvider"]
+    assert all(n.output_types == ("float",) for n in prof.nodes)
+
+
+def test_cpu_only_profile_is_inconclusive_not_healthy(mlp):
+    res = cpu_fallback.detect(parse_events(mlp))
+    assert isinstance(res, Inconclusive) and "no GPU partition" in res.reason
+
+
+def test_all_on_gpu_is_quiet(mlp):
+    assert cpu_fallback.detect(parse_events(as_gpu(mlp, set()))) == []
+
+
+def test_a_cpu_node_between_gpu_partitions(mlp):
+    ev = as_gpu(mlp, {"relu"}, copy_us=40.0)
+    prof = parse_events(ev)
+    a = cpu_fallback.analyse(prof)
+    r = a["median_run"]
+    assert (r["partitions"], r["boundaries"], r["copies"]) == (3, 2, 2)
+    assert [n.name for n in r["cpu_between"]] == ["relu"]
+    assert r["copy_us"] == 80.0
+    (f,) = cpu_fallback.detect(prof)
+    assert f.severity in (Severity.WARNING, Severity.CRITICAL)
+    assert "Relu" in f.summary and "between GPU partitions" in f.summary
+    # the share is checked against the events themselves
+    runs = [e for e in ev if e.get("name") == "model_run"]
+    med = sorted(runs, key=lambda e: e["dur"])[len(runs) // 2]
+    relu = [e for e in ev if e["name"] == "relu_kernel_time" and med["ts"] <= e["ts"] <= med["ts"] + med["dur"]]
+    share = (relu[0]["dur"] + 80.0) / med["dur"]
+    assert f.evidence[0].observed == pytest.approx(share, rel=1e-3)
+    acts = cpu_fallback.actions(f.context, {})
+    assert any("relu" in a for a in acts)
+
+
+def test_cpu_nodes_only_at_the_edge_are_milder(mlp):
+    prof = parse_events(as_gpu(mlp, {"sig"}, copy_us=1.0))
+    r = cpu_fallback.analyse(prof)["median_run"]
+    assert r["cpu_between"] == [] and r["boundaries"] == 1
+    (f,) = cpu_fallback.detect(prof)
+    assert "only at the graph's edges" in f.summary
+
+
+def test_shape_arithmetic_on_the_cpu_is_not_a_fallback(reshaper):
+    ops = {n.op: n.output_types for n in parse_events(reshaper).nodes}
+    assert ops["Shape"] == ("int64",) and ops["Concat"] == ("int64",)  # as ORT reports them
+    shape_ops = {"shape", "gather", "unsq", "concat"}
+    prof = parse_events(as_gpu(reshaper, shape_ops, copy_us=5.0))
+    assert cpu_fallback.detect(prof) == []
+    assert sorted(cpu_fallback.analyse(prof)["shape_nodes"]) == sorted(shape_ops)
+
+
+@pytest.mark.parametrize("payload,msg", [
+    ({"a": 1}, "not an ONNX Runtime profile"),
+    ([], "no node events"),
+    ([{"cat": "Session", "name": "model_run", "ts": 0, "dur": 5}], "no node events"),
+    ("text", "not an ONNX Runtime profile"),
+])
+def test_bad_profiles_are_one_line_errors(payload, msg):
+    with pytest.raises(ProfileError, match=msg):
+        parse_events(payload)
+
+
+def test_unreadable_files(tmp_path):
+    p = tmp_path / "x.json"
+    p.write_text('[{"cat": "Node"', encoding="utf-8")
+    with pytest.raises(ProfileError, match="not JSON"):
+        read_profile(str(p))
+    with pytest.raises(ProfileError, match="no such file"):
+        read_profile(str(tmp_path / "missing.json"))
