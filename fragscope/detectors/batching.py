@@ -174,7 +174,9 @@ def detect(cfg: TritonModelConfig, c: ModelCounters, conf: Config = Config()) ->
         ctx.update(problem=problem, knob=knob, current=now, recommended=to)
         return [Finding(ID, sev, conf_, summary, evidence=ev, subject=subject, context=ctx, basis="level")]
 
-    qsev = Severity.WARNING if q >= conf.queue_dominates * comp else Severity.INFO
+    # warning when waiting dominates latency, or the instances are busy (small batches then cost throughput)
+    qsev = Severity.WARNING if (q >= conf.queue_dominates * comp or (rho is not None and rho >= conf.busy_rho)) \
+        else Severity.INFO
     name = subject["model"]
     if mbs <= 1:
         if q >= conf.queue_dominates * comp:

@@ -1,0 +1,140 @@
+"""``diagnose ort-profile FILE`` (cpu-fallback) and ``diagnose triton-batching SCRAPE... --config
+config.pbtxt`` (batching-misconfiguration): engine verdicts from artefacts beside /metrics (docs/engines.md)."""
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+
+import click
+
+from ..model import Inconclusive, Report
+from .common import fail
+from .render import render_human, report_exit_code
+
+FORMATS = click.Choice(["human", "json"])
+FAIL_ON = click.Choice(["info", "warning", "critical", "never"])
+
+
+def _emit(report: Report, fmt: str, fail_on: str, extra: dict) -> int:
+    if fmt == "json":
+        out = report.to_dict()
+        out.update(extra)
+        sys.stdout.write(json.dumps(out, indent=2, allow_nan=False, default=str) + "\n")
+    else:
+        render_human(report, sys.stdout)
+    return report_exit_code(report, fail_on)
+
+
+@click.command("ort-profile")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--format", "fmt", type=FORMATS, default="human", show_default=True, help="Output format.")
+@click.option("--fail-on", type=FAIL_ON, default="critical", show_default=True,
+              help="Exit 1 when a finding is at or above this severity.")
+def ort_profile_cmd(file: str, fmt: str, fail_on: str) -> int:
+    """Which ONNX Runtime operators fell back to the CPU, from a profile written with
+    SessionOptions.enable_profiling (JSON, or .json.gz)."""
+    from ..collectors.ort_profile import ProfileError, read_profile
+    from ..detectors import cpu_fallback
+    from ..playbooks import attach_playbooks
+
+    try:
+        prof = read_profile(file)
+    except ProfileError as e:
+        fail(str(e))
+    res = cpu_fallback.detect(prof)
+    report = Report(window=(math.nan, math.nan), source=file)
+    if isinstance(res, Inconclusive):
+        report.inconclusive.append(res)
+    else:
+        report.findings = res
+    attach_playbooks(report)
+    a = cpu_fallback.analyse(prof)
+    r = a["median_run"] or {}
+    extra = {"profile": {"runs": a["runs"], "providers": a["providers"], "cpu_ops": a["cpu_ops"],
+                         "cpu_op_seconds_per_run": {k: v * 1e-6 for k, v in a["cpu_op_us_per_run"].items()},
+                         "shape_nodes_on_cpu": a["shape_nodes"],
+                         "median_run": {"boundaries": r.get("boundaries"), "partitions": r.get("partitions"),
+                                        "copies": r.get("copies"),
+                                        "copy_seconds": (r["copy_us"] * 1e-6) if r else None,
+                                        "run_seconds": (r["run_us"] * 1e-6) if r else None},
+                         "notes": prof.notes}}
+    return _emit(report, fmt, fail_on, extra)
+
+
+@click.command("triton-batching")
+@click.argument("scrapes", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--config", "config", required=True, type=click.Path(dir_okay=False),
+              help="The model's config.pbtxt.")
+@click.option("--model", default=None, help="The model label in the scrape (default: the config's name, or the "
+              "only model in the scrape).")
+@click.option("--interval", type=float, default=None,
+              help="Seconds between the SCRAPES when they carry no timestamps (two scrapes give rates).")
+@click.option("--format", "fmt", type=FORMATS, default="human", show_default=True, help="Output format.")
+@click.option("--fail-on", type=FAIL_ON, default="critical", show_default=True,
+              help="Exit 1 when a finding is at or above this severity.")
+def triton_batching_cmd(scrapes: tuple[str, ...], config: str, model: str | None, interval: float | None,
+                        fmt: str, fail_on: str) -> int:
+    """Judge a Triton model's dynamic-batching settings (config.pbtxt) against its counters in one or
+    more /metrics scrapes (port 8002): fill, queue vs compute time, instance utilisation."""
+    from ..collectors.exposition import ParseError, parse_text
+    from ..collectors.triton_config import ConfigError, read_config
+    from ..detectors import batching
+    from ..model import Window
+
+    try:
+        with open(config, encoding="utf-8") as fh:
+            cfg = read_config(fh.read(1024 * 1024 + 1))
+    except FileNotFoundError:
+        fail(f"{config}: no such file")
+    except (OSError, UnicodeDecodeError) as e:
+        fail(f"{config}: cannot read: {e}")
+    except ConfigError as e:
+        fail(f"{config}: {e}")
+    if len(scrapes) > 1 and interval is None:
+        stamped = True  # each scrape must then carry its own timestamps
+    else:
+        stamped = False
+    # unstamped scrapes: taken now, --interval apart
+    base = time.time() - (len(scrapes) - 1) * (interval or 0.0)
+    cols: dict = {}
+    types: dict = {}
+    for i, path in enumerate(scrapes):
+        try:
+            with open(path, encoding="utf-8") as fh:
+                text = fh.read()
+            p = parse_text(text, default_ts=None if stamped else base + float(i) * (interval or 0.0), source=path)
+        except FileNotFoundError:
+            fail(f"{path}: no such file")
+        except (OSError, UnicodeDecodeError) as e:
+            fail(f"{path}: cannot read: {e}")
+        except ParseError as e:
+            msg = str(e)
+            fail(msg + (" (several scrapes without timestamps: give --interval SECONDS)" if stamped else ""))
+        types.update(p.types)
+        for k, (ts, vs) in p.cols.items():
+            a = cols.setdefault(k, ([], []))
+            a[0].extend(ts)
+            a[1].extend(vs)
+    w = Window.from_columns(cols, types=types, source=",".join(scrapes))
+    models = batching.models_in(w)
+    name = model or (cfg.name if cfg.name in models else (models[0] if len(models) == 1 else None))
+    if name is None:
+        fail(f"which model? the scrape has {', '.join(models) or 'no Triton model counters'}; give --model")
+    res = batching.detect(cfg, batching.model_counters(w, name))
+    report = Report(window=(w.start, w.end), source=",".join(scrapes))
+    if isinstance(res, Inconclusive):
+        report.inconclusive.append(res)
+    else:
+        for f in res:
+            pb = batching.PLAYBOOK.to_dict()
+            pb["actions"] = batching.actions(f.context, {})
+            f.playbook = pb
+        report.findings = res
+    return _emit(report, fmt, fail_on, {"triton_config": cfg.to_dict(), "model": name})
+
+
+def register(fragscope_group: click.Group, diagnose_group: click.Group) -> None:
+    diagnose_group.add_command(ort_profile_cmd)
+    diagnose_group.add_command(triton_batching_cmd)

@@ -1,0 +1,106 @@
+"""diagnose ort-profile and diagnose triton-batching: exit codes, valid JSON, one-line errors."""
+from __future__ import annotations
+
+import json
+import pathlib
+
+import pytest
+from click.testing import CliRunner
+
+from fragscope.cli import diagnose_group
+
+DATA = pathlib.Path(__file__).resolve().parent / "data" / "engines"
+
+
+class _R:
+    def __init__(self, exit_code, output):
+        self.exit_code, self.output = exit_code, output
+
+
+def invoke(cmd, args):
+    """The exit code the console script gives: the command's return value, or 2 for a usage error."""
+    r = CliRunner().invoke(cmd, args, standalone_mode=False)
+    if r.exception is not None:
+        code = getattr(r.exception, "exit_code", None)
+        assert code == 2, f"unexpected {type(r.exception).__name__}: {r.exception}"
+        return _R(2, r.output)
+    return _R(r.return_value, r.output)
+
+
+def _triton_scrape(requests, inferences, executions, queue_us, compute_us) -> str:
+    m = 'model="resnet",version="1"'
+    return "".join([f"nv_inference_request_success{{{m}}} {requests}\n", f"nv_inference_count{{{m}}} {inferences}\n",
+                    f"nv_inference_exec_count{{{m}}} {executions}\n", f"nv_inference_queue_duration_us{{{m}}} {queue_us}\n",
+                    f"nv_inference_compute_input_duration_us{{{m}}} 0\n",
+                    f"nv_inference_compute_infer_duration_us{{{m}}} {compute_us}\n",
+                    f"nv_inference_compute_output_duration_us{{{m}}} 0\n"])
+
+
+def test_triton_batching_two_scrapes_json(tmp_path, capsys):
+    cfg = tmp_path / "config.pbtxt"
+    cfg.write_text('name: "resnet"\nmax_batch_size: 32\ndynamic_batching { max_queue_delay_microseconds: 100 }\n'
+                   "instance_group [ { count: 1 } ]\n")
+    a, b = tmp_path / "a.prom", tmp_path / "b.prom"
+    a.write_text(_triton_scrape(0, 0, 0, 0, 0))
+    R, E = 120000, 12500  # 2000/s over 60 s, batches of 9.6, queue 6 ms, compute 4 ms per request
+    b.write_text(_triton_scrape(R, R, E, R * 6000, R * 4000))
+    from fragscope.cli.engines_cmd import triton_batching_cmd
+    r = invoke(triton_batching_cmd, [str(a), str(b), "--config", str(cfg), "--interval", "60",
+                                                 "--format", "json", "--fail-on", "warning"])
+    assert r.exit_code == 1, r.output
+    out = json.loads(r.output)
+    (f,) = out["findings"]
+    assert f["id"] == "batching-misconfiguration" and out["model"] == "resnet"
+    assert any("100 → 4000" in x for x in f["playbook"]["actions"])
+
+
+def test_triton_batching_bad_inputs_exit_2(tmp_path):
+    from fragscope.cli.engines_cmd import triton_batching_cmd
+    cfg = tmp_path / "c.pbtxt"
+    cfg.write_text("max_batch_size: 8 {")
+    s = tmp_path / "s.prom"
+    s.write_text(_triton_scrape(1, 1, 1, 1, 1))
+    r = invoke(triton_batching_cmd, [str(s), "--config", str(cfg)])
+    assert r.exit_code == 2
+    cfg.write_text("max_batch_size: 8")
+    r = invoke(triton_batching_cmd, [str(s), str(s), "--config", str(cfg)])
+    assert r.exit_code == 2  # two unstamped scrapes without --interval
+    r = invoke(triton_batching_cmd, [str(s), "--config", str(cfg), "--model", "nope"])
+    assert r.exit_code == 0 and "could not judge" in r.output.lower()
+
+
+def test_ort_profile_cli_on_a_gpu_profile(tmp_path):
+    from fragscope.cli.engines_cmd import ort_profile_cmd
+    ev = [{"cat": "Session", "name": "model_run", "ts": 0, "dur": 1000, "ph": "X", "args": {}}]
+    t = 10
+    for name, op, prov, dur in (("mm", "MatMul", "CUDAExecutionProvider", 100),
+                                ("Memcpy", "MemcpyToHost", "CUDAExecutionProvider", 150),
+                                ("nms", "NonMaxSuppression", "CPUExecutionProvider", 300),
+                                ("Memcpy_1", "MemcpyFromHost", "CUDAExecutionProvider", 150),
+                                ("add", "Add", "CUDAExecutionProvider", 50)):
+        ev.append({"cat": "Node", "name": f"{name}_kernel_time", "ts": t, "dur": dur, "ph": "X",
+                   "args": {"op_name": op, "provider": prov, "output_type_shape": [{"float": [1]}]}})
+        t += dur
+    p = tmp_path / "prof.json"
+    p.write_text(json.dumps(ev))
+    r = invoke(ort_profile_cmd, [str(p), "--format", "json"])
+    assert r.exit_code == 1, r.output  # (300 + 300) / 1000 = 60 % of the run: critical
+    out = json.loads(r.output)
+    (f,) = out["findings"]
+    assert f["id"] == "cpu-fallback" and f["severity"] == "critical"
+    assert out["profile"]["median_run"]["copies"] == 2
+    assert out["profile"]["median_run"]["copy_seconds"] == pytest.approx(300e-6)
+    assert f["evidence"][0]["observed"] == pytest.approx(0.6)
+
+
+@pytest.mark.parametrize("content", ["", "[1, 2", '{"traceEvents": 3}', "\x00\x01"])
+def test_ort_profile_bad_files_exit_2(tmp_path, content):
+    from fragscope.cli.engines_cmd import ort_profile_cmd
+    p = tmp_path / "x.json"
+    p.write_text(content)
+    r = invoke(ort_profile_cmd, [str(p)])
+    assert r.exit_code == 2
+
+
+def test_subcommands_registered():
+    assert {"ort-profile", "triton-batching"} <= set(diagnose_group.commands)
