@@ -74,9 +74,10 @@ def as_gpu(events: list, on_cpu: set[str], copy_us: float = 40.0, gpu: str = "CU
     out = []
     runs = [e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"]
     nodes = [e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
-    for r in runs:
+    shift, k = 0.0, 0  # copies push every later event back, across runs too
+    for r in sorted(runs, key=lambda e: e["ts"]):
         inside = sorted((e for e in nodes if r["ts"] <= e["ts"] <= r["ts"] + r["dur"]), key=lambda e: e["ts"])
-        shift, prev, k = 0.0, None, 0
+        run_start, before, prev = r["ts"] + shift, shift, None
         for e in inside:
             e = copy.deepcopy(e)
             node = e["name"][: -len("_kernel_time")]
@@ -91,7 +92,7 @@ def as_gpu(events: list, on_cpu: set[str], copy_us: float = 40.0, gpu: str = "CU
             e["ts"] += shift
             out.append(e)
             prev = prov
-        out.append(dict(r, dur=r["dur"] + shift))
+        out.append(dict(r, ts=run_start, dur=r["dur"] + shift - before))
     return out
 
 
@@ -168,3 +169,21 @@ def test_unreadable_files(tmp_path):
         read_profile(str(p))
     with pytest.raises(ProfileError, match="no such file"):
         read_profile(str(tmp_path / "missing.json"))
+
+
+def test_concurrent_runs_are_told_apart_by_thread(mlp):
+    """Two Run() calls overlapping in time from two threads: nodes go to the run of their thread."""
+    ev = as_gpu(mlp, {"relu"})
+    runs = sorted((e for e in ev if e.get("name") == "model_run"), key=lambda e: e["ts"])[:2]
+    a, b = runs
+    other = []
+    for e in ev:  # move the second run onto another thread, starting inside the first
+        if b["ts"] <= e["ts"] <= b["ts"] + b["dur"]:
+            e = dict(e, tid=999, ts=e["ts"] - (b["ts"] - a["ts"]) + 1)
+        other.append(e)
+    prof = parse_events(other)
+    by_run: dict = {}
+    for n in prof.nodes:
+        by_run.setdefault(n.run, []).append(n.op)
+    assert all(ops.count("Relu") == 1 for r, ops in by_run.items() if r >= 0)
+    assert -1 not in by_run

@@ -11,6 +11,7 @@ and ``ts`` / ``dur`` in microseconds. Copies ORT inserts between providers are n
 """
 from __future__ import annotations
 
+import bisect
 import gzip
 import json
 import os
@@ -64,6 +65,7 @@ def parse_events(events, source: str = "profile") -> OrtProfile:
     prof = OrtProfile(source=source)
     bad = 0
     raw = []
+    run_tids: list = []
     for e in events:
         if not isinstance(e, dict):
             bad += 1
@@ -77,8 +79,10 @@ def parse_events(events, source: str = "profile") -> OrtProfile:
         if not (ts == ts and dur == dur) or dur < 0:
             bad += 1
             continue
+        tid = e.get("tid")
         if cat == "Session" and name == "model_run":
             prof.runs.append((ts, dur))
+            run_tids.append((ts, dur, tid))
         elif cat == "Node" and isinstance(name, str) and name.endswith("_kernel_time"):
             args = e.get("args") if isinstance(e.get("args"), dict) else {}
             try:
@@ -86,20 +90,33 @@ def parse_events(events, source: str = "profile") -> OrtProfile:
             except (TypeError, ValueError):
                 idx = -1
             raw.append((name[: -len("_kernel_time")], str(args.get("op_name", "?")),
-                        str(args.get("provider", "?")), idx, ts, dur, _types(args.get("output_type_shape"))))
+                        str(args.get("provider", "?")), idx, ts, dur, _types(args.get("output_type_shape")), tid))
     if not raw:
         raise ProfileError(f"{source}: no node events (cat 'Node', '*_kernel_time'): not an ONNX Runtime "
                            "profile, or profiling ended before any run")
     if bad:
         prof.notes.append(f"{bad} malformed events skipped")
-    prof.runs.sort()
-    starts = [r[0] for r in prof.runs]
-    import bisect
-
-    for name, op, prov, idx, ts, dur, types in raw:
+    # A node belongs to the model_run that contains it on the same thread (concurrent Run() calls from
+    # several threads overlap in time; the sequential executor runs nodes on the calling thread).
+    run_tids.sort(key=lambda r: r[0])
+    prof.runs = [(r[0], r[1]) for r in run_tids]
+    starts = [r[0] for r in run_tids]
+    for name, op, prov, idx, ts, dur, types, tid in raw:
+        run = -1
         i = bisect.bisect_right(starts, ts) - 1
-        run = i if i >= 0 and ts <= prof.runs[i][0] + prof.runs[i][1] else -1
-        prof.nodes.append(NodeRun(name, op, prov, idx, ts, dur, run, types))
+        fallback = -1
+        while i >= 0:
+            rts, rdur, rtid = run_tids[i]
+            if ts <= rts + rdur:
+                if rtid == tid:
+                    run = i
+                    break
+                if fallback < 0:
+                    fallback = i
+            i -= 1
+            if starts[i + 1] < ts - 60e6:  # runs longer than a minute are not searched further back
+                break
+        prof.nodes.append(NodeRun(name, op, prov, idx, ts, dur, run if run >= 0 else fallback, types))
     prof.nodes.sort(key=lambda n: (n.ts_us, n.index))
     return prof
 
