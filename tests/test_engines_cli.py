@@ -104,3 +104,41 @@ def test_ort_profile_bad_files_exit_2(tmp_path, content):
 
 def test_subcommands_registered():
     assert {"ort-profile", "triton-batching"} <= set(diagnose_group.commands)
+
+
+def test_triton_batching_from_a_live_endpoint(tmp_path):
+    """Two scrapes of a local Triton-like /metrics 0.3 s apart: rates from the live counters."""
+    import http.server
+    import threading
+
+    from fragscope.cli.engines_cmd import triton_batching_cmd
+
+    bodies = [_triton_scrape(0, 0, 0, 0, 0), _triton_scrape(600, 600, 600, 600 * 9000, 600 * 3000)]
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = (bodies.pop(0) if bodies else "").encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        cfg = tmp_path / "config.pbtxt"
+        cfg.write_text('name: "resnet"\nmax_batch_size: 8\ninstance_group [ { count: 1 } ]\n')
+        r = invoke(triton_batching_cmd, ["--url", f"http://127.0.0.1:{srv.server_port}/metrics", "--interval", "0.3",
+                                         "--config", str(cfg), "--format", "json", "--fail-on", "never"])
+    finally:
+        srv.shutdown()
+    out = json.loads(r.output)
+    (f,) = out["findings"]
+    assert f["evidence"][0]["observed"] == 1.0  # 600 inferences in 600 executions
+    assert "dynamic_batching" in f["playbook"]["actions"][0]
+    r = invoke(triton_batching_cmd, ["--url", "http://127.0.0.1:9/metrics", "--interval", "0.1", "--config", str(cfg)])
+    assert r.exit_code == 2

@@ -64,7 +64,9 @@ def ort_profile_cmd(file: str, fmt: str, fail_on: str) -> int:
 
 
 @click.command("triton-batching")
-@click.argument("scrapes", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.argument("scrapes", nargs=-1, type=click.Path(dir_okay=False))
+@click.option("--url", default=None, help="Scrape Triton's /metrics (e.g. http://host:8002/metrics) twice, "
+              "--interval seconds apart (default 30), instead of reading SCRAPES.")
 @click.option("--config", "config", required=True, type=click.Path(dir_okay=False),
               help="The model's config.pbtxt.")
 @click.option("--model", default=None, help="The model label in the scrape (default: the config's name, or the "
@@ -74,8 +76,8 @@ def ort_profile_cmd(file: str, fmt: str, fail_on: str) -> int:
 @click.option("--format", "fmt", type=FORMATS, default="human", show_default=True, help="Output format.")
 @click.option("--fail-on", type=FAIL_ON, default="critical", show_default=True,
               help="Exit 1 when a finding is at or above this severity.")
-def triton_batching_cmd(scrapes: tuple[str, ...], config: str, model: str | None, interval: float | None,
-                        fmt: str, fail_on: str) -> int:
+def triton_batching_cmd(scrapes: tuple[str, ...], url: str | None, config: str, model: str | None,
+                        interval: float | None, fmt: str, fail_on: str) -> int:
     """Judge a Triton model's dynamic-batching settings (config.pbtxt) against its counters in one or
     more /metrics scrapes (port 8002): fill, queue vs compute time, instance utilisation."""
     from ..collectors.exposition import ParseError, parse_text
@@ -92,18 +94,37 @@ def triton_batching_cmd(scrapes: tuple[str, ...], config: str, model: str | None
         fail(f"{config}: cannot read: {e}")
     except ConfigError as e:
         fail(f"{config}: {e}")
-    if len(scrapes) > 1 and interval is None:
+    if bool(url) == bool(scrapes):
+        fail("give SCRAPE files or --url, one of the two")
+    texts: list[tuple[str, str | None]] = [(p, None) for p in scrapes]
+    if url:
+        from ..collectors.http import FetchError, http_get
+
+        interval = 30.0 if interval is None else interval
+        if not 0 < interval <= 3600:
+            fail(f"--interval {interval}: give 0 < seconds <= 3600")
+        texts = []
+        for i in range(2):
+            if i:
+                time.sleep(interval)
+            try:
+                texts.append((url, http_get(url, timeout_s=10.0)))
+            except FetchError as e:
+                fail(f"{url}: {e}")
+        scrapes = (url,)
+    if len(texts) > 1 and interval is None:
         stamped = True  # each scrape must then carry its own timestamps
     else:
         stamped = False
     # unstamped scrapes: taken now, --interval apart
-    base = time.time() - (len(scrapes) - 1) * (interval or 0.0)
+    base = time.time() - (len(texts) - 1) * (interval or 0.0)
     cols: dict = {}
     types: dict = {}
-    for i, path in enumerate(scrapes):
+    for i, (path, text) in enumerate(texts):
         try:
-            with open(path, encoding="utf-8") as fh:
-                text = fh.read()
+            if text is None:
+                with open(path, encoding="utf-8") as fh:
+                    text = fh.read()
             p = parse_text(text, default_ts=None if stamped else base + float(i) * (interval or 0.0), source=path)
         except FileNotFoundError:
             fail(f"{path}: no such file")
