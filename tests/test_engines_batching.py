@@ -176,3 +176,16 @@ def test_real_old_triton_scrape_with_gpu_labels():
     assert (c.requests, c.inferences, c.executions) == (4.0, 4.0, 4.0)
     assert c.queue_us == 116.0 and c.compute_us == 1874.0 + 5154.0 + 66.0
     assert c.interval_s is None
+
+
+def test_real_ensemble_scrape_names_the_models_and_what_is_missing():
+    """tensorrtllm_backend issue #667: five models; the excerpt lacks inference_count and request counts."""
+    w = parse_text((DATA / "triton_trtllm_issue667_excerpt.prom").read_text(), default_ts=T0).to_window()
+    assert batching.models_in(w) == ["ensemble", "postprocessing", "preprocessing", "tensorrt_llm",
+                                     "tensorrt_llm_bls"]
+    c = batching.model_counters(w, "postprocessing")
+    assert c.executions == 11041.0 and c.queue_us == 20113756.0
+    res = batching.detect(read_config("max_batch_size: 64\ndynamic_batching { }"), c)
+    assert isinstance(res, Inconclusive)
+    assert set(res.missing) >= {"nv_inference_count", "nv_inference_request_success",
+                                "nv_inference_compute_infer_duration_us"}
