@@ -142,3 +142,25 @@ def test_triton_batching_from_a_live_endpoint(tmp_path):
     assert "dynamic_batching" in f["playbook"]["actions"][0]
     r = invoke(triton_batching_cmd, ["--url", "http://127.0.0.1:9/metrics", "--interval", "0.1", "--config", str(cfg)])
     assert r.exit_code == 2
+
+
+def test_diagnose_scrape_judges_any_engine_from_one_scrape():
+    from fragscope.cli.engines_cmd import scrape_cmd
+    r = invoke(scrape_cmd, [str(DATA / "sglang_docs_production_metrics.prom"), "--format", "json",
+                            "--fail-on", "info"])
+    assert r.exit_code == 1
+    out = json.loads(r.output)
+    assert [f["id"] for f in out["findings"]] == ["capacity-saturation"]
+    assert out["signals"]["sources"]["requests_waiting"] == "sglang:num_queue_reqs"
+    # TensorRT-LLM: the derived KV ratio reaches the pipeline through `derive`
+    r = invoke(scrape_cmd, [str(DATA / "triton_trtllm_readme_nv_trt_llm.prom"), "--format", "json"])
+    assert json.loads(r.output)["signals"]["sources"]["kv_cache_usage_ratio"] == "nv_trt_llm_kv_cache_used_ratio"
+
+
+def test_diagnose_scrape_bad_input(tmp_path):
+    from fragscope.cli.engines_cmd import scrape_cmd
+    p = tmp_path / "x.prom"
+    p.write_bytes(b"\x00\xff garbage\n")
+    assert invoke(scrape_cmd, [str(p)]).exit_code == 2
+    assert invoke(scrape_cmd, []).exit_code == 2
+    assert invoke(scrape_cmd, [str(tmp_path / "none.prom")]).exit_code == 2

@@ -17,11 +17,24 @@ FORMATS = click.Choice(["human", "json"])
 FAIL_ON = click.Choice(["info", "warning", "critical", "never"])
 
 
+def _finite(o):
+    """JSON has no NaN/Infinity: not-available figures become null."""
+    if isinstance(o, float):
+        return o if math.isfinite(o) else None
+    if isinstance(o, dict):
+        return {k: _finite(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_finite(v) for v in o]
+    if hasattr(o, "item"):  # numpy scalars
+        return _finite(o.item())
+    return o
+
+
 def _emit(report: Report, fmt: str, fail_on: str, extra: dict) -> int:
     if fmt == "json":
         out = report.to_dict()
         out.update(extra)
-        sys.stdout.write(json.dumps(out, indent=2, allow_nan=False, default=str) + "\n")
+        sys.stdout.write(json.dumps(_finite(out), indent=2, allow_nan=False, default=str) + "\n")
     else:
         render_human(report, sys.stdout)
     return report_exit_code(report, fail_on)
@@ -80,10 +93,8 @@ def triton_batching_cmd(scrapes: tuple[str, ...], url: str | None, config: str, 
                         interval: float | None, fmt: str, fail_on: str) -> int:
     """Judge a Triton model's dynamic-batching settings (config.pbtxt) against its counters in one or
     more /metrics scrapes (port 8002): fill, queue vs compute time, instance utilisation."""
-    from ..collectors.exposition import ParseError, parse_text
     from ..collectors.triton_config import ConfigError, read_config
     from ..detectors import batching
-    from ..model import Window
 
     try:
         with open(config, encoding="utf-8") as fh:
@@ -94,51 +105,8 @@ def triton_batching_cmd(scrapes: tuple[str, ...], url: str | None, config: str, 
         fail(f"{config}: cannot read: {e}")
     except ConfigError as e:
         fail(f"{config}: {e}")
-    if bool(url) == bool(scrapes):
-        fail("give SCRAPE files or --url, one of the two")
-    texts: list[tuple[str, str | None]] = [(p, None) for p in scrapes]
-    if url:
-        from ..collectors.http import FetchError, http_get
-
-        interval = 30.0 if interval is None else interval
-        if not 0 < interval <= 3600:
-            fail(f"--interval {interval}: give 0 < seconds <= 3600")
-        texts = []
-        for i in range(2):
-            if i:
-                time.sleep(interval)
-            try:
-                texts.append((url, http_get(url, timeout_s=10.0)))
-            except FetchError as e:
-                fail(f"{url}: {e}")
-        scrapes = (url,)
-    if len(texts) > 1 and interval is None:
-        stamped = True  # each scrape must then carry its own timestamps
-    else:
-        stamped = False
-    # unstamped scrapes: taken now, --interval apart
-    base = time.time() - (len(texts) - 1) * (interval or 0.0)
-    cols: dict = {}
-    types: dict = {}
-    for i, (path, text) in enumerate(texts):
-        try:
-            if text is None:
-                with open(path, encoding="utf-8") as fh:
-                    text = fh.read()
-            p = parse_text(text, default_ts=None if stamped else base + float(i) * (interval or 0.0), source=path)
-        except FileNotFoundError:
-            fail(f"{path}: no such file")
-        except (OSError, UnicodeDecodeError) as e:
-            fail(f"{path}: cannot read: {e}")
-        except ParseError as e:
-            msg = str(e)
-            fail(msg + (" (several scrapes without timestamps: give --interval SECONDS)" if stamped else ""))
-        types.update(p.types)
-        for k, (ts, vs) in p.cols.items():
-            a = cols.setdefault(k, ([], []))
-            a[0].extend(ts)
-            a[1].extend(vs)
-    w = Window.from_columns(cols, types=types, source=",".join(scrapes))
+    w = _scrapes_window(scrapes, url, interval, count=2)
+    scrapes = (url,) if url else scrapes
     models = batching.models_in(w)
     name = model or (cfg.name if cfg.name in models else (models[0] if len(models) == 1 else None))
     if name is None:
@@ -156,6 +124,82 @@ def triton_batching_cmd(scrapes: tuple[str, ...], url: str | None, config: str, 
     return _emit(report, fmt, fail_on, {"triton_config": cfg.to_dict(), "model": name})
 
 
+def _scrapes_window(scrapes: tuple[str, ...], url: str | None, interval: float | None, count: int):
+    """Scrape files (unstamped: taken --interval apart, ending now; or with their own timestamps), or
+    ``count`` live scrapes of ``url`` --interval apart (default 30 s) -> one Window."""
+    from ..collectors.exposition import ParseError, parse_text
+    from ..model import Window
+
+    if bool(url) == bool(scrapes):
+        fail("give SCRAPE files or --url, one of the two")
+    texts: list[tuple[str, str | None]] = [(p, None) for p in scrapes]
+    if url:
+        from ..collectors.http import FetchError, http_get
+
+        interval = 30.0 if interval is None else interval
+        if not 0 < interval <= 3600:
+            fail(f"--interval {interval}: give 0 < seconds <= 3600")
+        texts = []
+        for i in range(count):
+            if i:
+                time.sleep(interval)
+            try:
+                texts.append((url, http_get(url, timeout_s=10.0)))
+            except FetchError as e:
+                fail(f"{url}: {e}")
+        scrapes = (url,)
+    stamped = len(texts) > 1 and interval is None  # each scrape must then carry its own timestamps
+    base = time.time() - (len(texts) - 1) * (interval or 0.0)
+    cols: dict = {}
+    types: dict = {}
+    for i, (path, text) in enumerate(texts):
+        try:
+            if text is None:
+                with open(path, encoding="utf-8") as fh:
+                    text = fh.read()
+            p = parse_text(text, default_ts=None if stamped else base + float(i) * (interval or 0.0), source=path)
+        except FileNotFoundError:
+            fail(f"{path}: no such file")
+        except IsADirectoryError:
+            fail(f"{path}: is a directory")
+        except (OSError, UnicodeDecodeError) as e:
+            fail(f"{path}: cannot read: {str(e).splitlines()[0]}")
+        except ParseError as e:
+            fail(str(e) + (" (several scrapes without timestamps: give --interval SECONDS)" if stamped else ""))
+        types.update(p.types)
+        for k, (ts, vs) in p.cols.items():
+            a = cols.setdefault(k, ([], []))
+            a[0].extend(ts)
+            a[1].extend(vs)
+    w = Window.from_columns(cols, types=types, source=",".join(scrapes))
+    if not math.isfinite(w.start):
+        fail(f"{','.join(scrapes)}: no finite sample values")
+    return w
+
+
+@click.command("scrape")
+@click.argument("scrapes", nargs=-1, type=click.Path(dir_okay=False))
+@click.option("--url", default=None, help="Scrape this /metrics (any engine: vLLM, SGLang, TGI, Triton, "
+              "TensorRT-LLM) --count times, --interval seconds apart, instead of reading SCRAPES.")
+@click.option("--interval", type=float, default=None,
+              help="Seconds between scrapes (SCRAPES without timestamps, or --url; default 30 with --url).")
+@click.option("--count", type=click.IntRange(1, 20), default=1, show_default=True, help="Live scrapes with --url.")
+@click.option("--format", "fmt", type=FORMATS, default="human", show_default=True, help="Output format.")
+@click.option("--fail-on", type=FAIL_ON, default="critical", show_default=True,
+              help="Exit 1 when a finding is at or above this severity.")
+def scrape_cmd(scrapes: tuple[str, ...], url: str | None, interval: float | None, count: int, fmt: str,
+               fail_on: str) -> int:
+    """Diagnose one or a few plain /metrics scrapes of any supported engine (docs/engines.md): judged on
+    the present state, counters as lifetime totals from one scrape, rates from two or more."""
+    from ..collectors.engines import derive
+    from ..pipeline import diagnose
+
+    w = derive(_scrapes_window(scrapes, url, interval, count))
+    report = diagnose(w)
+    return _emit(report, fmt, fail_on, {})
+
+
 def register(fragscope_group: click.Group, diagnose_group: click.Group) -> None:
     diagnose_group.add_command(ort_profile_cmd)
     diagnose_group.add_command(triton_batching_cmd)
+    diagnose_group.add_command(scrape_cmd)
