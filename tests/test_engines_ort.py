@@ -187,3 +187,79 @@ def test_concurrent_runs_are_told_apart_by_thread(mlp):
         by_run.setdefault(n.run, []).append(n.op)
     assert all(ops.count("Relu") == 1 for r, ops in by_run.items() if r >= 0)
     assert -1 not in by_run
+
+
+# --- the verbose placement log ---------------------------------------------------------------------
+from fragscope.collectors.ort_profile import parse_verbose_log, read_input  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def verbose_log(tmp_path_factory):
+    """A real VERBOSE session log of a small graph (ORT writes it to the process's stderr)."""
+    import subprocess
+    import sys
+    d = tmp_path_factory.mktemp("vl")
+    code = (
+        "import numpy as np, onnx, onnxruntime as ort\n"
+        "from onnx import helper, TensorProto\n"
+        "X = helper.make_tensor_value_info('x', TensorProto.FLOAT, [2, 2])\n"
+        "Y = helper.make_tensor_value_info('y', TensorProto.FLOAT, [2, 2])\n"
+        "n = [helper.make_node('Relu', ['x'], ['a'], name='relu'), helper.make_node('Neg', ['a'], ['y'], name='neg')]\n"
+        "m = helper.make_model(helper.make_graph(n, 'g', [X], [Y]), opset_imports=[helper.make_opsetid('', 17)])\n"
+        "m.ir_version = 8\n"
+        f"onnx.save(m, {str(d / 'm.onnx')!r})\n"
+        "so = ort.SessionOptions(); so.log_severity_level = 0\n"
+        f"ort.InferenceSession({str(d / 'm.onnx')!r}, so, providers=['CPUExecutionProvider'])\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-500:]
+    return r.stderr
+
+
+def _prefix(log: str) -> str:
+    """The real line prefix ORT wrote before its placement lines (time, severity, source location)."""
+    line = next(ln for ln in log.splitlines() if "placed on [" in ln)
+    return line[: line.index("VerifyEachNodeIsAssignedToAnEp]") + len("VerifyEachNodeIsAssignedToAnEp]")]
+
+
+def test_real_verbose_log_all_on_cpu(verbose_log, tmp_path):
+    pl = parse_verbose_log(verbose_log.splitlines())
+    assert pl.all_on == "CPUExecutionProvider" and pl.counts == {"CPUExecutionProvider": 2}
+    p = tmp_path / "session.log"
+    p.write_text(verbose_log)
+    got = read_input(str(p))
+    assert isinstance(cpu_fallback.detect_placement(got), Inconclusive)
+
+
+def test_mixed_placement_log(verbose_log):
+    pre = _prefix(verbose_log)
+    log = "\n".join([
+        pre.replace("[V:", "[I:").split(" VerifyEach")[0] + " GetCapability] CUDA kernel not found in registries "
+        "for Op type: NonMaxSuppression node name: /nms/NonMaxSuppression",
+        f"{pre} Node placements",
+        f"{pre}  Node(s) placed on [CUDAExecutionProvider]. Number of nodes: 5",
+        f"{pre}   Conv (/conv/Conv)",
+        f"{pre}   Relu (/relu/Relu)",
+        f"{pre}   MemcpyToHost (Memcpy)",
+        f"{pre}   MemcpyFromHost (Memcpy_1)",
+        f"{pre}   Add (/add/Add)",
+        f"{pre}  Node(s) placed on [CPUExecutionProvider]. Number of nodes: 3",
+        f"{pre}   NonMaxSuppression (/nms/NonMaxSuppression)",
+        f"{pre}   Shape (/Shape), Gather (/Gather)",
+    ])
+    pl = parse_verbose_log(log.splitlines())
+    assert pl.counts == {"CUDAExecutionProvider": 5, "CPUExecutionProvider": 3}
+    assert [op for op, _ in pl.nodes["CPUExecutionProvider"]] == ["NonMaxSuppression", "Shape", "Gather"]
+    assert pl.not_found == [("NonMaxSuppression", "/nms/NonMaxSuppression")]
+    (f,) = cpu_fallback.detect_placement(pl)
+    assert f.basis == "log" and f.severity is Severity.WARNING
+    assert "NonMaxSuppression ×1" in f.summary and "2 copy nodes" in f.summary
+    # shape arithmetic alone on the CPU: quiet
+    quiet = parse_verbose_log([ln for ln in log.splitlines() if "NonMaxSuppression" not in ln])
+    assert cpu_fallback.detect_placement(quiet) == []
+
+
+def test_log_without_placement_lines_is_an_error(tmp_path):
+    p = tmp_path / "x.log"
+    p.write_text("2026-01-01 [I:onnxruntime:, inference_session.cc:1 Init] Session created\n")
+    with pytest.raises(ProfileError, match="log_severity_level=0"):
+        read_input(str(p))

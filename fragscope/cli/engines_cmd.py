@@ -47,22 +47,29 @@ def _emit(report: Report, fmt: str, fail_on: str, extra: dict) -> int:
               help="Exit 1 when a finding is at or above this severity.")
 def ort_profile_cmd(file: str, fmt: str, fail_on: str) -> int:
     """Which ONNX Runtime operators fell back to the CPU, from a profile written with
-    SessionOptions.enable_profiling (JSON, or .json.gz)."""
-    from ..collectors.ort_profile import ProfileError, read_profile
+    SessionOptions.enable_profiling (JSON, or .json.gz) or a session log at VERBOSE severity
+    (log_severity_level=0: the node placement report, without timings)."""
+    from ..collectors.ort_profile import Placement, ProfileError, read_input
     from ..detectors import cpu_fallback
     from ..playbooks import attach_playbooks
 
     try:
-        prof = read_profile(file)
+        prof = read_input(file)
     except ProfileError as e:
         fail(str(e))
-    res = cpu_fallback.detect(prof)
+    res = cpu_fallback.detect_placement(prof) if isinstance(prof, Placement) else cpu_fallback.detect(prof)
     report = Report(window=(math.nan, math.nan), source=file)
     if isinstance(res, Inconclusive):
         report.inconclusive.append(res)
     else:
         report.findings = res
     attach_playbooks(report)
+    if isinstance(prof, Placement):
+        return _emit(report, fmt, fail_on, {"placement": {
+            "nodes_per_provider": prof.counts, "cpu_nodes": [f"{op} ({n})" if n else op
+                                                             for op, n in prof.nodes.get(cpu_fallback.CPU, [])],
+            "kernel_not_found": [f"{op} ({n})" for op, n in prof.not_found],
+            "copies_added": [f"{k} {t} for {p}" for k, t, p in prof.copies_added]}})
     a = cpu_fallback.analyse(prof)
     r = a["median_run"] or {}
     extra = {"profile": {"runs": a["runs"], "providers": a["providers"], "cpu_ops": a["cpu_ops"],

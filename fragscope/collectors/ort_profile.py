@@ -1,4 +1,5 @@
-"""ONNX Runtime profiling JSON (``SessionOptions.enable_profiling``) -> node executions.
+"""ONNX Runtime profiling JSON (``SessionOptions.enable_profiling``) -> node executions,
+and ORT's verbose session log (``log_severity_level=0``) -> node placement per provider.
 
 ORT writes a Chrome-trace JSON array: ``Session`` events (``model_loading_uri``,
 ``session_initialization``, ``model_run``, ``SequentialExecutor::Execute``) and one ``Node`` event per
@@ -15,6 +16,7 @@ import bisect
 import gzip
 import json
 import os
+import re
 from dataclasses import dataclass, field
 
 MAX_BYTES = 1024**3
@@ -140,3 +142,85 @@ def read_profile(path: str) -> OrtProfile:
     except RecursionError:
         raise ProfileError(f"{path}: JSON nested too deeply") from None
     return parse_events(data, source=path)
+
+
+# --- the verbose session log (log_severity_level=0): node placement ----------------------------
+_PLACED = re.compile(r"(All nodes|Node\(s\)) placed on \[(\w+)\]\.\s*Number of nodes:\s*(\d+)")
+_NODE = re.compile(r"VerifyEachNodeIsAssignedToAnEp\]\s{3}(\S.*)$")
+_NOT_FOUND = re.compile(r"kernel not found in registries for Op type: (\w+) node name: (.*?)\s*$")
+_ADD_COPY = re.compile(r"Add (MemcpyToHost|MemcpyFromHost) (?:before|after) (.*?) for (\w+)")
+_OP = re.compile(r"(\w+)(?: \(([^)]*)\))?")
+
+
+@dataclass
+class Placement:
+    """What ORT's verbose log says about node placement (counts and node lists per provider)."""
+
+    counts: dict[str, int] = field(default_factory=dict)  # provider -> nodes
+    nodes: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # provider -> [(op, name)]
+    all_on: str | None = None  # "All nodes placed on [X]"
+    not_found: list[tuple[str, str]] = field(default_factory=list)  # (op, node) without a kernel on an EP
+    copies_added: list[tuple[str, str, str]] = field(default_factory=list)  # (MemcpyToHost|FromHost, tensor, EP)
+    source: str = ""
+
+    @property
+    def providers(self) -> list[str]:
+        return sorted(self.counts)
+
+
+def parse_verbose_log(lines, source: str = "log") -> Placement:
+    """ORT's placement report, from a session log at VERBOSE severity. Keeps the last report when
+    several sessions were created (one per model load)."""
+    pl = Placement(source=source)
+    current: str | None = None
+    for raw in lines:
+        line = raw.rstrip("\n")
+        m = _PLACED.search(line)
+        if m:
+            prov, n = m.group(2), int(m.group(3))
+            if m.group(1) == "All nodes":
+                pl = Placement(source=source, not_found=pl.not_found, copies_added=pl.copies_added)
+                pl.all_on = prov
+            elif prov in pl.counts:  # a second session's report starts again
+                pl = Placement(source=source, not_found=pl.not_found, copies_added=pl.copies_added)
+            pl.counts[prov] = n
+            pl.nodes.setdefault(prov, [])
+            current = prov
+            continue
+        if "Node placements" in line:
+            current = None
+            continue
+        m = _NODE.search(line)
+        if m and current is not None:
+            for op, name in _OP.findall(m.group(1)):
+                pl.nodes[current].append((op, name))
+            continue
+        m = _NOT_FOUND.search(line)
+        if m:
+            pl.not_found.append((m.group(1), m.group(2)))
+            continue
+        m = _ADD_COPY.search(line)
+        if m:
+            pl.copies_added.append((m.group(1), m.group(2), m.group(3)))
+    if not pl.counts:
+        raise ProfileError(f"{source}: no node placement lines ('Node(s) placed on [...]'): create the session "
+                           "with log_severity_level=0 (VERBOSE) to log them")
+    return pl
+
+
+def read_input(path: str) -> "OrtProfile | Placement":
+    """A profile (JSON) or a verbose session log (text), told apart by content."""
+    try:
+        opener = gzip.open if path.endswith(".gz") else open
+        with opener(path, "rt", encoding="utf-8", errors="replace") as fh:
+            head = fh.read(4096)
+    except FileNotFoundError:
+        raise ProfileError(f"{path}: no such file") from None
+    except (OSError, EOFError) as e:
+        raise ProfileError(f"{path}: cannot read: {e}".splitlines()[0]) from None
+    if head.lstrip()[:1] in ("[", "{"):
+        return read_profile(path)
+    if os.path.getsize(path) > MAX_BYTES:
+        raise ProfileError(f"{path}: larger than {MAX_BYTES} bytes")
+    with opener(path, "rt", encoding="utf-8", errors="replace") as fh:
+        return parse_verbose_log(fh, source=path)

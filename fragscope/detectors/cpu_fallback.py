@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 
-from ..collectors.ort_profile import OrtProfile
+from ..collectors.ort_profile import OrtProfile, Placement
 from ..model import Action, Evidence, Finding, Inconclusive, Playbook, Severity
 
 ID = "cpu-fallback"
@@ -129,6 +129,44 @@ def detect(prof: OrtProfile, cfg: Config = Config()) -> list[Finding] | Inconclu
            "boundaries": r["boundaries"], "gpu_provider": gpu_providers[0]}
     return [Finding(ID, sev, 0.8 if between else 0.6, summary, evidence=ev, subject={"providers": ",".join(
         a["providers"])}, context=ctx, basis="trace")]
+
+
+# Op types ORT places on the CPU for shape arithmetic (GetCpuPreferredNodes) when their inputs are
+# shapes; a placement log does not say the dtype, so these alone are not called a fallback.
+SHAPE_OPS = {"Shape", "Size", "Gather", "Unsqueeze", "Squeeze", "Concat", "Reshape", "Slice", "Cast",
+             "ConstantOfShape", "Range", "Equal", "Where", "Expand", "ReduceProd", "Mul", "Add", "Sub", "Div"}
+
+
+def detect_placement(pl: Placement, cfg: Config = Config()) -> list[Finding] | Inconclusive:
+    """The same diagnosis from ORT's verbose placement report: which ops, how many copies; no timing."""
+    gpu = [p for p in pl.providers if p != CPU]
+    if not gpu:
+        return Inconclusive(ID, [], f"every node was placed on {CPU}: no GPU provider in this session (a CPU "
+                            "deployment, or the GPU provider failed to load)")
+    cpu_nodes = [(op, name) for op, name in pl.nodes.get(CPU, []) if op not in COPY_OPS]
+    n_cpu = pl.counts.get(CPU, 0)
+    if n_cpu == 0:
+        return []
+    copies = sum(1 for p in gpu for op, _ in pl.nodes.get(p, []) if op in COPY_OPS) or len(pl.copies_added)
+    ops = Counter(op for op, _ in cpu_nodes)
+    heavy = {op: k for op, k in ops.items() if op not in SHAPE_OPS}
+    if cpu_nodes and not heavy:
+        return []  # shape arithmetic only (by design)
+    total = sum(pl.counts.values())
+    no_kernel = sorted({op for op, _ in pl.not_found})
+    listed = ", ".join(f"{op} ×{k}" for op, k in sorted(heavy.items(), key=lambda kv: -kv[1])[:6]) or \
+        f"{n_cpu} nodes (not listed in the log)"
+    summary = (f"{n_cpu} of {total} nodes placed on the CPU beside {', '.join(gpu)} ({listed}); "
+               f"{copies} copy nodes" + (f"; no GPU kernel for {', '.join(no_kernel)}" if no_kernel else "") +
+               " (placement log: no timings; a profile with enable_profiling gives the time).")
+    ev = [Evidence("cpu_placed_nodes", float(n_cpu), unit="nodes", note=f"of {total}; "
+                   + ", ".join(f"{p}: {n}" for p, n in sorted(pl.counts.items()))),
+          Evidence("memcpy_nodes", float(copies), unit="nodes", note="MemcpyToHost/MemcpyFromHost at boundaries")]
+    ctx = {"ops": sorted(heavy, key=lambda op: -heavy[op]) or no_kernel,
+           "between": sorted(name or op for op, name in cpu_nodes if op in heavy)[:20], "gpu_provider": gpu[0]}
+    sev = Severity.WARNING if (heavy and copies >= 2) else Severity.INFO
+    return [Finding(ID, sev, 0.5, summary, evidence=ev, subject={"providers": ",".join(pl.providers)},
+                    context=ctx, basis="log")]
 
 
 def actions(ctx: dict, config: dict) -> list[str]:

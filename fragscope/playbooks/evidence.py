@@ -88,5 +88,5 @@ DIAGNOSES = [
     Diagnosis("startup-oom", STARTUP_OOM, source="log", alerting=False, actions=startup_oom_actions),
     _deep("trace", UNIFIED_MEMORY_THRASHING_PLAYBOOK),
     # ONNX Runtime profiling JSON (a Chrome trace of node runs): docs/engines.md
-    _deep("trace", cpu_fallback.PLAYBOOK, actions=cpu_fallback.actions),
+    _deep("trace", cpu_fallback.PLAYBOOK, actions=cpu_fallback.actions, also_from=("log",)),
 ]
