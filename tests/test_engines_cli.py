@@ -164,3 +164,20 @@ def test_diagnose_scrape_bad_input(tmp_path):
     assert invoke(scrape_cmd, [str(p)]).exit_code == 2
     assert invoke(scrape_cmd, []).exit_code == 2
     assert invoke(scrape_cmd, [str(tmp_path / "none.prom")]).exit_code == 2
+
+
+def test_ort_profile_cli_reads_a_verbose_log(tmp_path):
+    from fragscope.cli.engines_cmd import ort_profile_cmd
+    pre = "2026-12-01 15:06:20.693382382 [V:onnxruntime:, session_state.cc:1601 VerifyEachNodeIsAssignedToAnEp]"
+    p = tmp_path / "s.log"
+    p.write_text("\n".join([f"{pre} Node placements",
+                            f"{pre}  Node(s) placed on [CUDAExecutionProvider]. Number of nodes: 3",
+                            f"{pre}   MatMul (mm), MemcpyToHost (Memcpy), MemcpyFromHost (Memcpy_1)",
+                            f"{pre}  Node(s) placed on [CPUExecutionProvider]. Number of nodes: 1",
+                            f"{pre}   TopK (topk)"]) + "\n")
+    r = invoke(ort_profile_cmd, [str(p), "--format", "json", "--fail-on", "warning"])
+    assert r.exit_code == 1
+    out = json.loads(r.output)
+    assert out["placement"]["nodes_per_provider"] == {"CUDAExecutionProvider": 3, "CPUExecutionProvider": 1}
+    assert out["placement"]["cpu_nodes"] == ["TopK (topk)"]
+    assert out["findings"][0]["basis"] == "log"
