@@ -12,7 +12,7 @@ import pytest
 from fragscope.collectors.engines import derive
 from fragscope.collectors.exposition import parse_text
 from fragscope.detectors.frame import build_frame
-from fragscope.model import Series, SeriesKey, Window, make_labels
+from fragscope.model import Series, SeriesKey, Severity, Window, make_labels
 from fragscope.pipeline import diagnose
 from fragscope.signals import DERIVED, SIGNALS
 
@@ -85,8 +85,14 @@ def test_sglang_retractions_give_kv_pressure_from_one_scrape():
     assert "48" in kv.summary
 
 
-def test_sglang_retractions_with_a_roomy_pool_stay_quiet():
+def test_sglang_past_retractions_with_a_roomy_pool_are_only_a_note():
+    # retractions since start but the pool 40 % full now: an info that it ran out before, not a warning
     rep = diagnose(scrape(SGL, _sglang_full(tp_ranks=1, retracted=48.0, usage="0.40")))
+    kv = [f for f in rep.findings if f.id == "kv-cache-pressure"]
+    assert all(f.severity is Severity.INFO for f in kv)
+    assert all("40 %" in f.summary and "48" in f.summary for f in kv)
+    # no retractions at all with the same pool: nothing about KV
+    rep = diagnose(scrape(SGL, _sglang_full(tp_ranks=1, retracted=0.0, usage="0.40")))
     assert "kv-cache-pressure" not in {f.id for f in rep.findings}
 
 
