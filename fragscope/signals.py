@@ -39,15 +39,21 @@ SIGNALS: dict[str, Signal] = {s.id: s for s in [
     # --- serving engine (vLLM V1 / V0; SGLang equivalents where they mean the same) -------------
     Signal("requests_running", "gauge", "engine", "requests",
            (_s("vllm:num_requests_running"), _s("sglang:num_running_reqs", note="SGLang"),
-            _s("fragscope_log_requests_running", note="engine log stats lines"))),
+            _s("fragscope_log_requests_running", note="engine log stats lines"),
+            _s("tgi_batch_current_size", note="TGI"),
+            _s("nv_trt_llm_requests_active", note="TensorRT-LLM backend; derived: request_type=active"))),
     Signal("requests_waiting", "gauge", "engine", "requests",
            (_s("vllm:num_requests_waiting"), _s("sglang:num_queue_reqs", note="SGLang"),
-            _s("fragscope_log_requests_waiting", note="engine log stats lines"))),
+            _s("fragscope_log_requests_waiting", note="engine log stats lines"),
+            _s("tgi_queue_size", note="TGI"),
+            _s("nv_trt_llm_requests_waiting", note="TensorRT-LLM backend; derived: request_type=waiting"),
+            _s("nv_inference_pending_request_count", note="Triton, per model"))),
     Signal("kv_cache_usage_ratio", "gauge", "engine", "ratio",
            (_s("vllm:kv_cache_usage_perc", note="V1 (>=0.9)"),
             _s("vllm:gpu_cache_usage_perc", note="V0; deprecated 0.9"),
             _s("sglang:token_usage", note="SGLang"),
-            _s("fragscope_log_kv_cache_usage_ratio", note="engine log stats lines"))),
+            _s("fragscope_log_kv_cache_usage_ratio", note="engine log stats lines"),
+            _s("nv_trt_llm_kv_cache_used_ratio", note="TensorRT-LLM backend; derived: used / max blocks"))),
     Signal("preemptions_total", "counter", "engine", "preemptions",
            (_s("vllm:num_preemptions_total"),
             _s("sglang:num_retracted_requests_total", note="SGLang retractions"),
@@ -57,26 +63,69 @@ SIGNALS: dict[str, Signal] = {s.id: s for s in [
     Signal("prompt_tokens_total", "counter", "engine", "tokens",
            (_s("vllm:prompt_tokens_total"), _s("sglang:prompt_tokens_total", note="SGLang"))),
     Signal("request_success_total", "counter", "engine", "requests",
-           (_s("vllm:request_success_total"), _s("sglang:num_requests_total", note="SGLang"))),
+           (_s("vllm:request_success_total"), _s("sglang:num_requests_total", note="SGLang"),
+            _s("tgi_request_success", note="TGI"), _s("nv_inference_request_success", note="Triton, per model"))),
     Signal("ttft_seconds", "histogram", "engine", "seconds",
            (_s("vllm:time_to_first_token_seconds"), _s("sglang:time_to_first_token_seconds", note="SGLang"))),
     Signal("request_prompt_tokens", "histogram", "engine", "tokens",
-           (_s("vllm:request_prompt_tokens"),)),
+           (_s("vllm:request_prompt_tokens"), _s("sglang:prompt_tokens_histogram", note="SGLang, optional"),
+            _s("tgi_request_input_length", note="TGI"))),
     Signal("request_generation_tokens", "histogram", "engine", "tokens",
-           (_s("vllm:request_generation_tokens"),)),
+           (_s("vllm:request_generation_tokens"), _s("sglang:generation_tokens_histogram", note="SGLang, optional"),
+            _s("tgi_request_generated_tokens", note="TGI"))),
     Signal("cache_config_info", "info", "engine", "",
            (_s("vllm:cache_config_info"),),
            "labels block_size, gpu_memory_utilization, num_gpu_blocks (strings)"),
+    # --- more engines (SGLang, TGI, Triton, TensorRT-LLM; docs/engines.md) ---------------------------
+    Signal("kv_cache_capacity_tokens", "gauge", "engine", "tokens",
+           (_s("sglang:max_total_num_tokens", note="SGLang: the KV pool's size"),)),
+    Signal("kv_cache_used_tokens", "gauge", "engine", "tokens",
+           (_s("sglang:num_used_tokens", note="SGLang"),)),
+    Signal("e2e_request_latency_seconds", "histogram", "engine", "seconds",
+           (_s("vllm:e2e_request_latency_seconds"), _s("sglang:e2e_request_latency_seconds", note="SGLang"),
+            _s("tgi_request_duration", note="TGI"))),
+    Signal("inter_token_latency_seconds", "histogram", "engine", "seconds",
+           (_s("vllm:inter_token_latency_seconds", note=">= 0.11"),
+            _s("vllm:time_per_output_token_seconds", note="before 0.11"),
+            _s("sglang:inter_token_latency_seconds", note="SGLang"),
+            _s("sglang:time_per_output_token_seconds", note="older SGLang"),
+            _s("tgi_request_mean_time_per_token_duration", note="TGI: per-request mean"))),
+    Signal("request_queue_seconds", "histogram", "engine", "seconds",
+           (_s("vllm:request_queue_time_seconds"), _s("sglang:queue_time_seconds", note="SGLang"),
+            _s("tgi_request_queue_duration", note="TGI"))),
+    Signal("batch_max_tokens", "gauge", "engine", "tokens",
+           (_s("tgi_batch_current_max_tokens", note="TGI: token budget of the running batch"),)),
+    Signal("request_failure_total", "counter", "engine", "requests",
+           (_s("nv_inference_request_failure", note="Triton, per model"),
+            _s("tgi_request_failure", note="TGI, label err"))),
+    Signal("inference_count_total", "counter", "engine", "inferences",
+           (_s("nv_inference_count", note="Triton: batch elements executed"),),
+           "Triton: average batch = rate(inference_count) / rate(exec_count)"),
+    Signal("inference_exec_count_total", "counter", "engine", "executions",
+           (_s("nv_inference_exec_count", note="Triton: model executions (batches)"),)),
+    Signal("inference_request_seconds_total", "counter", "engine", "seconds",
+           (_s("nv_inference_request_duration_us", 1e-6, "Triton, cumulative µs"),)),
+    Signal("inference_queue_seconds_total", "counter", "engine", "seconds",
+           (_s("nv_inference_queue_duration_us", 1e-6, "Triton, cumulative µs"),)),
+    Signal("inference_compute_input_seconds_total", "counter", "engine", "seconds",
+           (_s("nv_inference_compute_input_duration_us", 1e-6, "Triton, cumulative µs"),)),
+    Signal("inference_compute_infer_seconds_total", "counter", "engine", "seconds",
+           (_s("nv_inference_compute_infer_duration_us", 1e-6, "Triton, cumulative µs"),)),
+    Signal("inference_compute_output_seconds_total", "counter", "engine", "seconds",
+           (_s("nv_inference_compute_output_duration_us", 1e-6, "Triton, cumulative µs"),)),
     # --- GPU (fragscope NVML collector, or dcgm-exporter) -----------------------------------------
     Signal("gpu_memory_used_bytes", "gauge", "gpu", "bytes",
-           (_s("fragscope_gpu_memory_used_bytes"), _s("DCGM_FI_DEV_FB_USED", MIB, "dcgm-exporter, MiB"))),
+           (_s("fragscope_gpu_memory_used_bytes"), _s("DCGM_FI_DEV_FB_USED", MIB, "dcgm-exporter, MiB"),
+            _s("nv_gpu_memory_used_bytes", note="Triton"))),
     Signal("gpu_memory_total_bytes", "gauge", "gpu", "bytes",
-           (_s("fragscope_gpu_memory_total_bytes"), _s("DCGM_FI_DEV_FB_TOTAL", MIB, "dcgm, not default")),
+           (_s("fragscope_gpu_memory_total_bytes"), _s("DCGM_FI_DEV_FB_TOTAL", MIB, "dcgm, not default"),
+            _s("nv_gpu_memory_total_bytes", note="Triton")),
            "dcgm-exporter default counters lack FB_TOTAL: derived as FB_USED + FB_FREE (+ FB_RESERVED)"),
     Signal("gpu_memory_free_bytes", "gauge", "gpu", "bytes",
            (_s("fragscope_gpu_memory_free_bytes"), _s("DCGM_FI_DEV_FB_FREE", MIB, "dcgm-exporter, MiB"))),
     Signal("gpu_utilization_ratio", "gauge", "gpu", "ratio",
-           (_s("fragscope_gpu_utilization_ratio"), _s("DCGM_FI_DEV_GPU_UTIL", 0.01, "dcgm-exporter, %"))),
+           (_s("fragscope_gpu_utilization_ratio"), _s("DCGM_FI_DEV_GPU_UTIL", 0.01, "dcgm-exporter, %"),
+            _s("nv_gpu_utilization", note="Triton, 0-1"))),
     Signal("gpu_sm_clock_hertz", "gauge", "gpu", "hertz",
            (_s("fragscope_gpu_sm_clock_hertz"), _s("DCGM_FI_DEV_SM_CLOCK", 1e6, "dcgm-exporter, MHz"))),
     Signal("gpu_sm_clock_max_hertz", "gauge", "gpu", "hertz",
@@ -84,7 +133,11 @@ SIGNALS: dict[str, Signal] = {s.id: s for s in [
     Signal("gpu_temperature_celsius", "gauge", "gpu", "celsius",
            (_s("fragscope_gpu_temperature_celsius"), _s("DCGM_FI_DEV_GPU_TEMP", 1.0, "dcgm-exporter"))),
     Signal("gpu_power_watts", "gauge", "gpu", "watts",
-           (_s("fragscope_gpu_power_watts"), _s("DCGM_FI_DEV_POWER_USAGE", 1.0, "dcgm-exporter"))),
+           (_s("fragscope_gpu_power_watts"), _s("DCGM_FI_DEV_POWER_USAGE", 1.0, "dcgm-exporter"),
+            _s("nv_gpu_power_usage", note="Triton"))),
+    Signal("gpu_power_limit_watts", "gauge", "gpu", "watts", (_s("nv_gpu_power_limit", note="Triton"),)),
+    Signal("gpu_energy_joules_total", "counter", "gpu", "joules",
+           (_s("nv_energy_consumption", note="Triton, since the server started"),)),
     Signal("gpu_throttle_reason_active", "gauge", "gpu", "bool",
            (_s("fragscope_gpu_throttle_reason_active"),), "label reason, NVML names"),
     Signal("gpu_power_violation_seconds_total", "counter", "gpu", "seconds",
@@ -113,6 +166,34 @@ for _sig in SIGNALS.values():
 PREFIX_ALIASES: tuple[tuple[str, str], ...] = (
     ("ray_vllm:", "vllm:"),  # Ray Serve LLM re-export
 )
+
+
+@dataclass(frozen=True, slots=True)
+class Derived:
+    """A raw name the table reads that an engine does not expose as such: one label value of a
+    family (``select``), or the ratio of two (``select`` / ``per``), made at ingest by
+    :func:`fragscope.collectors.engines.derive` (series matched on their other labels)."""
+
+    metric: str  # the derived name, listed as a Source above
+    family: str  # the engine's raw metric family
+    select: tuple[tuple[str, str], ...]  # label matchers for the value (the numerator)
+    per: tuple[tuple[str, str], ...] = ()  # label matchers for the denominator; () = no ratio
+    note: str = ""
+
+
+DERIVED: tuple[Derived, ...] = (
+    # TensorRT-LLM backend: block counts per kv_cache_block_type (max / free / used / tokens_per); the
+    # "fraction" type's meaning is undocumented, so usage is read as used / max.
+    Derived("nv_trt_llm_kv_cache_used_ratio", "nv_trt_llm_kv_cache_block_metrics",
+            (("kv_cache_block_type", "used"),), (("kv_cache_block_type", "max"),), "used / max KV blocks"),
+    Derived("nv_trt_llm_requests_active", "nv_trt_llm_request_metrics", (("request_type", "active"),)),
+    Derived("nv_trt_llm_requests_waiting", "nv_trt_llm_request_metrics", (("request_type", "waiting"),)),
+)
+
+# Labels under which one scheduler's figures are repeated by each of its ranks (SGLang's
+# --enable-metrics-for-all-schedulers: every TP rank reports the same counters). Series differing
+# only in these are one series (the maximum), not several engines to add up.
+RANK_DUPLICATE_LABELS: dict[str, tuple[str, ...]] = {"sglang:": ("tp_rank",)}
 
 # Labels that identify a GPU across exporters: fragscope & dcgm use ``gpu`` (index);
 # ``gpu_uuid`` (fragscope) / ``UUID`` (dcgm) identify it globally.

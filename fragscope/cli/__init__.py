@@ -17,7 +17,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import click
 
 from .. import __version__
-from . import (agent_cmds, diagnose_cmd, fleet_cmds, kv_budget_cmd, logs_cmd, sizing_cmd, snapshot_cmd,
+from . import (agent_cmds, diagnose_cmd, engines_cmd, fleet_cmds, kv_budget_cmd, logs_cmd, sizing_cmd, snapshot_cmd,
                trace_cmd)
 from .common import EXIT_USAGE
 
@@ -55,7 +55,8 @@ def fragscope_group() -> None:
     pass
 
 
-for _mod in (diagnose_cmd, kv_budget_cmd, snapshot_cmd, trace_cmd, logs_cmd, agent_cmds, fleet_cmds, sizing_cmd):
+for _mod in (diagnose_cmd, kv_budget_cmd, snapshot_cmd, trace_cmd, logs_cmd, agent_cmds, fleet_cmds, sizing_cmd,
+             engines_cmd):
     _mod.register(fragscope_group, diagnose_group)
 # `fragscope diagnose ...` is the same as `diagnose ...`
 fragscope_group.add_command(diagnose_group, name="diagnose")

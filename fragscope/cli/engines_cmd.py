@@ -1,0 +1,212 @@
+"""``diagnose ort-profile FILE`` (cpu-fallback) and ``diagnose triton-batching SCRAPE... --config
+config.pbtxt`` (batching-misconfiguration): engine verdicts from artefacts beside /metrics (docs/engines.md)."""
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+
+import click
+
+from ..model import Inconclusive, Report
+from .common import fail
+from .render import render_human, report_exit_code
+
+FORMATS = click.Choice(["human", "json"])
+FAIL_ON = click.Choice(["info", "warning", "critical", "never"])
+
+
+def _finite(o):
+    """JSON has no NaN/Infinity: not-available figures become null."""
+    if isinstance(o, float):
+        return o if math.isfinite(o) else None
+    if isinstance(o, dict):
+        return {k: _finite(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_finite(v) for v in o]
+    if hasattr(o, "item"):  # numpy scalars
+        return _finite(o.item())
+    return o
+
+
+def _emit(report: Report, fmt: str, fail_on: str, extra: dict) -> int:
+    if fmt == "json":
+        out = report.to_dict()
+        out.update(extra)
+        sys.stdout.write(json.dumps(_finite(out), indent=2, allow_nan=False, default=str) + "\n")
+    else:
+        render_human(report, sys.stdout)
+    return report_exit_code(report, fail_on)
+
+
+@click.command("ort-profile")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--format", "fmt", type=FORMATS, default="human", show_default=True, help="Output format.")
+@click.option("--fail-on", type=FAIL_ON, default="critical", show_default=True,
+              help="Exit 1 when a finding is at or above this severity.")
+def ort_profile_cmd(file: str, fmt: str, fail_on: str) -> int:
+    """Which ONNX Runtime operators fell back to the CPU, from a profile written with
+    SessionOptions.enable_profiling (JSON, or .json.gz) or a session log at VERBOSE severity
+    (log_severity_level=0: the node placement report, without timings)."""
+    from ..collectors.ort_profile import Placement, ProfileError, read_input
+    from ..detectors import cpu_fallback
+    from ..playbooks import attach_playbooks
+
+    try:
+        prof = read_input(file)
+    except ProfileError as e:
+        fail(str(e))
+    res = cpu_fallback.detect_placement(prof) if isinstance(prof, Placement) else cpu_fallback.detect(prof)
+    report = Report(window=(math.nan, math.nan), source=file)
+    if isinstance(res, Inconclusive):
+        report.inconclusive.append(res)
+    else:
+        report.findings = res
+    attach_playbooks(report)
+    if isinstance(prof, Placement):
+        return _emit(report, fmt, fail_on, {"placement": {
+            "nodes_per_provider": prof.counts, "cpu_nodes": [f"{op} ({n})" if n else op
+                                                             for op, n in prof.nodes.get(cpu_fallback.CPU, [])],
+            "kernel_not_found": [f"{op} ({n})" for op, n in prof.not_found],
+            "copies_added": [f"{k} {t} for {p}" for k, t, p in prof.copies_added]}})
+    a = cpu_fallback.analyse(prof)
+    r = a["median_run"] or {}
+    extra = {"profile": {"runs": a["runs"], "providers": a["providers"], "cpu_ops": a["cpu_ops"],
+                         "cpu_op_seconds_per_run": {k: v * 1e-6 for k, v in a["cpu_op_us_per_run"].items()},
+                         "shape_nodes_on_cpu": a["shape_nodes"],
+                         "median_run": {"boundaries": r.get("boundaries"), "partitions": r.get("partitions"),
+                                        "copies": r.get("copies"),
+                                        "copy_seconds": (r["copy_us"] * 1e-6) if r else None,
+                                        "run_seconds": (r["run_us"] * 1e-6) if r else None},
+                         "notes": prof.notes}}
+    return _emit(report, fmt, fail_on, extra)
+
+
+@click.command("triton-batching")
+@click.argument("scrapes", nargs=-1, type=click.Path(dir_okay=False))
+@click.option("--url", default=None, help="Scrape Triton's /metrics (e.g. http://host:8002/metrics) twice, "
+              "--interval seconds apart (default 30), instead of reading SCRAPES.")
+@click.option("--config", "config", required=True, type=click.Path(dir_okay=False),
+              help="The model's config.pbtxt.")
+@click.option("--model", default=None, help="The model label in the scrape (default: the config's name, or the "
+              "only model in the scrape).")
+@click.option("--interval", type=float, default=None,
+              help="Seconds between the SCRAPES when they carry no timestamps (two scrapes give rates).")
+@click.option("--format", "fmt", type=FORMATS, default="human", show_default=True, help="Output format.")
+@click.option("--fail-on", type=FAIL_ON, default="critical", show_default=True,
+              help="Exit 1 when a finding is at or above this severity.")
+def triton_batching_cmd(scrapes: tuple[str, ...], url: str | None, config: str, model: str | None,
+                        interval: float | None, fmt: str, fail_on: str) -> int:
+    """Judge a Triton model's dynamic-batching settings (config.pbtxt) against its counters in one or
+    more /metrics scrapes (port 8002): fill, queue vs compute time, instance utilisation."""
+    from ..collectors.triton_config import ConfigError, read_config
+    from ..detectors import batching
+
+    try:
+        with open(config, encoding="utf-8") as fh:
+            cfg = read_config(fh.read(1024 * 1024 + 1))
+    except FileNotFoundError:
+        fail(f"{config}: no such file")
+    except (OSError, UnicodeDecodeError) as e:
+        fail(f"{config}: cannot read: {e}")
+    except ConfigError as e:
+        fail(f"{config}: {e}")
+    w = _scrapes_window(scrapes, url, interval, count=2)
+    scrapes = (url,) if url else scrapes
+    models = batching.models_in(w)
+    name = model or (cfg.name if cfg.name in models else (models[0] if len(models) == 1 else None))
+    if name is None:
+        fail(f"which model? the scrape has {', '.join(models) or 'no Triton model counters'}; give --model")
+    res = batching.detect(cfg, batching.model_counters(w, name))
+    report = Report(window=(w.start, w.end), source=",".join(scrapes))
+    if isinstance(res, Inconclusive):
+        report.inconclusive.append(res)
+    else:
+        for f in res:
+            pb = batching.PLAYBOOK.to_dict()
+            pb["actions"] = batching.actions(f.context, {})
+            f.playbook = pb
+        report.findings = res
+    return _emit(report, fmt, fail_on, {"triton_config": cfg.to_dict(), "model": name})
+
+
+def _scrapes_window(scrapes: tuple[str, ...], url: str | None, interval: float | None, count: int):
+    """Scrape files (unstamped: taken --interval apart, ending now; or with their own timestamps), or
+    ``count`` live scrapes of ``url`` --interval apart (default 30 s) -> one Window."""
+    from ..collectors.exposition import ParseError, parse_text
+    from ..model import Window
+
+    if bool(url) == bool(scrapes):
+        fail("give SCRAPE files or --url, one of the two")
+    texts: list[tuple[str, str | None]] = [(p, None) for p in scrapes]
+    if url:
+        from ..collectors.http import FetchError, http_get
+
+        interval = 30.0 if interval is None else interval
+        if not 0 < interval <= 3600:
+            fail(f"--interval {interval}: give 0 < seconds <= 3600")
+        texts = []
+        for i in range(count):
+            if i:
+                time.sleep(interval)
+            try:
+                texts.append((url, http_get(url, timeout_s=10.0)))
+            except FetchError as e:
+                fail(f"{url}: {e}")
+        scrapes = (url,)
+    stamped = len(texts) > 1 and interval is None  # each scrape must then carry its own timestamps
+    base = time.time() - (len(texts) - 1) * (interval or 0.0)
+    cols: dict = {}
+    types: dict = {}
+    for i, (path, text) in enumerate(texts):
+        try:
+            if text is None:
+                with open(path, encoding="utf-8") as fh:
+                    text = fh.read()
+            p = parse_text(text, default_ts=None if stamped else base + float(i) * (interval or 0.0), source=path)
+        except FileNotFoundError:
+            fail(f"{path}: no such file")
+        except IsADirectoryError:
+            fail(f"{path}: is a directory")
+        except (OSError, UnicodeDecodeError) as e:
+            fail(f"{path}: cannot read: {str(e).splitlines()[0]}")
+        except ParseError as e:
+            fail(str(e) + (" (several scrapes without timestamps: give --interval SECONDS)" if stamped else ""))
+        types.update(p.types)
+        for k, (ts, vs) in p.cols.items():
+            a = cols.setdefault(k, ([], []))
+            a[0].extend(ts)
+            a[1].extend(vs)
+    w = Window.from_columns(cols, types=types, source=",".join(scrapes))
+    if not math.isfinite(w.start):
+        fail(f"{','.join(scrapes)}: no finite sample values")
+    return w
+
+
+@click.command("scrape")
+@click.argument("scrapes", nargs=-1, type=click.Path(dir_okay=False))
+@click.option("--url", default=None, help="Scrape this /metrics (any engine: vLLM, SGLang, TGI, Triton, "
+              "TensorRT-LLM) --count times, --interval seconds apart, instead of reading SCRAPES.")
+@click.option("--interval", type=float, default=None,
+              help="Seconds between scrapes (SCRAPES without timestamps, or --url; default 30 with --url).")
+@click.option("--count", type=click.IntRange(1, 20), default=1, show_default=True, help="Live scrapes with --url.")
+@click.option("--format", "fmt", type=FORMATS, default="human", show_default=True, help="Output format.")
+@click.option("--fail-on", type=FAIL_ON, default="critical", show_default=True,
+              help="Exit 1 when a finding is at or above this severity.")
+def scrape_cmd(scrapes: tuple[str, ...], url: str | None, interval: float | None, count: int, fmt: str,
+               fail_on: str) -> int:
+    """Diagnose one or a few plain /metrics scrapes of any supported engine (docs/engines.md): judged on
+    the present state, counters as lifetime totals from one scrape, rates from two or more."""
+    from ..collectors.engines import derive
+    from ..pipeline import diagnose
+
+    w = derive(_scrapes_window(scrapes, url, interval, count))
+    report = diagnose(w)
+    return _emit(report, fmt, fail_on, {})
+
+
+def register(fragscope_group: click.Group, diagnose_group: click.Group) -> None:
+    diagnose_group.add_command(ort_profile_cmd)
+    diagnose_group.add_command(triton_batching_cmd)
+    diagnose_group.add_command(scrape_cmd)

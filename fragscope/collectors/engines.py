@@ -1,0 +1,89 @@
+"""Engine adapters at ingest: the few mappings a metric-name table cannot express.
+
+Most engines map onto fragscope's canonical signals by name alone (``fragscope/signals.py``). Two
+things need the series themselves, both declared as data in ``signals.py`` and applied here:
+
+- ``DERIVED``: one label value of a family (TensorRT-LLM's ``request_type="waiting"``), or the ratio
+  of two (``kv_cache_block_type`` used / max), written as a new series the table reads;
+- ``RANK_DUPLICATE_LABELS``: series repeated per rank of one scheduler (SGLang ``tp_rank``) are one
+  series, so summing engines does not count one retraction eight times.
+
+:func:`derive` is pure and idempotent: a window that already holds a derived name is left as it is.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..model import Series, SeriesKey, Window
+from ..signals import DERIVED, RANK_DUPLICATE_LABELS, Derived
+
+
+def _matches(key: SeriesKey, sel: tuple[tuple[str, str], ...]) -> bool:
+    return all(key.label(k) == v for k, v in sel)
+
+
+def _derive_one(window: Window, d: Derived) -> dict[SeriesKey, Series]:
+    fam = [s for s in window if s.name == d.family]
+    sel_labels = {k for k, _ in d.select} | {k for k, _ in d.per}
+    num = {s.key.without(*sel_labels): s for s in fam if _matches(s.key, d.select)}
+    out: dict[SeriesKey, Series] = {}
+    if not d.per:
+        for rest, s in num.items():
+            key = SeriesKey(d.metric, rest)
+            out[key] = Series(key, s.ts.copy(), s.values.copy(), "gauge")
+        return out
+    den = {s.key.without(*sel_labels): s for s in fam if _matches(s.key, d.per)}
+    for rest, s in num.items():
+        q = den.get(rest)
+        if q is None:
+            continue  # no denominator: not available, never a guess
+        ts, i_n, i_d = np.intersect1d(s.ts, q.ts, return_indices=True)
+        dv = q.values[i_d]
+        ok = dv > 0  # an empty pool has no usage ratio
+        if not ok.any():
+            continue
+        key = SeriesKey(d.metric, rest)
+        out[key] = Series(key, ts[ok], s.values[i_n][ok] / dv[ok], "gauge")
+    return out
+
+
+def _collapse_ranks(window: Window) -> tuple[dict[SeriesKey, Series], int]:
+    """Series that differ only in a rank label of one scheduler -> one series (pointwise maximum)."""
+    groups: dict[SeriesKey, list[Series]] = {}
+    keep: dict[SeriesKey, Series] = {}
+    for key, s in window.series.items():
+        labels = next((ls for pre, ls in RANK_DUPLICATE_LABELS.items() if key.name.startswith(pre)), None)
+        if labels is None or not any(key.label(x) is not None for x in labels):
+            keep[key] = s
+            continue
+        groups.setdefault(SeriesKey(key.name, key.without(*labels)), []).append(s)
+    merged = 0
+    for key, ss in groups.items():
+        if len(ss) == 1:
+            keep[ss[0].key] = ss[0]
+            continue
+        ts = np.unique(np.concatenate([s.ts for s in ss]))
+        vals = np.full(ts.size, -np.inf)
+        for s in ss:
+            idx = np.searchsorted(ts, s.ts)
+            vals[idx] = np.maximum(vals[idx], s.values)
+        keep[key] = Series(key, ts, vals, ss[0].type)
+        merged += len(ss) - 1
+    return keep, merged
+
+
+def derive(window: Window) -> Window:
+    """The window with the engine adapters' derived series added (see the module docstring)."""
+    names = window.names()
+    todo = [d for d in DERIVED if d.family in names and d.metric not in names]
+    has_ranks = any(s.key.name.startswith(pre) and any(s.key.label(x) is not None for x in ls)
+                    for s in window for pre, ls in RANK_DUPLICATE_LABELS.items())
+    if not todo and not has_ranks:
+        return window
+    series, merged = _collapse_ranks(window) if has_ranks else (dict(window.series), 0)
+    for d in todo:
+        series.update(_derive_one(window, d))
+    out = Window(series, window.start, window.end, window.source, window.dropped_points, list(window.notes))
+    if merged:
+        out.notes.append(f"{merged} per-rank duplicate series merged (one scheduler reported by each TP rank)")
+    return out

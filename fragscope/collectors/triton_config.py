@@ -1,0 +1,182 @@
+"""Triton model configuration (``config.pbtxt``, protobuf text format) -> the batching settings.
+
+A small tolerant reader of the text format (fields ``name: value``, messages ``name { ... }`` or
+``name: { ... }`` / ``< ... >``, lists ``[a, b]``, repeated fields, ``#`` comments, quoted strings with
+escapes), not a full protobuf implementation: Triton's ``model_config.proto`` is not importable without
+tritonclient and grpc (~40 MB). Unknown fields are kept and ignored; the file is never validated
+against the schema. Limits: no ``Any`` expansion, no extensions ``[ext.name]``; a config of more than
+1 MiB is refused (real ones are a few kB; ensembles a few tens of kB).
+
+Defaults follow Triton's model-configuration documentation: no ``dynamic_batching`` block = no dynamic
+batching; an empty block = batching with no delay; no ``instance_group`` = one instance per visible GPU
+(``count`` defaults to 1 per group, per listed GPU when ``gpus`` is given).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+MAX_BYTES = 1024 * 1024
+
+
+class ConfigError(ValueError):
+    """A config.pbtxt that cannot be read; the message is one line."""
+
+
+_TOKEN = re.compile(r"""\s*(?:(\#[^\n]*)|("(?:[^"\\\n]|\\.)*"|'(?:[^'\\\n]|\\.)*')|([{}\[\]<>:,;])|([^\s{}\[\]<>:,;"'#]+))""")
+
+
+def _tokens(text: str):
+    pos, n = 0, len(text)
+    while pos < n:
+        m = _TOKEN.match(text, pos)
+        if m is None or m.end() == pos:
+            if text[pos:].strip() == "":
+                return
+            line = text.count("\n", 0, pos) + 1
+            raise ConfigError(f"line {line}: unexpected character {text[pos:pos + 10].strip()[:10]!r}")
+        pos = m.end()
+        if m.group(1) is not None:
+            continue
+        tok = m.group(2) or m.group(3) or m.group(4)
+        if tok is None:
+            continue
+        yield tok, text.count("\n", 0, m.start()) + 1
+
+
+def _unquote(tok: str) -> str:
+    body = tok[1:-1]
+    return re.sub(r"\\(.)", lambda m: {"n": "\n", "t": "\t"}.get(m.group(1), m.group(1)), body)
+
+
+def _scalar(tok: str):
+    if tok[:1] in "\"'":
+        return _unquote(tok)
+    try:
+        return int(tok, 0) if re.fullmatch(r"[-+]?(0x[0-9a-fA-F]+|\d+)", tok) else float(tok)
+    except ValueError:
+        return tok  # enum names (TYPE_FP32, KIND_GPU), true/false
+
+
+class _Parser:
+    def __init__(self, text: str):
+        self.toks = list(_tokens(text))
+        self.i = 0
+
+    def peek(self):
+        return self.toks[self.i][0] if self.i < len(self.toks) else None
+
+    def line(self) -> int:
+        return self.toks[min(self.i, len(self.toks) - 1)][1] if self.toks else 1
+
+    def take(self):
+        if self.i >= len(self.toks):
+            raise ConfigError(f"line {self.line()}: unexpected end of file")
+        t = self.toks[self.i][0]
+        self.i += 1
+        return t
+
+    def message(self, close: str | None) -> dict[str, list]:
+        out: dict[str, list] = {}
+        while True:
+            t = self.peek()
+            if t is None:
+                if close is not None:
+                    raise ConfigError(f"line {self.line()}: unexpected end of file (missing {close!r})")
+                return out
+            if t == close:
+                self.take()
+                return out
+            if t in ",;":
+                self.take()
+                continue
+            name = self.take()
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*", name):
+                raise ConfigError(f"line {self.line()}: expected a field name, got {name!r}")
+            if self.peek() == ":":
+                self.take()
+            out.setdefault(name, []).extend(self.value())
+
+    def value(self) -> list:
+        t = self.take()
+        if t == "{":
+            return [self.message("}")]
+        if t == "<":
+            return [self.message(">")]
+        if t == "[":
+            vals: list = []
+            while True:
+                if self.peek() == "]":
+                    self.take()
+                    return vals
+                vals.extend(self.value())
+                if self.peek() == ",":
+                    self.take()
+        if t in "}]>:,;":
+            raise ConfigError(f"line {self.line()}: expected a value, got {t!r}")
+        return [_scalar(t)]
+
+
+def parse_text_format(text: str) -> dict[str, list]:
+    """Protobuf text format -> {field: [values]} (messages are nested dicts of the same shape)."""
+    if len(text) > MAX_BYTES:
+        raise ConfigError(f"config of {len(text)} bytes is larger than {MAX_BYTES} (not a model config?)")
+    return _Parser(text).message(None)
+
+
+def _one(msg: dict, name: str, default=None):
+    v = msg.get(name)
+    return v[-1] if v else default
+
+
+@dataclass
+class TritonModelConfig:
+    name: str = ""
+    platform: str = ""  # platform or backend
+    max_batch_size: int = 0  # 0: the model does not batch (each request is one execution)
+    dynamic_batching: bool = False
+    preferred_batch_sizes: list[int] = field(default_factory=list)
+    max_queue_delay_us: int = 0
+    sequence_batching: bool = False
+    instance_count: int | None = None  # total instances; None = Triton's default (one per visible GPU)
+    instance_kinds: list[str] = field(default_factory=list)
+    decoupled: bool = False
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def read_config(text: str) -> TritonModelConfig:
+    msg = parse_text_format(text)
+    if not msg:
+        raise ConfigError("empty config (no fields)")
+    known = {"name", "platform", "backend", "max_batch_size", "input", "output", "instance_group",
+             "dynamic_batching", "sequence_batching", "ensemble_scheduling", "parameters", "model_transaction_policy"}
+    if not known & set(msg):
+        raise ConfigError(f"no Triton model-config fields (saw {', '.join(sorted(msg)[:5])})")
+    cfg = TritonModelConfig(name=str(_one(msg, "name", "")),
+                            platform=str(_one(msg, "platform", "") or _one(msg, "backend", "")))
+    mbs = _one(msg, "max_batch_size", 0)
+    if not isinstance(mbs, int) or mbs < 0:
+        raise ConfigError(f"max_batch_size {mbs!r} is not a non-negative integer")
+    cfg.max_batch_size = mbs
+    db = _one(msg, "dynamic_batching")
+    if isinstance(db, dict):
+        cfg.dynamic_batching = True
+        cfg.preferred_batch_sizes = sorted(int(x) for x in db.get("preferred_batch_size", []) if isinstance(x, int))
+        delay = _one(db, "max_queue_delay_microseconds", 0)
+        cfg.max_queue_delay_us = int(delay) if isinstance(delay, (int, float)) else 0
+    cfg.sequence_batching = isinstance(_one(msg, "sequence_batching"), dict)
+    groups = [g for g in msg.get("instance_group", []) if isinstance(g, dict)]
+    if groups:
+        total = 0
+        for g in groups:
+            count = _one(g, "count", 1)
+            count = int(count) if isinstance(count, int) and count > 0 else 1
+            gpus = [x for x in g.get("gpus", []) if isinstance(x, int)]
+            total += count * max(1, len(gpus))
+            cfg.instance_kinds.append(str(_one(g, "kind", "KIND_AUTO")))
+        cfg.instance_count = total
+    policy = _one(msg, "model_transaction_policy")
+    cfg.decoupled = isinstance(policy, dict) and str(_one(policy, "decoupled", "false")).lower() == "true"
+    return cfg
