@@ -177,13 +177,14 @@ def test_trtllm_full_pool_with_a_queue_from_one_scrape():
     t = (DATA / TRT).read_text(encoding="utf-8")
     t = t.replace('kv_cache_block_type="used",model="tensorrt_llm",version="1"} 1',
                   'kv_cache_block_type="used",model="tensorrt_llm",version="1"} 6200')
-    t = t.replace('request_type="waiting",model="tensorrt_llm",version="1"} 1',
-                  'request_type="waiting",model="tensorrt_llm",version="1"} 37')
-    t = t.replace('request_type="active",model="tensorrt_llm",version="1"} 0',
-                  'request_type="active",model="tensorrt_llm",version="1"} 96')
+    for old, new in (('request_type="waiting",version="1"} 1', 'request_type="waiting",version="1"} 37'),
+                     ('request_type="active",version="1"} 0', 'request_type="active",version="1"} 96')):
+        assert old in t  # the file's label order (model, request_type, version)
+        t = t.replace(old, new)
     w = scrape(TRT, t)
     f = build_frame(w)
     assert last(f.engine["kv_cache_usage_ratio"]) == pytest.approx(6200 / 6239)
+    assert last(f.engine["requests_waiting"]) == 37 and last(f.engine["requests_running"]) == 96
     rep = diagnose(w)
     ids = {x.id for x in rep.findings}
     # no preemption counter in TRT-LLM: a full pool with a queue is capacity, not a preemption storm

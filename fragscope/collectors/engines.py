@@ -12,6 +12,8 @@ things need the series themselves, both declared as data in ``signals.py`` and a
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from ..model import Series, SeriesKey, Window
@@ -83,7 +85,7 @@ def derive(window: Window) -> Window:
     series, merged = _collapse_ranks(window) if has_ranks else (dict(window.series), 0)
     for d in todo:
         series.update(_derive_one(window, d))
-    out = Window(series, window.start, window.end, window.source, window.dropped_points, list(window.notes))
+    out = dataclasses.replace(window, series=series, notes=list(window.notes))  # keeps the scrape metadata
     if merged:
         out.notes.append(f"{merged} per-rank duplicate series merged (one scheduler reported by each TP rank)")
     return out

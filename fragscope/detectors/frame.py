@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..collectors.engines import derive
 from ..model import Series, Window
 from ..signals import (DCGM_FB_RESERVED, DCGM_REASON_BITMASKS, DCGM_VIOLATION_REASONS, SIGNALS, VLLM_RUNNING,
                        VLLM_V0_KV, VLLM_V1_KV)
@@ -296,6 +297,7 @@ def _pick_source(window: Window, sig_id: str, by_name: dict[str, list[Series]]
 
 
 def build_frame(window: Window) -> Frame:
+    window = derive(window)  # engine adapters' derived series (TensorRT-LLM KV usage, SGLang per-rank merge)
     by_name: dict[str, list[Series]] = {}
     for s in window:
         by_name.setdefault(s.name, []).append(s)

@@ -331,6 +331,8 @@ def saturation(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive
         return []  # preempting: kv-cache-pressure's case
     kv = _present(f, f.engine.get("kv_cache_usage_ratio"), "p90")
     running = _present(f, f.engine.get("requests_running"))
+    if math.isfinite(running) and running < 1:
+        return []  # requests wait while nothing runs: a stalled or starting engine, not one at capacity
     ev = [Evidence("requests_waiting", float(np.median(v)), None, 1.0, "requests", sp, "queued at every sample", True)]
     if math.isfinite(kv):
         ev.append(Evidence("kv_cache_usage_ratio", kv, None, 0.8, "ratio", sp, "", kv >= 0.8))

@@ -2,7 +2,7 @@
 playbooks, registered without a window detector (docs/snapshot.md, docs/trace.md, docs/logs.md)."""
 from __future__ import annotations
 
-from ..detectors import cpu_fallback
+from ..detectors import batching, cpu_fallback
 from ..model import Action, Playbook
 from ..trace_playbooks import UNIFIED_MEMORY_THRASHING_PLAYBOOK
 from ..sizing.playbooks import KV_POOL_UNDERSIZED, STARTUP_OOM, kv_pool_undersized_actions, startup_oom_actions
@@ -89,4 +89,5 @@ DIAGNOSES = [
     _deep("trace", UNIFIED_MEMORY_THRASHING_PLAYBOOK),
     # ONNX Runtime profiling JSON (a Chrome trace of node runs): docs/engines.md
     _deep("trace", cpu_fallback.PLAYBOOK, actions=cpu_fallback.actions, also_from=("log",)),
+    _deep("config", batching.PLAYBOOK, actions=batching.actions),  # Triton config.pbtxt + its counters
 ]

@@ -16,7 +16,7 @@ from typing import Any, Callable
 from ..model import Finding, Inconclusive, Playbook
 from ..signals import SIGNALS
 
-SOURCES = ("window", "snapshot", "trace", "log")
+SOURCES = ("window", "snapshot", "trace", "log", "config")  # config: a model config + counters (Triton)
 
 ActionsFn = Callable[[dict, dict], list[str]]
 
@@ -29,7 +29,7 @@ def _no_actions(ctx: dict, config: dict) -> list[str]:
 class Diagnosis:
     id: str
     playbook: Playbook
-    source: str = "window"  # window | snapshot | trace | log (the first place it is judged)
+    source: str = "window"  # window | snapshot | trace | log | config (the first place it is judged)
     detect: Callable[..., "list[Finding] | Inconclusive"] | None = None  # window diagnoses
     config: Any = None  # the detector's Config class (thresholds, documented in docs/diagnoses.md)
     requires: tuple[str, ...] = ()  # canonical signal ids; "a|b" = either
