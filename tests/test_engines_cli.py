@@ -181,3 +181,14 @@ def test_ort_profile_cli_reads_a_verbose_log(tmp_path):
     assert out["placement"]["nodes_per_provider"] == {"CUDAExecutionProvider": 3, "CPUExecutionProvider": 1}
     assert out["placement"]["cpu_nodes"] == ["TopK (topk)"]
     assert out["findings"][0]["basis"] == "log"
+
+
+def test_live_url_reads_a_triton_trtllm_page():
+    """diagnose URL on a Triton / TensorRT-LLM /metrics page: recognised and read through the signal table."""
+    from fragscope.agent.live import classify as page_kinds, parse_page
+
+    text = (DATA / "triton_trtllm_readme_nv_trt_llm.prom").read_text(encoding="utf-8")
+    assert "engine" in page_kinds(text)
+    samples = parse_page(text, 1.0, page_kinds(text), "t", {})
+    names = {s.name for s in samples}
+    assert "nv_trt_llm_kv_cache_block_metrics" in names and "nv_trt_llm_request_metrics" in names

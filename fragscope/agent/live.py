@@ -21,7 +21,8 @@ from ..model import CollectResult, Reason, Report, Sample, SeriesKey, Window
 from .client import ClientError
 
 KIND_TEXT = {"vllm-v1": "vLLM (V1 engine)", "vllm-v0": "vLLM (V0 engine)", "vllm": "vLLM",
-             "sglang": "SGLang", "dcgm": "dcgm-exporter", "agent": "fragscope agent"}
+             "sglang": "SGLang", "dcgm": "dcgm-exporter", "agent": "fragscope agent",
+             "engine": "TGI / Triton / TensorRT-LLM"}
 # host:port, [v6]:port, optionally followed by a path: what people paste from `kubectl get svc`
 _HOSTPORT = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})(/.*)?$")
 _FATAL_CONN = ("connection refused", "host name not found", "host unreachable", "invalid URL")
@@ -90,7 +91,24 @@ def classify(text: str) -> list[str]:
         kinds.append("sglang")
     if any(n.startswith("DCGM_FI_") for n in names):
         kinds.append("dcgm")
+    if names & _other_engine_names():
+        kinds.append("engine")  # TGI, Triton / TensorRT-LLM: read through the signal table (docs/engines.md)
     return kinds
+
+
+def _other_engine_names() -> frozenset[str]:
+    """Raw names of engines other than vLLM and SGLang that the signal table maps (with histogram parts)."""
+    from ..signals import DERIVED, SIGNALS
+
+    out: set[str] = set()
+    for sig in SIGNALS.values():
+        for src in sig.sources:
+            m = src.metric
+            if m.startswith(("vllm:", "sglang:", "DCGM_FI_", "fragscope_")):
+                continue
+            out.update((m, m + "_bucket", m + "_sum", m + "_count", m + "_total"))
+    out.update(d.family for d in DERIVED)
+    return frozenset(out)
 
 
 @dataclass
@@ -170,6 +188,9 @@ def parse_page(text: str, ts: float, kinds: list[str], source: str, caches: dict
     if "sglang" in kinds:
         out += [s for s in scrape_samples(text, ts, source, caches.setdefault("sglang", {}))
                 if s.name.startswith("sglang:")]
+    if "engine" in kinds:
+        keep = _other_engine_names()
+        out += [s for s in scrape_samples(text, ts, source, caches.setdefault("engine", {})) if s.name in keep]
     if "dcgm" in kinds:
         from ..collectors.dcgm import parse_dcgm_metrics
 
