@@ -37,7 +37,7 @@ class DefaultGroup(click.Group):
         return super().parse_args(ctx, args)
 
     def format_usage(self, ctx, formatter):
-        formatter.write_usage(ctx.command_path, "[FILE | --agent URL | --vllm URL | --prometheus URL] [OPTIONS]\n"
+        formatter.write_usage(ctx.command_path, "[FILE | URL | --agent URL | --vllm URL | --prometheus URL] [OPTIONS]\n"
                               "       diagnose snapshot|trace|logs FILE | explain ID")
 
 
