@@ -837,7 +837,8 @@ def run_case(case: Case, quick: bool):
 # Cold cases (issue 10): the last minutes of each incident, and one scrape, judged without history.
 # Level-type incidents must be found from the present state; trend-type ones (a leak) must be
 # inconclusive with the reason; healthy windows and confounders must stay quiet.
-COLD_VIEWS = (("last 5 min", 300.0), ("last 1 min", 60.0), ("one scrape", 0.0))
+COLD_VIEWS = (("last 5 min", 300.0), ("last 1 min", 60.0), ("one scrape", 0.0), ("steady 1 h", 3600.0))
+STEADY = "steady 1 h"  # the last hour, judged only where the incident was at full strength for all of it
 LEVEL_TYPE = ("allocator-fragmentation", "kv-cache-pressure", "clock-throttling", "capacity-saturation",
               "launch-bound", "kv-block-size-mismatch")
 TREND_TYPE = ("memory-leak",)
@@ -1057,7 +1058,12 @@ def _cold_case(c: Case, rows, fails) -> None:
     a restart ended it (timing 'restart'), or it is a trend-type diagnosis."""
     w = c.window
     present = c.expect is not None and c.timing != "restart"
+    p = c.params
+    steady_ok = ("onset_min" in p and "ramp_min" in p and "hours" in p
+                 and p["onset_min"] + p["ramp_min"] <= p["hours"] * 60 - 60)
     for view, cw in cold_views(w):
+        if view == STEADY and (c.expect is not None and not steady_ok):
+            continue  # the hour is not wholly inside the incident
         rep = diagnose(cw)
         r = rows[(c.family, view)]
         r["n"] += 1

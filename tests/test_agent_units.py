@@ -388,3 +388,34 @@ def test_scheduler_isolates_hung_and_failing_collectors_and_captures_off_thread(
         assert atts and atts[0]["verdict"] == "fragmented"
     finally:
         ag.close()
+
+
+def test_watch_brings_the_detectors_forward_on_a_new_storm():
+    """The agent's watch pass (agent/loops.py): the last 2 minutes of the ring, judged on level evidence,
+    show a storm the last full run did not report -> run now; once reported (or unconfirmed), quiet."""
+    import types
+    import time as _time
+
+    from fragscope.agent import loops
+    from fragscope.agent.ring import Ring
+    from fragscope.agent.state import DetectorHealth
+    from fragscope.model import Finding, Report, Sample, Severity, make_labels
+
+    ring = Ring(3 * 3600.0, 1.0)
+    now = _time.time()
+    lab = make_labels({"model_name": "m", "engine": "0"})
+    for i in range(60):
+        t = now - 60 + i
+        ring.add([Sample("vllm:kv_cache_usage_perc", lab, t, 0.99),
+                  Sample("vllm:num_requests_waiting", lab, t, 20.0),
+                  Sample("vllm:num_requests_running", lab, t, 30.0),
+                  Sample("vllm:num_preemptions_total", lab, t, 1000.0 + 5 * i)])  # 300/min
+    agent = types.SimpleNamespace(state=types.SimpleNamespace(ring=ring, report=Report(window=(0.0, 1.0)),
+                                                              detector=DetectorHealth()))
+    assert loops.watch_once(agent) is True
+    assert ("kv-cache-pressure", "critical") in agent._watch_pending
+    agent.state.report.findings = [Finding("kv-cache-pressure", Severity.CRITICAL, 0.9, "s")]
+    assert loops.watch_once(agent) is False  # already reported
+    agent.state.report.findings = []
+    agent._watch_unconfirmed = {("kv-cache-pressure", "critical")}
+    assert loops.watch_once(agent) is False  # a brought-forward run did not confirm it: not asked again

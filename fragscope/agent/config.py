@@ -180,6 +180,8 @@ _KEYS: dict[str, tuple[str, Any, str]] = {
     "store.keep": ("store_keep", lambda v, w: _choice(v, w, ("signals", "all")),
                    "signals: only what detectors and the exporter use; all: every scraped series"),
     "detect.interval": ("detect_interval", parse_duration, "run the detectors this often"),
+    "detect.watch_interval": ("detect_watch_interval", parse_duration,
+                              "check the last 2 minutes' level evidence this often between runs (0: off)"),
     "detect.window": ("detect_window", parse_duration, "recent window the detectors judge"),
     "detect.step": ("detect_step", parse_duration, "resolution of the in-memory detection window"),
     "capture.enabled": ("capture_enabled", _bool, "capture deep evidence (snapshots, traces) on findings"),
@@ -253,6 +255,9 @@ class AgentConfig:
     flush_interval: float = 5.0
     store_keep: str = "signals"
     detect_interval: float = 30.0
+    # Between full runs, a cheap look at the present (the last 2 minutes, level evidence only): a new
+    # warning or critical there runs the detectors at once, so a storm is flagged within seconds.
+    detect_watch_interval: float = 5.0
     detect_window: float = 3 * 3600.0
     detect_step: float = 15.0
     capture_enabled: bool = False

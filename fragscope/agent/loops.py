@@ -144,14 +144,57 @@ def detect_once(agent: Any) -> None:
     st.bump()
 
 
+WATCH_SPAN_S = 120.0
+
+
+def watch_once(agent: Any) -> bool:
+    """A cheap look at the present: the last 2 minutes of the ring judged on level evidence alone
+    (pipeline's short-window path). True when it shows a warning or critical finding that the last full
+    run did not report: the caller then runs the detectors at once."""
+    st = agent.state
+    now = time.time()
+    c0 = time.thread_time()
+    try:
+        from ..pipeline import diagnose
+
+        quick = diagnose(st.ring.window_at(now, source="fragscope agent (watch)", span=WATCH_SPAN_S))
+    except Exception:  # noqa: BLE001 - the full run reports detector errors
+        return False
+    finally:
+        st.detector.cpu_seconds += time.thread_time() - c0
+    known = {(f.id, f.severity.value) for f in st.report.findings} if st.report else set()
+    # what a brought-forward run did not confirm is not asked about again until the next scheduled run
+    known |= getattr(agent, "_watch_unconfirmed", set())
+    new = {(f.id, f.severity.value) for f in quick.findings if f.severity.rank >= 1} - known
+    agent._watch_pending = new
+    return bool(new)
+
+
 def detector_loop(agent: Any) -> None:
-    # first run once the first round of samples is in, then every detect.interval, on the grid
+    # first run once the first round of samples is in, then every detect.interval, on the grid; between
+    # runs, every detect.watch_interval, a look at the present that brings the next run forward
     cfg = agent.cfg
     first = min(cfg.detect_interval, max(2.0, 2 * cfg.interval))
     next_due = agent.on_grid(agent._base + first, min(cfg.interval, first))
-    while not agent._stop.wait(max(0.0, next_due - time.monotonic())):
+    watch = cfg.detect_watch_interval
+    while True:
+        wait = max(0.0, next_due - time.monotonic())
+        if watch > 0 and agent.state.report is not None:
+            wait = min(wait, watch)
+        if agent._stop.wait(wait):
+            return
+        early = time.monotonic() < next_due - 1e-3
+        if early:
+            if not watch_once(agent):
+                continue
+            log.info("the present shows a new diagnosis: running the detectors now")
         agent._detect_once()
-        next_due = agent.on_grid(max(next_due + cfg.detect_interval,
+        if early:
+            got = {(f.id, f.severity.value) for f in agent.state.report.findings} if agent.state.report else set()
+            agent._watch_unconfirmed = getattr(agent, "_watch_unconfirmed", set()) | (agent._watch_pending - got)
+        else:
+            agent._watch_unconfirmed = set()
+        next_due = agent.on_grid(max(time.monotonic() + cfg.detect_interval,
                                      time.monotonic() + min(1.0, cfg.detect_interval)),
                                  min(cfg.interval, cfg.detect_interval))
 

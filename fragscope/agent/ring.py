@@ -62,8 +62,9 @@ class Ring:
                     e[0][:n] += delta_s
                     e[3] = math.floor(e[0][n - 1] / step)
 
-    def window_at(self, now: float, source: str) -> Window:
-        lo = now - self.window
+    def window_at(self, now: float, source: str, span: float | None = None) -> Window:
+        """The ring's samples from ``now - span`` (default: the whole detection window) on."""
+        lo = now - (self.window if span is None else min(span, self.window))
         cols = {}
         types = {}
         with self._lock:

@@ -82,8 +82,10 @@ class Frame:
 def _interval(series: list[Series]) -> float | None:
     diffs = []
     for s in series:
-        if len(s) >= 3:
-            diffs.append(float(np.median(np.diff(s.ts))))
+        if len(s) >= 2:  # two scrapes already tell the interval (a live first verdict)
+            d = float(np.median(np.diff(s.ts)))
+            if d > 0:
+                diffs.append(d)
     return float(np.median(diffs)) if diffs else None
 
 
@@ -304,7 +306,7 @@ def build_frame(window: Window) -> Frame:
 
     # Grid step: the scrape interval of the engine/GPU series.
     dense = [s for n, ss in by_name.items() if not n.startswith("fragscope_kernel") and
-             not n.endswith("_bucket") for s in ss if len(s) >= 3]
+             not n.endswith("_bucket") for s in ss if len(s) >= 2]
     interval = _interval(dense) or 15.0
     interval = max(interval, 0.5)
     span = (window.end - window.start) if math.isfinite(window.start) else 0.0
