@@ -259,7 +259,7 @@ class AgentConfig:
     # warning or critical there runs the detectors at once, so a storm is flagged within seconds.
     detect_watch_interval: float = 5.0
     detect_window: float = 3 * 3600.0
-    detect_step: float = 15.0
+    detect_step: float = 5.0  # the present (last minute) needs >= 3 points: a storm shows within ~15 s
     capture_enabled: bool = False
     capture_max_per_hour: int = 4
     capture_profiler_dir: str | None = None

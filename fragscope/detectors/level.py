@@ -159,7 +159,7 @@ def kv_pressure(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusiv
     # (a real 2,048-token pool in a storm read 93 %, bench/e2e_storm_cpu.sh). With a rate, 80 % suffices.
     edge = cfg.kv_edge_preempting if preempting_now else cfg.kv_edge
     if not (math.isfinite(kv_p90) and kv_p90 >= edge):
-        if not math.isfinite(pre.rate_per_min) and not math.isfinite(pre.between) and pre.lifetime > 0:
+        if single_sample(f) and not math.isfinite(pre.between) and pre.lifetime > 0:
             # One scrape: the pool is not full now, but the engine has preempted since it started, so it has
             # run out before. Say so (info): a rate or history tells whether it is still happening.
             summary = (f"The KV pool ran out before: {_counter_text(pre, 'preemptions', 'the engine started')}; "
