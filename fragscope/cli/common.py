@@ -1,11 +1,16 @@
-"""Shared CLI plumbing: one-line errors with exit code 2, never a traceback."""
+"""Shared CLI plumbing: one-line errors with exit code 2, never a traceback.
+
+Exit codes (docs/cli.md): 0 no finding at or above --fail-on, 1 findings, 2 bad usage or
+unreadable input (one line on stderr), 3 an internal error escaped (a bug: one line on stderr, the
+traceback only with ``--debug`` or ``FRAGSCOPE_DEBUG=1``).
+"""
 from __future__ import annotations
 
 import sys
 
 import click
 
-EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_CRASH = 0, 1, 2, 3
 
 
 class UsageError(click.ClickException):
