@@ -16,23 +16,39 @@ crafted file asks for. Real snapshots hold only dicts, lists, tuples, strings, n
 EXT* registry all go through ``find_class``) and every persistent id. Without a class lookup nothing
 callable can reach the unpickler's stack, so REDUCE, NEWOBJ and BUILD can only fail; when a load
 fails, the opcode stream is walked with ``pickletools`` (no execution) to name the offending opcode.
-The file size (and the gzip-decompressed size) is capped, and so is the number of blocks a file may
-claim relative to its size (shared references would otherwise let a tiny file describe billions).
+Limits by design. The file size and the gzip-decompressed size are capped (``MAX_SNAPSHOT_BYTES``,
+256 MiB by default, ``--max-bytes`` / ``FRAGSCOPE_SNAPSHOT_MAX_BYTES`` to raise it); the memory a
+pickle or JSON document would take once loaded is estimated from its container opcodes before loading
+(:func:`estimate_load_bytes`) and refused above ``LOAD_MEMORY_FACTOR`` x the cap; a file may claim at
+most ``size / 8 + 10,000`` blocks (shared references would otherwise let a tiny file describe
+billions); numbers that do not fit in 64 bits, NaN and infinities are refused or read as absent, so
+nothing downstream sees them. Only regular files are opened (a FIFO or a device would block or stream
+forever), without blocking.
 """
 from __future__ import annotations
 
 import gc
 import io
 import json
+import math
 import os
 import pickle
 import pickletools
+import stat
 import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
 
-MAX_SNAPSHOT_BYTES = 2 * 1024**3  # 2 GiB: a 100k-block snapshot with frames is ~10-30 MB
+# A 100k-block snapshot with stack frames and a 100k-entry trace ring is ~10-30 MB (bench/bench_snapshot.py);
+# 256 MiB leaves room for ten times that. Raise with --max-bytes / FRAGSCOPE_SNAPSHOT_MAX_BYTES.
+MAX_SNAPSHOT_BYTES = 256 * 1024**2
+MAX_BYTES_ENV = "FRAGSCOPE_SNAPSHOT_MAX_BYTES"
+# Memory a load may take, as a multiple of the cap (256 MiB -> 5 GiB). Measured (tests/fuzz, docs/fuzzing.md):
+# realistic snapshots cost 7.8-8.4 B of memory per pickle byte, a pickle made only of 1-byte container
+# opcodes (`]`, `}`) 73.6 B; see estimate_load_bytes.
+LOAD_MEMORY_FACTOR = 20  # the estimate reads 15-16 B/byte on realistic snapshots: a file at the cap passes
+_INT64_MAX = (1 << 63) - 1
 
 # block states, as small ints in Snapshot.blk_state
 INACTIVE, ALLOCATED, PENDING_FREE = 0, 1, 2
@@ -173,24 +189,81 @@ class Snapshot:
 def read_snapshot(path: str, max_bytes: int = MAX_SNAPSHOT_BYTES) -> Snapshot:
     """Load and normalise a snapshot file (pickle or JSON, optionally gzip). Raises SnapshotError."""
     name = str(path)
+    data = read_regular_file(path, max_bytes, what="a memory snapshot")
+    obj, container = load_snapshot_bytes(data, name, max_bytes)
+    return parse_snapshot(obj, source=name, container=container, file_bytes=len(data))
+
+
+def _cap_text(max_bytes: int) -> str:
+    return (f"the {_fmt_size(max_bytes)} cap for a memory snapshot (raise it with --max-bytes SIZE or "
+            f"{MAX_BYTES_ENV})")
+
+
+def _fmt_size(n: int) -> str:
+    for unit, k in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if n >= k:
+            return f"{n // k} {unit}" if n % k == 0 else f"{n / k:.1f} {unit}"
+    return f"{n} byte"  # as in "the 100 byte cap"
+
+
+def read_regular_file(path: str, max_bytes: int, what: str = "a memory snapshot") -> bytes:
+    """The bytes of ``path`` if it is a non-empty regular file of at most ``max_bytes``; SnapshotError else.
+
+    Opened with O_NONBLOCK and checked with fstat on the open descriptor, so a FIFO, socket or device
+    is refused without blocking, and a file swapped after the check is not read.
+    """
+    name = str(path)
     try:
-        st = os.stat(path)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     except OSError as e:
         raise SnapshotError(f"cannot read {name}: {e.strerror or e}") from None
-    if not os.path.isfile(path):
-        raise SnapshotError(f"cannot read {name}: not a regular file")
-    if st.st_size > max_bytes:
-        raise SnapshotError(f"refusing to load {name}: {st.st_size} bytes exceeds the "
-                            f"{max_bytes} byte cap for a memory snapshot")
-    if st.st_size == 0:
-        raise SnapshotError(f"cannot read {name}: empty file, not a memory snapshot")
     try:
-        with open(path, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = "a directory" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode) else \
+                "a device or socket"
+            raise SnapshotError(f"cannot read {name}: not a regular file ({kind})")
+        if st.st_size > max_bytes:
+            raise SnapshotError(f"refusing to load {name}: {st.st_size} bytes exceeds {_cap_text(max_bytes)}")
+        if st.st_size == 0:
+            raise SnapshotError(f"cannot read {name}: empty file, not {what}")
+        with os.fdopen(fd, "rb", closefd=False) as f:
             data = f.read(max_bytes + 1)
     except OSError as e:
         raise SnapshotError(f"cannot read {name}: {e.strerror or e}") from None
-    obj, container = load_snapshot_bytes(data, name, max_bytes)
-    return parse_snapshot(obj, source=name, container=container, file_bytes=len(data))
+    finally:
+        os.close(fd)
+    if len(data) > max_bytes:  # grew after fstat
+        raise SnapshotError(f"refusing to load {name}: more than {max_bytes} bytes exceeds {_cap_text(max_bytes)}")
+    return data
+
+
+# single-byte opcodes / tokens that each create a container object (pickle: EMPTY_DICT, EMPTY_LIST, MARK
+# (before DICT, LIST, TUPLE, FROZENSET), TUPLE1-3, EMPTY_SET; JSON: objects and arrays)
+_PICKLE_CONTAINER_OPS = b"}](\x85\x86\x87\x8f"  # MARK ( precedes LIST/DICT/TUPLE/FROZENSET
+_JSON_CONTAINER_TOKENS = b"{["
+_DROP = {k: bytes(b for b in range(256) if b not in k) for k in (_PICKLE_CONTAINER_OPS, _JSON_CONTAINER_TOKENS)}
+
+
+def estimate_load_bytes(data: bytes, kind: str) -> int:
+    """Upper estimate of the memory (bytes) loading ``data`` as ``kind`` ('pickle' or 'json') takes.
+
+    12 B per input byte (realistic snapshots measure 7.8-8.4 B/byte as pickles) plus 64 B (an empty dict
+    or list object) per byte that can create a container: a pickle of only `]` opcodes measures 73.6
+    B/byte. One C pass (bytes.translate) over the data.
+    """
+    keep = _PICKLE_CONTAINER_OPS if kind == "pickle" else _JSON_CONTAINER_TOKENS
+    n_containers = len(data.translate(None, _DROP[keep]))
+    return 12 * len(data) + 64 * n_containers
+
+
+def _check_load_memory(data: bytes, kind: str, name: str, max_bytes: int) -> None:
+    need = estimate_load_bytes(data, kind)
+    budget = LOAD_MEMORY_FACTOR * max_bytes
+    if need > budget:
+        raise SnapshotError(f"refusing to load {name}: loading this {kind} would take about {_fmt_size(need)} of "
+                            f"memory ({len(data)} bytes, mostly container opcodes), over {LOAD_MEMORY_FACTOR} x "
+                            f"{_cap_text(max_bytes)}")
 
 
 def load_snapshot_bytes(data: bytes, name: str = "snapshot",
@@ -203,8 +276,10 @@ def load_snapshot_bytes(data: bytes, name: str = "snapshot",
             raise SnapshotError(f"cannot read {name}: gzip stream is empty, not a memory snapshot")
     head = data.lstrip()[:1]
     if head in (b"{", b"["):
+        _check_load_memory(data, "json", name, max_bytes)
         return _load_json(data, name), "json.gz" if gz else "json"
     if data[:1] == b"\x80" or head in (b"(", b"}", b"]", b"c"):
+        _check_load_memory(data, "pickle", name, max_bytes)
         return _load_pickle(data, name), "pickle.gz" if gz else "pickle"
     raise SnapshotError(f"cannot read {name}: not a PyTorch memory snapshot (neither a pickle nor JSON; "
                         f"write one with torch.cuda.memory._dump_snapshot(path))")
@@ -220,8 +295,7 @@ def _gunzip(data: bytes, name: str, max_bytes: int) -> bytes:
             chunk = d.decompress(view[i:i + step], max_bytes + 1 - out.tell())
             out.write(chunk)
             if out.tell() > max_bytes or d.unconsumed_tail:
-                raise SnapshotError(f"refusing to load {name}: decompressed size exceeds the "
-                                    f"{max_bytes} byte cap for a memory snapshot")
+                raise SnapshotError(f"refusing to load {name}: decompressed size exceeds {_cap_text(max_bytes)}")
             if d.eof:
                 break
     except zlib.error as e:
@@ -231,9 +305,15 @@ def _gunzip(data: bytes, name: str, max_bytes: int) -> bytes:
     return out.getvalue()
 
 
+def _refuse_constant(token: str):
+    raise ValueError(f"{token} is not a JSON number")
+
+
 def _load_json(data: bytes, name: str) -> object:
     try:
-        return json.loads(data)
+        # NaN / Infinity are not JSON (Python accepts them by default); 1e400 still reads as inf and is
+        # refused or dropped where a number is read
+        return json.loads(data, parse_constant=_refuse_constant)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         where = f" at byte {e.pos}" if isinstance(e, json.JSONDecodeError) else ""
         if isinstance(e, json.JSONDecodeError) and (e.msg.startswith("Unterminated")
@@ -243,6 +323,11 @@ def _load_json(data: bytes, name: str) -> object:
         raise SnapshotError(f"cannot read {name}: invalid JSON{where} ({detail})") from None
     except RecursionError:
         raise SnapshotError(f"cannot read {name}: JSON nested too deeply, not a memory snapshot") from None
+    except ValueError as e:  # an integer of more than 4,300 digits (sys.get_int_max_str_digits), NaN
+        msg = str(e).splitlines()[0] if str(e) else "bad number"
+        if "digits" in msg:
+            msg = "an integer has more digits than Python reads (4,300)"
+        raise SnapshotError(f"cannot read {name}: invalid JSON ({msg}), not a memory snapshot") from None
 
 
 def _load_pickle(data: bytes, name: str) -> object:
@@ -307,12 +392,29 @@ def _int(v, what: str, name: str) -> int:
     return v
 
 
+def _label(v) -> str:
+    """A name read from the file, for counts and messages: strings (cut at 200 characters) and 64-bit
+    ints as themselves, anything else by type (``str()`` of a 5,000-digit int raises, of a deep list recurses)."""
+    if isinstance(v, str):
+        return v[:200]
+    if _i64(v) is not None:
+        return str(v)
+    return f"<{type(v).__name__}>"
+
+
+def _i64(v) -> int | None:
+    """``v`` as an int if it is one (not a bool) that fits in a signed 64-bit integer, else None."""
+    if isinstance(v, int) and not isinstance(v, bool) and -_INT64_MAX - 1 <= v <= _INT64_MAX:
+        return int(v)
+    return None
+
+
 def _pool_id(v, name: str) -> tuple[int, int]:
     if v is None:
         return DEFAULT_POOL
-    if isinstance(v, (list, tuple)) and len(v) == 2 and all(isinstance(x, int) for x in v):
+    if isinstance(v, (list, tuple)) and len(v) == 2 and all(_i64(x) is not None for x in v):
         return (int(v[0]), int(v[1]))
-    raise SnapshotError(f"cannot read {name}: not a PyTorch memory snapshot (segment_pool_id {v!r} "
+    raise SnapshotError(f"cannot read {name}: not a PyTorch memory snapshot (segment_pool_id {_label(v)} "
                         f"is not a pair of integers)")
 
 
@@ -335,7 +437,7 @@ def _parse_snapshot(obj: object, source: str, container: str, file_bytes: int | 
     name = source
     if isinstance(obj, dict):
         if "segments" not in obj:
-            keys = ", ".join(sorted(str(k) for k in list(obj)[:8]))
+            keys = ", ".join(sorted(_label(k) for k in list(obj)[:8]))
             raise SnapshotError(f"cannot read {name}: not a PyTorch memory snapshot (no 'segments' key; "
                                 f"top-level keys: {keys or 'none'})")
         segments = obj["segments"]
@@ -417,7 +519,7 @@ def _parse_snapshot(obj: object, source: str, container: str, file_bytes: int | 
                 size = b["size"]
                 st = states_get(b["state"])
                 if st is None:
-                    st_name = str(b["state"])
+                    st_name = _label(b["state"])
                     unknown_states[st_name] = unknown_states.get(st_name, 0) + 1
                     st = INACTIVE if "inactive" in st_name else ALLOCATED
                 req = b.get("requested_size")
@@ -436,8 +538,8 @@ def _parse_snapshot(obj: object, source: str, container: str, file_bytes: int | 
                 size_mismatch += 1
     except SnapshotError:
         raise
-    except (KeyError, TypeError, AttributeError) as e:
-        what = (f"missing key {e.args[0]!r}" if isinstance(e, KeyError)
+    except (KeyError, TypeError, AttributeError, ValueError) as e:
+        what = (f"missing key {_label(e.args[0])!r}" if isinstance(e, KeyError)
                 else f"a field has the wrong type: {str(e).splitlines()[0]}")
         raise SnapshotError(f"cannot read {name}: not a PyTorch memory snapshot (a segment or block is "
                             f"malformed: {what})") from None
@@ -475,6 +577,10 @@ def _parse_snapshot(obj: object, source: str, container: str, file_bytes: int | 
         notes.append("some allocated blocks have no requested size: requested bytes are not available")
 
     trace_actions, ooms, devices_traced, tails = _parse_traces(traces, name)
+    n_oom_entries = sum(c.get("oom", 0) for c in trace_actions.values())
+    if n_oom_entries > len(ooms):
+        notes.append(f"{n_oom_entries - len(ooms)} oom trace entr{'y' if n_oom_entries - len(ooms) == 1 else 'ies'} "
+                     f"without a readable size (an integer from 0 to 2**63) not analysed")
     host = _parse_host(host_segments, obj.get("host_traces")) if has_host else None
     return Snapshot(
         source=source, container=container, layout=layout, legacy=legacy,
@@ -505,18 +611,16 @@ def _parse_traces(traces: list, name: str) -> tuple[dict[int, dict[str, int]], l
                 if tail is not None:
                     tail.append(("?", None, None, 0, None))
                 continue
-            a = str(e.get("action", "?"))
+            a = _label(e.get("action", "?"))
             counts[a] = counts.get(a, 0) + 1
             if a == "oom":
-                size = e.get("size")
-                if isinstance(size, int) and not isinstance(size, bool):
-                    free = e.get("device_free")
-                    t = e.get("time_us")
+                size = _nonneg(e.get("size"))
+                if size is not None:
                     pid = e.get("pool_id")
                     ooms.append(OomEvent(
-                        device=dev, size_bytes=int(size), stream=_stream(e.get("stream")),
-                        device_free_bytes=int(free) if isinstance(free, int) else None,
-                        time_us=int(t) if isinstance(t, (int, float)) else None,
+                        device=dev, size_bytes=size, stream=_stream(e.get("stream")),
+                        device_free_bytes=_nonneg(e.get("device_free")),
+                        time_us=_time_us(e.get("time_us")),
                         entries_after=n - 1 - i,
                         pool_id=_pool_id(pid, name) if pid is not None else None,
                         trace_index=i))
@@ -526,7 +630,7 @@ def _parse_traces(traces: list, name: str) -> tuple[dict[int, dict[str, int]], l
             if tail is not None:
                 pid = e.get("pool_id")
                 pool = ((int(pid[0]), int(pid[1])) if isinstance(pid, (list, tuple)) and len(pid) == 2
-                        and all(isinstance(x, int) for x in pid) else None)
+                        and all(_i64(x) is not None for x in pid) else None)
                 tail.append((a, _nonneg(e.get("addr")), _nonneg(e.get("size")), _stream(e.get("stream")),
                              pool))
         if counts:
@@ -535,11 +639,21 @@ def _parse_traces(traces: list, name: str) -> tuple[dict[int, dict[str, int]], l
 
 
 def _nonneg(v) -> int | None:
-    return int(v) if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+    """A byte count or address: an int in [0, 2**63), else None (absent)."""
+    v = _i64(v)
+    return v if v is not None and v >= 0 else None
+
+
+def _time_us(v) -> int | None:
+    """A trace time (µs since the epoch): finite and in [0, 2**63), else None."""
+    if isinstance(v, float):
+        return int(v) if math.isfinite(v) and 0 <= v < 2.0**63 else None
+    return _nonneg(v)
 
 
 def _stream(v) -> int:
-    return int(v) if isinstance(v, int) and not isinstance(v, bool) else 0
+    v = _i64(v)
+    return 0 if v is None else v
 
 
 def _parse_host(host_segments, host_traces) -> HostMemory:
@@ -553,7 +667,7 @@ def _parse_host(host_segments, host_traces) -> HostMemory:
             for e in t:
                 if isinstance(e, dict):
                     n_trace += 1
-                    a = str(e.get("action", "?"))
+                    a = _label(e.get("action", "?"))
                     counts[a] = counts.get(a, 0) + 1
     problem = None
     nseg = nblk = 0
@@ -566,7 +680,7 @@ def _parse_host(host_segments, host_traces) -> HostMemory:
         for h in host_segments:
             total = h.get("total_size") if isinstance(h, dict) else None
             blocks = h.get("blocks") if isinstance(h, dict) else None
-            if not isinstance(total, int) or isinstance(total, bool) or total < 0 or not isinstance(blocks, list):
+            if _nonneg(total) is None or not isinstance(blocks, list):
                 problem = ("host_segments entries are not in the device segment layout "
                            "(total_size and a blocks list); host byte counts not read")
                 break
@@ -576,7 +690,7 @@ def _parse_host(host_segments, host_traces) -> HostMemory:
                 size = b.get("size") if isinstance(b, dict) else None
                 state = b.get("state") if isinstance(b, dict) else None
                 st = _STATES.get(state) if isinstance(state, str) else None
-                if not isinstance(size, int) or isinstance(size, bool) or size < 0 or st is None:
+                if _nonneg(size) is None or st is None:
                     problem = ("a host_segments block has no integer size or a state other than "
                                "active_allocated/active_pending_free/inactive; host byte counts not read")
                     break
@@ -607,6 +721,8 @@ def allocator_settings_summary(snap: Snapshot) -> dict:
     """
     raw = snap.allocator_settings or {}
     conf = raw.get("PYTORCH_CUDA_ALLOC_CONF", raw.get("PYTORCH_ALLOC_CONF"))
+    if isinstance(conf, str) and len(conf) > _MAX_CONF_CHARS:
+        conf = conf[:_MAX_CONF_CHARS]  # a real setting is a few hundred characters; the parser is a char loop
     parsed = parse_alloc_conf(conf) if isinstance(conf, str) else {}
     exp = raw.get("expandable_segments")
     if exp is None and "expandable_segments" in parsed:
@@ -614,6 +730,8 @@ def allocator_settings_summary(snap: Snapshot) -> dict:
     if exp is None and snap.expandable_known and snap.n_segments:
         exp = bool(snap.seg_expandable.any())
     mss = raw.get("max_split_size")
+    if isinstance(mss, bool):
+        mss = None
     if isinstance(mss, int) and mss < 0:
         mss_bytes = None  # -1 / SIZE_MAX: unlimited (the default)
     elif isinstance(mss, int):
@@ -628,22 +746,45 @@ def allocator_settings_summary(snap: Snapshot) -> dict:
             gct = float(parsed["garbage_collection_threshold"])
         except ValueError:
             gct = None
+    if isinstance(gct, bool) or not isinstance(gct, (int, float)) or not math.isfinite(gct):
+        gct = None  # NaN / inf / an int too large for a float are not thresholds
     return {
         "known": bool(snap.allocator_settings) or bool(parsed),
         "alloc_conf": conf if isinstance(conf, str) else None,
         "backend": parsed.get("backend", "native") if isinstance(conf, str) else None,
         "expandable_segments": None if exp is None else bool(exp),
         "max_split_size_bytes": mss_bytes,  # None: unlimited or unknown (see "known")
-        "garbage_collection_threshold": float(gct) if isinstance(gct, (int, float)) else None,
-        "roundup_power2_divisions": raw.get("roundup_power2_divisions"),
+        "garbage_collection_threshold": _finite_float(gct),
+        "roundup_power2_divisions": _divisions(raw.get("roundup_power2_divisions")),
     }
 
 
-def _mb(v: str) -> int | None:
+_MAX_CONF_CHARS = 4096
+
+
+def _finite_float(v) -> float | None:
     try:
-        return int(float(v) * 1024 * 1024)
-    except ValueError:
+        f = float(v)
+    except (TypeError, ValueError, OverflowError):
         return None
+    return f if math.isfinite(f) else None
+
+
+def _divisions(v):
+    """``roundup_power2_divisions`` as recorded ({"1": 0, ...} or a list), with only 64-bit ints kept."""
+    if isinstance(v, dict):
+        return {_label(k)[:32]: x for k, x in v.items() if _i64(x) is not None}
+    if isinstance(v, (list, tuple)):
+        return [x if _i64(x) is not None else None for x in v]
+    return None
+
+
+def _mb(v: str) -> int | None:
+    """``max_split_size_mb`` value -> bytes; None for unlimited/unreadable (inf, nan, negative, > 2**62)."""
+    f = _finite_float(v)
+    if f is None or f < 0 or f * 1024 * 1024 >= 2.0**62:
+        return None
+    return int(f * 1024 * 1024)
 
 
 def parse_alloc_conf(conf: str) -> dict[str, str]:
