@@ -344,39 +344,50 @@ def _load_pickle(data: bytes, name: str) -> object:
     except MemoryError:
         raise SnapshotError(f"cannot read {name}: out of memory while unpickling") from None
     except Exception as e:  # noqa: BLE001 - any failure is explained from the opcode stream below
-        raise SnapshotError(f"{'refusing to load' if _first_dangerous(data) else 'cannot read'} {name}: "
-                            f"{_explain_pickle_failure(data, e)}") from None
+        scan = _scan_opcodes(data)
+        raise SnapshotError(f"{'refusing to load' if scan[0] else 'cannot read'} {name}: "
+                            f"{_explain_pickle_failure(scan, e)}") from None
     finally:
         if was_enabled:
             gc.enable()
 
 
-def _first_dangerous(data: bytes) -> tuple[str, int] | None:
+# pickletools.genops is pure Python, ~1 µs per opcode: the explanation of a failed load looks at the
+# first 100,000 opcodes (~0.1 s), so 8 MiB of junk opcodes cannot stall the error for 10 s and more.
+_SCAN_MAX_OPS = 100_000
+
+
+def _scan_opcodes(data: bytes) -> tuple[tuple[str, int] | None, str | None, bool]:
+    """Walk the opcodes (nothing executed): (first dangerous opcode and its byte, the walk's error,
+    whether the walk reached the end or an error within ``_SCAN_MAX_OPS``)."""
     try:
-        for op, _arg, pos in pickletools.genops(data):
+        for k, (op, _arg, pos) in enumerate(pickletools.genops(data)):
             if op.name in _DANGEROUS_OPCODES:
-                return op.name, pos
-    except Exception:  # noqa: BLE001 - truncated or corrupt: no dangerous opcode before the damage
-        return None
-    return None
+                return (op.name, pos), None, True
+            if k >= _SCAN_MAX_OPS:
+                return None, None, False
+    except Exception as e:  # noqa: BLE001 - truncated or corrupt: no dangerous opcode before the damage
+        return None, str(e) or type(e).__name__, True
+    return None, None, True
 
 
-def _explain_pickle_failure(data: bytes, exc: BaseException) -> str:
-    bad = _first_dangerous(data)
+def _first_dangerous(data: bytes) -> tuple[str, int] | None:
+    return _scan_opcodes(data)[0]
+
+
+def _explain_pickle_failure(scan: tuple, exc: BaseException) -> str:
+    bad, walk_error, complete = scan
     if bad:
         return (f"pickle has a {bad[0]} opcode at byte {bad[1]} (a memory snapshot holds only plain "
                 f"data; this file could run code)")
-    try:
-        for _ in pickletools.genops(data):
-            pass
-    except ValueError as e:
-        msg = str(e)
+    if walk_error is not None:
+        msg = walk_error.splitlines()[0]
         if "exhausted" in msg or "truncated" in msg or "not enough data" in msg or "no newline" in msg:
             return "truncated pickle (data ends before the STOP opcode)"
-        return f"corrupt pickle ({msg})"
-    if isinstance(exc, EOFError):
+        return f"corrupt pickle ({msg[:200]})"
+    if isinstance(exc, EOFError) or (complete is False and "ran out of input" in str(exc).lower()):
         return "truncated pickle (data ends before the STOP opcode)"
-    return f"corrupt pickle ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+    return f"corrupt pickle ({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''})"
 
 
 # ---------------------------------------------------------------------------------------------
