@@ -31,14 +31,15 @@ from fragscope.detectors.snapshot import (
     OOM_MEMORY_CAP,
     OOM_OUTSIDE_PYTORCH,
     OOM_PRIVATE_POOL,
-    alloc_segment_size,
-    analyse_snapshot,
-    analyse_snapshot_file,
-    replay_to_oom,
-    round_request,
-    segment_map_rows,
 )
+from fragscope.detectors.snapshot_allocator import alloc_segment_size, round_request
+from fragscope.detectors.snapshot_map import segment_map_rows
+from fragscope.detectors.snapshot_replay import replay_to_oom
 from fragscope.model import Finding, Severity
+
+# the pipeline: analysis (pure, fragscope.detectors.snapshot) + playbooks; the file entry point reads first
+from fragscope.playbooks.snapshot import diagnose_snapshot as analyse_snapshot  # noqa: E402
+from fragscope.playbooks.snapshot import diagnose_snapshot_file as analyse_snapshot_file  # noqa: E402
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB

@@ -63,7 +63,8 @@ def snapshot_cmd(file: str, fmt: str, device: int | None, show_map: bool | None,
     """Analyse a PyTorch memory snapshot FILE (torch.cuda.memory._dump_snapshot pickle, the
     memory_snapshot() segment list, or the same as JSON; .gz too). The file is never executed."""
     from ..collectors.snapshot import MAX_BYTES_ENV, MAX_SNAPSHOT_BYTES, SnapshotError, read_snapshot
-    from ..detectors.snapshot import analyse_snapshot, segment_map_rows
+    from ..detectors.snapshot_map import segment_map_rows
+    from ..playbooks.snapshot import diagnose_snapshot
     from ..model import Report
     from .render import report_exit_code
 
@@ -94,7 +95,7 @@ def snapshot_cmd(file: str, fmt: str, device: int | None, show_map: bool | None,
     if device is not None and device not in snap.devices():
         have = ", ".join(str(d) for d in snap.devices()) or "none"
         fail(f"{file}: no device {device} in this snapshot (devices present: {have})")
-    doc, findings = analyse_snapshot(snap, device=device, device_total_bytes=total)
+    doc, findings = diagnose_snapshot(snap, device=device, device_total_bytes=total)
     if html:
         from .render import write_snapshot_html
         write_snapshot_html(html, doc, snap, device, map_limit)
@@ -112,7 +113,7 @@ def snapshot_cmd(file: str, fmt: str, device: int | None, show_map: bool | None,
 
 
 def _legend() -> dict:
-    from ..detectors.snapshot import MAP_CHARS
+    from ..detectors.snapshot_map import MAP_CHARS
 
     return {"allocated": MAP_CHARS["allocated"], "rounding_waste": MAP_CHARS["waste"],
             "pending_free": MAP_CHARS["pending"], "free": MAP_CHARS["free"],
