@@ -39,8 +39,10 @@ def main() -> None:
     ap.add_argument("--subprocess-every", type=int, default=0, help="every K-th input also as a subprocess")
     ap.add_argument("--sub-timeout", type=float, default=30.0)
     ap.add_argument("--mem", default="4GiB", help="RLIMIT_AS of subprocess runs")
-    ap.add_argument("--bomb-mib", type=int, default=harness.BOMB_MIB, help="unpacked size of gzip bombs")
+    ap.add_argument("--bomb-mib", type=float, default=harness.BOMB_MIB, help="unpacked size of gzip bombs (MiB)")
     ap.add_argument("--save-repros", action="store_true", help="write each class's smallest input to tests/fuzz/repro/")
+    ap.add_argument("--minimize", type=int, default=150, metavar="RUNS",
+                    help="with --save-repros: shrink each class's input in at most RUNS runs (0: keep the smallest seen)")
     ap.add_argument("-v", "--verbose", action="store_true")
     a = ap.parse_args()
     harness.BOMB_MIB = a.bomb_mib
@@ -74,7 +76,9 @@ def main() -> None:
             fi = b["input"]
             where = ""
             if a.save_repros:
-                where = f" -> {os.path.relpath(harness.save_repro(r, sig, fi), ROOT)}"
+                if a.minimize:
+                    fi = harness.minimize(r, sig, fi, budget=a.minimize, timeout_s=a.timeout)
+                where = f" -> {os.path.relpath(harness.save_repro(r, sig, fi), ROOT)} ({len(fi.data)} B)"
             print(f"  {b['count']:>5} x {sig}  (smallest: {len(fi.data)} B, {fi.seed} {'+'.join(fi.ops)}, "
                   f"--format {fi.fmt}){where}")
             last = (b["outcome"].stderr.strip().splitlines() or [""])[-1]

@@ -54,7 +54,7 @@ class Seed:
     kind: str  # "text", "json", "pickle", "sqlite"
 
 
-def _trim_recording(text: str, points: int = 12) -> str:
+def _trim_recording(text: str, points: int = 6) -> str:
     """Keep each series' first ``points`` samples (plus all comment lines): a few KB of a 4.9 MB example."""
     seen: dict[str, int] = {}
     out = []
@@ -261,7 +261,7 @@ def m_gzip(r: random.Random, data: bytes, **_) -> bytes:
     return bytes(b)
 
 
-BOMB_MIB = 2  # "small": 2 MiB unpacked keeps in-process runs light; bench/fuzz.py --bomb-mib for more
+BOMB_MIB = 2.0  # "small": 2 MiB unpacked keeps in-process runs light; bench/fuzz.py --bomb-mib for more
 _BOMBS: dict = {}
 
 
@@ -273,8 +273,8 @@ def m_gzip_bomb(r: random.Random, data: bytes, **_) -> bytes:
         if len(_BOMBS) > 64:
             _BOMBS.clear()
         co = zlib.compressobj(9, zlib.DEFLATED, 31)
-        chunk = fill * ((1 << 20) // len(fill))
-        _BOMBS[key] = b"".join([co.compress(data[:200])] + [co.compress(chunk) for _ in range(BOMB_MIB)]
+        chunk = fill * ((1 << 18) // len(fill))  # 256 KiB pieces
+        _BOMBS[key] = b"".join([co.compress(data[:200])] + [co.compress(chunk) for _ in range(int(BOMB_MIB * 4))]
                                + [co.flush()])
     return _BOMBS[key]
 
@@ -707,9 +707,12 @@ class Report:
 
 def fuzz(reader: str, n: int, seed: int, *, subprocess_every: int = 0, timeout_s: float = 10.0,
          sub_timeout_s: float = 30.0, mem_bytes: int = 4 << 30, workdir: str | None = None,
-         progress=None) -> Report:
+         progress=None, bomb_mib: float | None = None) -> Report:
     """Try ``n`` mutated inputs for ``reader`` (seeded), in-process; every ``subprocess_every``-th (0: none)
-    also as a subprocess under the memory limit. Returns the report (breaches grouped by class)."""
+    instead as a subprocess under the memory limit. Returns the report (breaches grouped by class)."""
+    global BOMB_MIB
+    if bomb_mib is not None:
+        BOMB_MIB = bomb_mib
     rnd = random.Random(f"{reader}:{seed}")
     rep = Report(reader)
     with tempfile.TemporaryDirectory(dir=workdir) as d:
@@ -735,3 +738,63 @@ def save_repro(reader: str, sig: str, fi: FuzzInput, out_dir: Path = REPRO_DIR) 
     p = out_dir / f"{reader}--{slug}{fi.ext}"
     p.write_bytes(fi.data)
     return p
+
+
+def _signature_of(reader: str, data: bytes, ext: str, fmt: str, d: str, timeout_s: float) -> str | None:
+    path = os.path.join(d, f"min{ext}")
+    Path(path).write_bytes(data)
+    o = run_inprocess(argv(reader, path, fmt), timeout_s)
+    breach = judge(o, fmt)
+    return f"{breach}: {o.signature or '?'}" if breach else None
+
+
+def minimize(reader: str, sig: str, fi: FuzzInput, budget: int = 150, timeout_s: float = 10.0) -> FuzzInput:
+    """A smaller input with the same breach class: drop line chunks (ddmin-style halving), then bytes from
+    the end; gzip inputs are minimised decompressed and compressed again. Hangs and SQLite are kept as is
+    (each try of a hang costs the whole timeout). At most ``budget`` runs."""
+    if sig.startswith("hang") or fi.data.startswith(b"SQLite format 3"):
+        return fi
+    gz = fi.data[:2] == b"\x1f\x8b"
+    data = fi.data
+    if gz:
+        try:
+            data = gzip.decompress(fi.data)
+        except (OSError, EOFError, zlib.error):
+            return fi
+        if len(data) > 8 << 20:
+            return fi
+
+    def wrap(b: bytes) -> bytes:
+        return gzip.compress(b, mtime=0) if gz else b
+
+    runs = 0
+    with tempfile.TemporaryDirectory() as d:
+        def same(b: bytes) -> bool:
+            nonlocal runs
+            runs += 1
+            return _signature_of(reader, wrap(b), fi.ext, fi.fmt, d, timeout_s) == sig
+
+        if not same(data):
+            return fi  # not reproducible in isolation (state from an earlier run?): keep the original
+        lines = data.split(b"\n")
+        n = 2
+        while len(lines) >= 2 and runs < budget:
+            chunk = max(1, len(lines) // n)
+            for i in range(0, len(lines), chunk):
+                trial = lines[:i] + lines[i + chunk:]
+                if trial and runs < budget and same(b"\n".join(trial)):
+                    lines = trial
+                    n = max(n - 1, 2)
+                    break
+            else:
+                if chunk == 1:
+                    break
+                n = min(len(lines), n * 2)
+        data = b"\n".join(lines)
+        cut = len(data) // 2
+        while cut >= 1 and runs < budget:  # the tail of a one-line document
+            if same(data[: len(data) - cut]):
+                data = data[: len(data) - cut]
+            else:
+                cut //= 2
+    return FuzzInput(fi.reader, fi.seed, fi.ops + ["minimized"], wrap(data), fi.ext, fi.fmt)
