@@ -39,6 +39,7 @@ def main() -> None:
     ap.add_argument("--subprocess-every", type=int, default=0, help="every K-th input also as a subprocess")
     ap.add_argument("--sub-timeout", type=float, default=30.0)
     ap.add_argument("--mem", default="4GiB", help="RLIMIT_AS of subprocess runs")
+    ap.add_argument("--self-mem", default="6GiB", help="address space in-process runs may add to this process")
     ap.add_argument("--bomb-mib", type=float, default=harness.BOMB_MIB, help="unpacked size of gzip bombs (MiB)")
     ap.add_argument("--save-repros", action="store_true", help="write each class's smallest input to tests/fuzz/repro/")
     ap.add_argument("--minimize", type=int, default=150, metavar="RUNS",
@@ -61,7 +62,8 @@ def main() -> None:
                 print(f"  [{r} #{i}] {fi.seed} {'+'.join(fi.ops)} rc={o.rc} {o.signature}", flush=True)
 
         rep = harness.fuzz(r, a.n, a.seed, subprocess_every=a.subprocess_every, timeout_s=a.timeout,
-                           sub_timeout_s=a.sub_timeout, mem_bytes=_size(a.mem), progress=progress)
+                           sub_timeout_s=a.sub_timeout, mem_bytes=_size(a.mem), progress=progress,
+                           self_mem_bytes=_size(a.self_mem))
         wall = time.perf_counter() - t0
         mb = rep.bytes_total / 1e6
         self_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -1264,3 +1264,29 @@ def test_non_regular_files_refused_without_blocking(tmp_path):
         read_snapshot(str(fifo))
     with pytest.raises(SnapshotError, match="not a regular file|Is a directory"):
         read_snapshot(str(tmp_path))
+
+
+def test_memo_index_bomb_refused_in_bounded_memory(tmp_path):
+    # EMPTY_LIST, LONG_BINPUT 2**31 - 1, STOP: 9 bytes that make the C unpickler allocate and zero a
+    # 32 GiB memo (found by tests/fuzz: the process was killed at 23.8 GB RSS)
+    import resource
+    import struct
+    import threading
+
+    p = tmp_path / "memo.pickle"
+    p.write_bytes(b"\x80\x02]r" + struct.pack("<I", 2**31 - 1) + b".")
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(SnapshotError, match="refusing to load .*(load budget|memo index 2147483647)"):
+        read_snapshot(str(p))  # single-threaded: under RLIMIT_AS; else the opcode walk
+    stop = threading.Event()
+    t = threading.Thread(target=stop.wait)  # a threaded host (the agent): the opcode walk, exactly
+    t.start()
+    try:
+        with pytest.raises(SnapshotError, match=r"memo index 2147483647 in a 9-byte file .*32\.0 GiB"):
+            read_snapshot(str(p))
+    finally:
+        stop.set()
+        t.join()
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 512 * 1024  # KiB: < 512 MiB more
+    r = _run(["snapshot", str(p)])
+    assert getattr(r.exception, "exit_code", None) == 2

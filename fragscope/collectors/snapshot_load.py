@@ -17,6 +17,7 @@ limits): :mod:`fragscope.collectors.snapshot`.
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import io
 import json
@@ -24,6 +25,7 @@ import os
 import pickle
 import pickletools
 import stat
+import threading
 import zlib
 
 # A 100k-block snapshot with stack frames and a 100k-entry trace ring is ~10-30 MB (bench/bench_snapshot.py);
@@ -145,7 +147,7 @@ def load_snapshot_bytes(data: bytes, name: str = "snapshot",
         return _load_json(data, name), "json.gz" if gz else "json"
     if data[:1] == b"\x80" or head in (b"(", b"}", b"]", b"c"):
         _check_load_memory(data, "pickle", name, max_bytes)
-        return _load_pickle(data, name), "pickle.gz" if gz else "pickle"
+        return _load_pickle(data, name, max_bytes), "pickle.gz" if gz else "pickle"
     raise SnapshotError(f"cannot read {name}: not a PyTorch memory snapshot (neither a pickle nor JSON; "
                         f"write one with torch.cuda.memory._dump_snapshot(path))")
 
@@ -195,19 +197,24 @@ def _load_json(data: bytes, name: str) -> object:
         raise SnapshotError(f"cannot read {name}: invalid JSON ({msg}), not a memory snapshot") from None
 
 
-def _load_pickle(data: bytes, name: str) -> object:
+def _load_pickle(data: bytes, name: str, max_bytes: int = MAX_SNAPSHOT_BYTES) -> object:
     # The cyclic GC adds nothing while unpickling plain containers but runs many passes over the
     # growing heap: a 100k-block snapshot (12.7 MB, bench/bench_snapshot.py) loads in 144 ms with it
     # paused against 344 ms with it on.
+    budget = LOAD_MEMORY_FACTOR * max_bytes
+    if threading.active_count() > 1:  # no process-wide limit in a threaded host (the agent): check exactly
+        _check_memo_indices(data, name, budget)
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _RefusingUnpickler(io.BytesIO(data)).load()
+        with _address_space_limit(budget):
+            return _RefusingUnpickler(io.BytesIO(data)).load()
     except _Refused as e:
         raise SnapshotError(f"refusing to load {name}: {e} (a memory snapshot holds only plain data; "
                             f"this file could run code)") from None
     except MemoryError:
-        raise SnapshotError(f"cannot read {name}: out of memory while unpickling") from None
+        raise SnapshotError(f"refusing to load {name}: unpickling it needs more than the {_fmt_size(budget)} "
+                            f"load budget, {LOAD_MEMORY_FACTOR} x {_cap_text(max_bytes)}") from None
     except Exception as e:  # noqa: BLE001 - any failure is explained from the opcode stream below
         scan = _scan_opcodes(data)
         raise SnapshotError(f"{'refusing to load' if scan[0] else 'cannot read'} {name}: "
@@ -215,6 +222,54 @@ def _load_pickle(data: bytes, name: str) -> object:
     finally:
         if was_enabled:
             gc.enable()
+
+
+# The C unpickler keeps its memo in an array as long as the largest PUT index: one LONG_BINPUT with
+# index 2**31 in a 9 KB file makes it allocate and zero 16 GiB (found by tests/fuzz: the kernel killed
+# the process at 23.8 GB RSS). A single-threaded process (the CLI) loads under a soft RLIMIT_AS of its
+# current size plus the load budget, so any such allocation fails as MemoryError; a threaded host (the
+# agent), where a process-wide limit would hit other threads, walks the opcodes first instead (~1 µs
+# per opcode) and refuses a memo index the file cannot fill.
+@contextlib.contextmanager
+def _address_space_limit(extra_bytes: int):
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        with open("/proc/self/statm") as f:
+            vm = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (ImportError, OSError, ValueError):  # not Linux: the opcode walk is the guard
+        yield
+        return
+    if threading.active_count() > 1:
+        yield
+        return
+    limit = vm + extra_bytes
+    if soft != resource.RLIM_INFINITY and soft <= limit:
+        yield  # already tighter
+        return
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+_PUT_OPS = frozenset({"PUT", "BINPUT", "LONG_BINPUT"})
+
+
+def _check_memo_indices(data: bytes, name: str, budget: int) -> None:
+    try:
+        for op, arg, _pos in pickletools.genops(data):
+            if op.name in _PUT_OPS and isinstance(arg, int) and (arg > len(data) or 16 * arg > budget):
+                raise SnapshotError(f"refusing to load {name}: pickle memo index {arg} in a {len(data)}-byte file "
+                                    f"(the unpickler would allocate {_fmt_size(16 * arg)} for it)")
+    except SnapshotError:
+        raise
+    except Exception:  # noqa: BLE001 - a corrupt stream fails the load itself, with its explanation
+        return
 
 
 # pickletools.genops is pure Python, ~1 µs per opcode: the explanation of a failed load looks at the

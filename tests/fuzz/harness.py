@@ -541,8 +541,11 @@ def run_inprocess(args: list[str], timeout_s: float = 10.0) -> Outcome:
     hang = False
     sig = None
     old = signal.signal(signal.SIGALRM, _alarm)
+    argv0 = sys.argv[0] if sys.argv else None
     t0 = time.perf_counter()
     with runner.isolation() as streams:
+        if sys.argv:
+            sys.argv[0] = "diagnose"  # the program name error lines start with
         out, err = streams[0], streams[1]
         try:
             signal.setitimer(signal.ITIMER_REAL, timeout_s)
@@ -553,6 +556,8 @@ def run_inprocess(args: list[str], timeout_s: float = 10.0) -> Outcome:
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, old)
+            if argv0 is not None:
+                sys.argv[0] = argv0
         for f in (sys.stdout, sys.stderr):  # plain sys.stdout.write() calls sit in the wrapper's buffer
             with contextlib.suppress(Exception):
                 f.flush()
@@ -707,15 +712,17 @@ class Report:
 
 def fuzz(reader: str, n: int, seed: int, *, subprocess_every: int = 0, timeout_s: float = 10.0,
          sub_timeout_s: float = 30.0, mem_bytes: int = 4 << 30, workdir: str | None = None,
-         progress=None, bomb_mib: float | None = None) -> Report:
+         progress=None, bomb_mib: float | None = None, self_mem_bytes: int | None = 4 << 30) -> Report:
     """Try ``n`` mutated inputs for ``reader`` (seeded), in-process; every ``subprocess_every``-th (0: none)
-    instead as a subprocess under the memory limit. Returns the report (breaches grouped by class)."""
+    instead as a subprocess under the memory limit. In-process runs share this process's address space,
+    capped at its current size + ``self_mem_bytes`` for the run (a blow-up is a MemoryError, not the
+    kernel's OOM killer taking the harness). Returns the report (breaches grouped by class)."""
     global BOMB_MIB
     if bomb_mib is not None:
         BOMB_MIB = bomb_mib
     rnd = random.Random(f"{reader}:{seed}")
     rep = Report(reader)
-    with tempfile.TemporaryDirectory(dir=workdir) as d:
+    with tempfile.TemporaryDirectory(dir=workdir) as d, _self_limit(self_mem_bytes):
         for i in range(n):
             fi = generate(reader, rnd)
             path = os.path.join(d, f"in{fi.ext}")
@@ -729,6 +736,25 @@ def fuzz(reader: str, n: int, seed: int, *, subprocess_every: int = 0, timeout_s
             with contextlib.suppress(OSError):
                 os.unlink(path)
     return rep
+
+
+@contextlib.contextmanager
+def _self_limit(extra: int | None):
+    if not extra:
+        yield
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    with open("/proc/self/statm") as f:
+        vm = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    limit = vm + extra if hard == resource.RLIM_INFINITY else min(vm + extra, hard)
+    if soft != resource.RLIM_INFINITY and soft <= limit:
+        yield
+        return
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
 def save_repro(reader: str, sig: str, fi: FuzzInput, out_dir: Path = REPRO_DIR) -> Path:
