@@ -71,8 +71,9 @@ def main() -> None:
         codes = ", ".join(f"{k}: {v}" for k, v in sorted(rep.exit_codes.items()))
         print(f"\n{r}: {rep.tried} inputs ({mb:.1f} MB) in {wall:.1f} s; exit codes {{{codes}}}; "
               f"crashes {rep.crashes}, hangs {rep.hangs}")
-        print(f"  time per MB of input {rep.seconds_total / mb if mb else 0:.3f} s; slowest input "
-              f"{rep.slowest_seconds:.2f} s; peak RSS: subprocess runs "
+        imb = rep.inproc_bytes / 1e6
+        print(f"  time per MB of input (in-process runs) {rep.inproc_seconds / imb if imb else 0:.3f} s; slowest "
+              f"input {rep.slowest_seconds:.2f} s; peak RSS: {rep.subprocess_runs} subprocess runs "
               f"{(child_peak or 0) / 2**20:.0f} MiB, this process {self_peak / 2**20:.0f} MiB")
         for sig, b in sorted(rep.breaches.items(), key=lambda kv: -kv[1]["count"]):
             fi = b["input"]

@@ -431,7 +431,7 @@ def m_sqlite(r: random.Random, data: bytes, seed: Seed = None, **_) -> bytes:
                         break
             c.commit()
             c.close()
-        except sqlite3.Error:
+        except Exception:  # noqa: BLE001 - an already-corrupted file (sqlite3.Error, UnicodeDecodeError...)
             return m_flip(r, data)
         return Path(p).read_bytes()
 
@@ -684,11 +684,19 @@ class Report:
     breaches: dict = field(default_factory=dict)  # class signature -> {count, breach, smallest input}
     peak_rss_bytes: int = 0
     slowest_seconds: float = 0.0
+    inproc_bytes: int = 0  # in-process runs only: time per MB without interpreter start-up
+    inproc_seconds: float = 0.0
+    subprocess_runs: int = 0
 
     def add(self, fi: FuzzInput, o: Outcome, breach: str | None) -> None:
         self.tried += 1
         self.bytes_total += len(fi.data)
         self.seconds_total += o.seconds
+        if o.peak_rss_bytes is None:
+            self.inproc_bytes += len(fi.data)
+            self.inproc_seconds += o.seconds
+        else:
+            self.subprocess_runs += 1
         self.slowest_seconds = max(self.slowest_seconds, o.seconds)
         key = "hang" if o.hang else str(o.rc)
         self.exit_codes[key] = self.exit_codes.get(key, 0) + 1
