@@ -39,7 +39,7 @@ from fragscope.model import Finding, Severity
 
 # the pipeline: analysis (pure, fragscope.detectors.snapshot) + playbooks; the file entry point reads first
 from fragscope.playbooks.snapshot import diagnose_snapshot as analyse_snapshot  # noqa: E402
-from fragscope.playbooks.snapshot import diagnose_snapshot_file as analyse_snapshot_file  # noqa: E402
+from fragscope.snapshot_pipeline import diagnose_snapshot_file as analyse_snapshot_file  # noqa: E402
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB

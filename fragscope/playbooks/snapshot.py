@@ -1,5 +1,6 @@
-"""Playbooks of the memory-snapshot diagnoses, on :class:`fragscope.playbooks.Action`, and the snapshot
-pipeline (read, analyse, attach playbooks).
+"""Playbooks of the memory-snapshot diagnoses, on :class:`fragscope.model.Action`, attached to the
+findings of :func:`fragscope.detectors.snapshot.analyse_snapshot` (reading a file first:
+:mod:`fragscope.snapshot_pipeline`).
 
 The snapshot diagnoses (``allocator-fragmentation`` and the ``oom-*`` classes, docs/snapshot.md) carry
 a playbook computed from the snapshot: ``PYTORCH_CUDA_ALLOC_CONF`` options, each an :class:`Action`
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import math
 
-from ..collectors.snapshot import Snapshot, read_snapshot
+from ..collectors.snapshot import Snapshot
 from ..detectors.snapshot import (
     FRAGMENTATION,
     OOM_CAPACITY,
@@ -23,8 +24,7 @@ from ..detectors.snapshot import (
     analyse_snapshot,
 )
 from ..detectors.snapshot_allocator import MiB, fmt_bytes
-from ..model import Finding
-from . import Action
+from ..model import Action, Finding
 
 # PYTORCH_CUDA_ALLOC_CONF options: text = why it helps
 EXPANDABLE_SEGMENTS = Action(
@@ -176,12 +176,5 @@ def diagnose_snapshot(snap: Snapshot, **kw) -> tuple[dict, list[Finding]]:
     return attach_snapshot_playbooks(*analyse_snapshot(snap, **kw))
 
 
-def diagnose_snapshot_file(path: str, max_bytes: int | None = None, **kw) -> tuple[dict, list[Finding]]:
-    """Read (:func:`fragscope.collectors.snapshot.read_snapshot`; raises ``SnapshotError``, one line),
-    analyse and attach playbooks: the entry point of the CLI and of the agent's capture feature."""
-    snap = read_snapshot(path) if max_bytes is None else read_snapshot(path, max_bytes=max_bytes)
-    return diagnose_snapshot(snap, **kw)
-
-
-__all__ = ["snapshot_playbook", "attach_snapshot_playbooks", "diagnose_snapshot", "diagnose_snapshot_file",
+__all__ = ["snapshot_playbook", "attach_snapshot_playbooks", "diagnose_snapshot",
            "EXPANDABLE_SEGMENTS", "MAX_SPLIT_SIZE", "GC_THRESHOLD", "OOM_CLASS_ACTIONS"]
