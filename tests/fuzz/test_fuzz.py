@@ -126,6 +126,19 @@ def test_subprocess_under_memory_limit():
 
 
 # ---------------------------------------------------------------------------------------------
+# every class the harness has found, kept as a minimised input (tests/fuzz/repro/README.md)
+REPROS = sorted(p for p in harness.REPRO_DIR.iterdir() if p.name.split("--")[0] in harness.READERS)
+
+
+@pytest.mark.parametrize("path", REPROS, ids=[p.name for p in REPROS])
+def test_reproducers_keep_the_contract(path):
+    reader = path.name.split("--")[0]
+    for fmt in ("human", "json"):
+        o = harness.run_inprocess(harness.argv(reader, str(path), fmt), timeout_s=20.0)
+        assert judge(o, fmt) is None, (fmt, o.rc, o.signature, o.stderr[-400:])
+
+
+# ---------------------------------------------------------------------------------------------
 @pytest.mark.e2e
 @pytest.mark.parametrize("reader", harness.READERS)
 def test_fuzz_long(reader, tmp_path):
