@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -87,8 +88,12 @@ def test_diagnose_help_shows_default_command_options_and_every_subcommand():
     for opt in ("--format", "--fail-on", "--vllm", "--agent", "--prometheus", "--since", "--debug", "--version"):
         assert f"  {opt}" in out, opt
     commands = out.split("Commands:")[1]
-    for name, text in (("explain", "(e.g. allocator-fragmentation)."), ("snapshot", "The file is never"),
-                       ("trace", "Format detected by content."), ("logs", "kv-budget estimate."),
-                       ("run", "(default")):
-        assert f"  {name} " in commands and text in " ".join(commands.split()), name
+    flat = re.sub(r"-\s+", "-", " ".join(commands.split()))  # help text wrapped at hyphens, joined again
+    for name, cmd in diagnose_group.commands.items():  # every subcommand, its whole first paragraph
+        if not cmd.hidden:
+            first = re.sub(r"-\s+", "-", " ".join((cmd.help or "").split("\n\n")[0].split()))
+            assert f"  {name} " in commands and first in flat, name
+    for text in ("(e.g. allocator-fragmentation).", "The file is never executed.", "Format detected by content.",
+                 "(default: the command name may be left out)"):
+        assert text in flat, text
     assert "Exit codes:" in out and "3 internal" in " ".join(out.split())
