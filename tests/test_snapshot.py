@@ -31,14 +31,15 @@ from fragscope.detectors.snapshot import (
     OOM_MEMORY_CAP,
     OOM_OUTSIDE_PYTORCH,
     OOM_PRIVATE_POOL,
-    alloc_segment_size,
-    analyse_snapshot,
-    analyse_snapshot_file,
-    replay_to_oom,
-    round_request,
-    segment_map_rows,
 )
+from fragscope.detectors.snapshot_allocator import alloc_segment_size, round_request
+from fragscope.detectors.snapshot_map import segment_map_rows
+from fragscope.detectors.snapshot_replay import replay_to_oom
 from fragscope.model import Finding, Severity
+
+# the pipeline: analysis (pure, fragscope.detectors.snapshot) + playbooks; the file entry point reads first
+from fragscope.playbooks.snapshot import diagnose_snapshot as analyse_snapshot  # noqa: E402
+from fragscope.snapshot_pipeline import diagnose_snapshot_file as analyse_snapshot_file  # noqa: E402
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
@@ -148,7 +149,9 @@ def test_fragmented_modern_snapshot_numbers_and_verdict(tmp_path):
     assert d["non_releasable_inactive_bytes"] == 640 * MiB
     assert d["segments"] == 5 and d["blocks"] == 45 and d["free_blocks"] == 21
     assert d["private_pool_bytes"] == 0 and d["sliver_count"] == 0
-    assert doc["default_pool"] if "default_pool" in doc else True
+    assert "default_pool" not in doc  # per device, not per file
+    # every segment is in the default pool here, so its numbers are the device's
+    assert d["default_pool"]["external_fragmentation"] == round(1 - 32 / 660, 6) == d["external_fragmentation"]
     assert d["default_pool"]["non_releasable_ratio"] == round(640 / 2068, 6)
     assert doc["verdict"] == FRAGMENTATION == d["verdict"]
     [f] = findings
@@ -1149,3 +1152,141 @@ def test_committed_fixture_fragmented_oom():
         (2068 * MiB, 660 * MiB, 32 * MiB)
     assert d["trace_actions"] == {"oom": 1, "segment_alloc": 1}
     assert [f.id for f in findings] == [FRAGMENTATION] and findings[0].severity is Severity.CRITICAL
+
+
+# ---------------------------------------------------------------------------------------------
+# hostile inputs (issue 12): each class the outside fuzzing campaign found, exit 2 or a sound answer
+def _strict_json(text: str):
+    def refuse(token):
+        raise AssertionError(f"{token} in JSON output")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_nan_and_inf_trace_times_are_absent_not_a_crash(tmp_path):
+    t = [oom(48 * MiB, 10 * MiB, t=float("nan")), oom(48 * MiB, 10 * MiB, t=float("inf"))]
+    path = write(tmp_path, dump(fragmented_segments(), [t]))
+    r = _run(["snapshot", path, "--format", "json"])
+    assert r.exception is None, r.exception
+    doc = _strict_json(r.output)
+    assert [o["time_us"] for o in doc["devices"][0]["ooms"]] == [None, None]
+    assert doc["findings"][0]["onset"] is None
+
+
+@pytest.mark.parametrize("conf,mss,gct", [
+    ("max_split_size_mb:inf", None, None),
+    ("max_split_size_mb:nan,garbage_collection_threshold:nan", None, None),
+    ("max_split_size_mb:-5,garbage_collection_threshold:inf", None, None),
+    ("max_split_size_mb:" + "9" * 400, None, None),  # float('9'*400) is 1e400 = inf
+    ("max_split_size_mb:64,garbage_collection_threshold:0.6", 64 * MiB, 0.6),
+])
+def test_alloc_conf_non_finite_values_read_as_unknown(tmp_path, conf, mss, gct):
+    st = settings(conf=conf, max_split=None, gct=None)
+    path = write(tmp_path, dump(fragmented_segments(), st=st))
+    r = _run(["snapshot", path, "--format", "json"])
+    assert r.exception is None, r.exception
+    s = _strict_json(r.output)["allocator_settings"]
+    assert (s["max_split_size_bytes"], s["garbage_collection_threshold"]) == (mss, gct)
+    assert _run(["snapshot", path]).exception is None  # the human output too
+
+
+def test_json_with_a_5000_digit_integer_or_nan_token_is_one_line_error(tmp_path):
+    text = json.dumps(dump(fragmented_segments()))
+    p1 = tmp_path / "big.json"
+    p1.write_text(text.replace('"device": 0', '"device": ' + "9" * 5000, 1))
+    with pytest.raises(SnapshotError, match="more digits than Python reads"):
+        read_snapshot(str(p1))
+    p2 = tmp_path / "nan.json"
+    p2.write_text(text.replace('"stream": 0', '"stream": NaN', 1))
+    with pytest.raises(SnapshotError, match="NaN is not a JSON number"):
+        read_snapshot(str(p2))
+
+
+def test_huge_integers_in_a_pickle_never_reach_the_output(tmp_path):
+    # pickles carry arbitrary-precision ints: str() of a 5,000-digit int raises, float() of 10**400 too
+    t = [oom(10**30, 10**400, t=10**5000), {"action": 10**5000, "addr": 2**64, "size": -1}]
+    st = settings()
+    st["roundup_power2_divisions"] = {"1": 10**5000, "2": 4}
+    s = seg([blk(32 * MiB), blk(32 * MiB, "inactive", req=0)], pool=(0, 0))
+    s["blocks"][0]["state"] = 10**5000  # unknown state, counted by a label
+    path = write(tmp_path, dump([s], [t], st=st))
+    r = _run(["snapshot", path, "--format", "json"])
+    assert r.exception is None, r.exception
+    doc = _strict_json(r.output)
+    assert doc["devices"][0]["ooms"] == []  # the OOM's size is not a 64-bit byte count
+    assert any("1 oom trace entry without a readable size" in n for n in doc["notes"])
+    assert any("<int>" in n for n in doc["notes"])  # the block state, by type
+    assert doc["allocator_settings"]["roundup_power2_divisions"] == {"2": 4}
+
+
+def test_gzip_bomb_is_refused_at_the_cap_naming_the_flag(tmp_path):
+    p = tmp_path / "bomb.pickle.gz"
+    p.write_bytes(gzip.compress(b"\x80\x04](" + b"]" * (8 * MiB) + b"e."))  # 8 KiB -> 8 MiB
+    assert p.stat().st_size < 64 * 1024
+    with pytest.raises(SnapshotError, match=r"decompressed size exceeds the 1 MiB cap .*--max-bytes SIZE"):
+        read_snapshot(str(p), max_bytes=MiB)
+    r = _run(["snapshot", str(p), "--max-bytes", "1MiB"])
+    assert getattr(r.exception, "exit_code", None) == 2
+
+
+def test_container_opcode_bomb_refused_by_its_memory_estimate(tmp_path):
+    from fragscope.collectors.snapshot import LOAD_MEMORY_FACTOR, estimate_load_bytes
+
+    data = b"\x80\x04](" + b"]" * MiB + b"e."  # 1 MiB that would take ~74 MiB once loaded
+    assert estimate_load_bytes(data, "pickle") == 12 * len(data) + 64 * (MiB + 2)  # `]` x (MiB + 1) and `(`
+    p = tmp_path / "bomb.pickle"
+    p.write_bytes(data)
+    cap = 2 * MiB  # the file is under the cap; its load estimate (~76 MiB) is over 20 x 2 MiB
+    assert len(data) < cap < estimate_load_bytes(data, "pickle") / LOAD_MEMORY_FACTOR
+    with pytest.raises(SnapshotError, match=r"would take about 76\.\d MiB of memory .* over 20 x the 2 MiB cap"):
+        read_snapshot(str(p), max_bytes=cap)
+    # a realistic snapshot exactly at the cap is not refused by the estimate
+    real = write(tmp_path, dump(fragmented_segments(), [[oom(48 * MiB, 10 * MiB)] + freed(0x10, 512) * 50]))
+    size = os.path.getsize(real)
+    assert read_snapshot(real, max_bytes=size).n_blocks == 45
+
+
+def test_max_bytes_flag_and_env(tmp_path, monkeypatch):
+    path = write(tmp_path, dump(fragmented_segments()))
+    r = _run(["snapshot", path, "--max-bytes", "1KiB"])
+    assert getattr(r.exception, "exit_code", None) == 2
+    monkeypatch.setenv("FRAGSCOPE_SNAPSHOT_MAX_BYTES", "1KiB")
+    assert getattr(_run(["snapshot", path]).exception, "exit_code", None) == 2
+    assert _run(["snapshot", path, "--max-bytes", "1MiB"]).exception is None  # the flag wins over the env
+    monkeypatch.setenv("FRAGSCOPE_SNAPSHOT_MAX_BYTES", "lots")
+    r = _run(["snapshot", path])
+    assert getattr(r.exception, "exit_code", None) == 2 and "not a positive size" in str(r.exception)
+
+
+def test_non_regular_files_refused_without_blocking(tmp_path):
+    fifo = tmp_path / "snap.pickle"
+    os.mkfifo(fifo)  # opening a FIFO for reading blocks until a writer comes: O_NONBLOCK + fstat
+    with pytest.raises(SnapshotError, match=r"not a regular file \(a FIFO\)"):
+        read_snapshot(str(fifo))
+    with pytest.raises(SnapshotError, match="not a regular file|Is a directory"):
+        read_snapshot(str(tmp_path))
+
+
+def test_memo_index_bomb_refused_in_bounded_memory(tmp_path):
+    # EMPTY_LIST, LONG_BINPUT 2**31 - 1, STOP: 9 bytes that make the C unpickler allocate and zero a
+    # 32 GiB memo (found by tests/fuzz: the process was killed at 23.8 GB RSS)
+    import resource
+    import struct
+    import threading
+
+    p = tmp_path / "memo.pickle"
+    p.write_bytes(b"\x80\x02]r" + struct.pack("<I", 2**31 - 1) + b".")
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(SnapshotError, match="refusing to load .*(load budget|memo index 2147483647)"):
+        read_snapshot(str(p))  # single-threaded: under RLIMIT_AS; else the opcode walk
+    stop = threading.Event()
+    t = threading.Thread(target=stop.wait)  # a threaded host (the agent): the opcode walk, exactly
+    t.start()
+    try:
+        with pytest.raises(SnapshotError, match=r"memo index 2147483647 in a 9-byte file .*32\.0 GiB"):
+            read_snapshot(str(p))
+    finally:
+        stop.set()
+        t.join()
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 512 * 1024  # KiB: < 512 MiB more
+    r = _run(["snapshot", str(p)])
+    assert getattr(r.exception, "exit_code", None) == 2

@@ -19,7 +19,9 @@ import click
 from .. import __version__
 from . import (agent_cmds, diagnose_cmd, engines_cmd, fleet_cmds, kv_budget_cmd, logs_cmd, sizing_cmd, snapshot_cmd,
                trace_cmd)
-from .common import EXIT_USAGE
+from .common import EXIT_CRASH, EXIT_USAGE
+
+DEBUG_ENV = "FRAGSCOPE_DEBUG"
 
 
 class DefaultGroup(click.Group):
@@ -27,6 +29,8 @@ class DefaultGroup(click.Group):
 
     ``diagnose FILE`` and ``diagnose --vllm URL`` run the default command; ``diagnose snapshot FILE``,
     ``diagnose trace FILE``, ``diagnose logs FILE`` and ``diagnose explain ID`` are subcommands.
+    ``diagnose --help`` shows the default command's options beside the group's, and every subcommand
+    with its whole first sentence (click cuts short help at ~45 characters).
     """
 
     default_cmd = "run"
@@ -40,10 +44,46 @@ class DefaultGroup(click.Group):
         formatter.write_usage(ctx.command_path, "[FILE | URL | --agent URL | --vllm URL | --prometheus URL] [OPTIONS]\n"
                               "       diagnose snapshot|trace|logs FILE | explain ID")
 
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        default = self.commands.get(self.default_cmd)
+        if default is not None:
+            rows = [r for p in default.get_params(ctx) if p.name != "help"
+                    for r in [p.get_help_record(ctx)] if r is not None]
+            with formatter.section(f"Options of the default command (diagnose [{self.default_cmd}] FILE ...)"):
+                formatter.write_dl(rows)
+        rows = [r for p in self.get_params(ctx) for r in [p.get_help_record(ctx)] if r is not None]
+        with formatter.section("Global options"):
+            formatter.write_dl(rows)
+        self.format_commands(ctx, formatter)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = []
+        for name in self.list_commands(ctx):
+            cmd = self.get_command(ctx, name)
+            if cmd is None or cmd.hidden:
+                continue
+            text = " ".join((cmd.help or "").split("\n\n")[0].split())
+            if name == self.default_cmd:
+                text = f"(default: the command name may be left out) {text}"
+            rows.append((name, text))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+def _debug_option(f):
+    # Shown in --help; _main() takes the flag out of argv itself, so it works before or after a
+    # subcommand (``diagnose --debug FILE``, ``diagnose snapshot FILE --debug``).
+    return click.option("--debug", is_flag=True, expose_value=False,
+                        help=f"On an internal error (exit 3) print the Python traceback (env {DEBUG_ENV}=1).")(f)
+
 
 @click.group(cls=DefaultGroup, context_settings={"help_option_names": ["-h", "--help"]},
-             help="Find out why a GPU model server got slow or ran out of memory.")
+             help="Find out why a GPU model server got slow or ran out of memory.\n\nExit codes: 0 no "
+                  "finding at or above --fail-on, 1 findings, 2 bad usage or unreadable input, 3 internal "
+                  "error (a bug; rerun with --debug).")
 @click.version_option(__version__, prog_name="diagnose")
+@_debug_option
 def diagnose_group() -> None:
     pass
 
@@ -51,6 +91,7 @@ def diagnose_group() -> None:
 @click.group(context_settings={"help_option_names": ["-h", "--help"]},
              help="fragscope: diagnostics agent for GPU model serving.")
 @click.version_option(__version__, prog_name="fragscope")
+@_debug_option
 def fragscope_group() -> None:
     pass
 
@@ -62,29 +103,74 @@ for _mod in (diagnose_cmd, kv_budget_cmd, snapshot_cmd, trace_cmd, logs_cmd, age
 fragscope_group.add_command(diagnose_group, name="diagnose")
 
 
-def _run(group: click.Group, prog: str) -> None:
+def _take_debug_flag(args: list[str]) -> tuple[list[str], bool]:
+    """Remove ``--debug`` (before any ``--``) from ``args``; True when it was there or the env asks."""
+    out, debug, rest = [], os.environ.get(DEBUG_ENV, "").strip().lower() in ("1", "true", "yes", "on"), False
+    for a in args:
+        if rest or a != "--debug":
+            out.append(a)
+            rest = rest or a == "--"
+        else:
+            debug = True
+    return out, debug
+
+
+def _main(group: click.Group, prog: str, args: list[str] | None = None) -> int:
+    """Run ``group`` on ``args`` (default: sys.argv[1:]) and return the exit code; never raises.
+
+    Writes every error as one line on stderr: 2 for usage and input errors, 3 when an exception
+    escaped a command (a bug: the traceback only with --debug / FRAGSCOPE_DEBUG=1). The fuzzing
+    harness (tests/fuzz/) calls this in-process.
+    """
+    args, debug = _take_debug_flag(list(sys.argv[1:] if args is None else args))
     try:
-        rc = group.main(prog_name=prog, standalone_mode=False)
+        rc = group.main(args=args, prog_name=prog, standalone_mode=False)
     except click.exceptions.Exit as e:
-        sys.exit(e.exit_code)
+        return e.exit_code
     except click.UsageError as e:
         # one line, like every other input error (click's default prints a usage block)
         path = e.ctx.command_path if e.ctx is not None else prog
         if path.endswith(f" {DefaultGroup.default_cmd}"):
             path = path[: -len(DefaultGroup.default_cmd) - 1]
-        click.echo(f"{prog}: error: {e.format_message()} (see '{path} --help')", err=True)
-        sys.exit(EXIT_USAGE)
+        click.echo(f"{prog}: error: {_one_line(e.format_message())} (see '{path} --help')", err=True)
+        return EXIT_USAGE
     except click.ClickException as e:
         e.show()
-        sys.exit(e.exit_code if e.exit_code else EXIT_USAGE)
+        return e.exit_code if e.exit_code else EXIT_USAGE
     except click.exceptions.Abort:
         click.echo(f"{prog}: aborted", err=True)
-        sys.exit(130)
+        return 130
     except KeyboardInterrupt:
-        sys.exit(130)
+        return 130
     except BrokenPipeError:
-        sys.exit(0)
-    sys.exit(rc if isinstance(rc, int) else 0)
+        return 0
+    except Exception as e:  # noqa: BLE001 - crash-only exit: never a traceback, never exit 1
+        return _crash(prog, e, debug)
+    return rc if isinstance(rc, int) else 0
+
+
+def _one_line(msg: str) -> str:
+    return " ".join(msg.split()) if msg else ""
+
+
+def _crash(prog: str, e: BaseException, debug: bool) -> int:
+    """An exception escaped a command: exit 3 (1 means "finding found"), one line, traceback on demand."""
+    if debug:
+        import traceback
+
+        traceback.print_exception(type(e), e, e.__traceback__, file=sys.stderr)
+    what = "out of memory" if isinstance(e, MemoryError) else f"{type(e).__name__}: {_one_line(str(e))[:300]}"
+    hint = ("the traceback is above; please report it with the command line"
+            if debug else f"rerun with --debug (or {DEBUG_ENV}=1) for the traceback and report it")
+    try:
+        click.echo(f"{prog}: internal error: {what.rstrip(': ')} (a bug in fragscope; {hint})", err=True)
+    except Exception:  # noqa: BLE001 - stderr itself is gone: the exit code still says it
+        pass
+    return EXIT_CRASH
+
+
+def _run(group: click.Group, prog: str) -> None:
+    sys.exit(_main(group, prog))
 
 
 def diagnose_main() -> None:

@@ -1,11 +1,16 @@
-"""Shared CLI plumbing: one-line errors with exit code 2, never a traceback."""
+"""Shared CLI plumbing: one-line errors with exit code 2, never a traceback.
+
+Exit codes (docs/cli.md): 0 no finding at or above --fail-on, 1 findings, 2 bad usage or
+unreadable input (one line on stderr), 3 an internal error escaped (a bug: one line on stderr, the
+traceback only with ``--debug`` or ``FRAGSCOPE_DEBUG=1``).
+"""
 from __future__ import annotations
 
 import sys
 
 import click
 
-EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_CRASH = 0, 1, 2, 3
 
 
 class UsageError(click.ClickException):
@@ -25,3 +30,36 @@ def _prog() -> str:
 
 def fail(msg: str) -> "None":
     raise UsageError(msg.splitlines()[0] if msg else "error")
+
+
+def json_safe(obj):
+    """``obj`` with what strict JSON cannot hold replaced: NaN/±inf -> None, numpy scalars -> Python,
+    ints outside ±2**63 -> strings (a reader's 64-bit parser would lose them; 5,000-digit ints cannot
+    even be formatted), tuples/sets -> lists, other objects -> their ``str()``."""
+    import math
+
+    if obj is None or isinstance(obj, (bool, str)):
+        return obj
+    if isinstance(obj, int):
+        return obj if -(1 << 63) <= obj < (1 << 63) else f"<integer of {obj.bit_length()} bits>"
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {(k if isinstance(k, str) else str(json_safe(k))): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return [json_safe(v) for v in obj]
+    if hasattr(obj, "item") and callable(obj.item):  # numpy scalar
+        try:
+            return json_safe(obj.item())
+        except (TypeError, ValueError):
+            pass
+    if hasattr(obj, "to_dict") and callable(obj.to_dict):
+        return json_safe(obj.to_dict())
+    return str(obj)
+
+
+def dumps_json(obj, indent: int | None = 2) -> str:
+    """Strict JSON text of ``obj`` (no NaN/Infinity tokens, ever): see :func:`json_safe`."""
+    import json
+
+    return json.dumps(json_safe(obj), indent=indent, allow_nan=False)

@@ -4,13 +4,13 @@ Contract (flags, JSON fields, diagnosis ids): docs/snapshot.md.
 """
 from __future__ import annotations
 
-import json
 import math
+import os
 import re
 
 import click
 
-from .common import EXIT_OK, fail
+from .common import EXIT_OK, dumps_json, fail
 from .render import fmt_value
 
 FORMATS = click.Choice(["human", "json"])
@@ -26,7 +26,10 @@ def parse_size(text: str) -> int:
     if not m:
         raise ValueError(text)
     unit = (m.group(2) or "").lower()[:1]
-    return int(float(m.group(1)) * _UNITS[unit])
+    value = float(m.group(1)) * _UNITS[unit]  # 400 digits read as inf: refused below
+    if not math.isfinite(value) or value >= 2.0**63:
+        raise ValueError(text)
+    return int(value)
 
 
 def _b(v) -> str:
@@ -51,12 +54,17 @@ def _r(v) -> str:
               help="Exit 1 when a finding is at or above this severity.")
 @click.option("--html", "html", type=click.Path(dir_okay=False), default=None,
               help="Also write a self-contained HTML report (segment map, findings) to this file.")
+@click.option("--max-bytes", "max_bytes", default=None, metavar="SIZE",
+              help="Largest snapshot read, file or decompressed (default 256MiB, env "
+                   "FRAGSCOPE_SNAPSHOT_MAX_BYTES); loading may take up to 20x this in memory.")
 def snapshot_cmd(file: str, fmt: str, device: int | None, show_map: bool | None, map_limit: int,
-                 device_memory: str | None, fail_on: str, html: str | None = None) -> int:
+                 device_memory: str | None, fail_on: str, html: str | None = None,
+                 max_bytes: str | None = None) -> int:
     """Analyse a PyTorch memory snapshot FILE (torch.cuda.memory._dump_snapshot pickle, the
     memory_snapshot() segment list, or the same as JSON; .gz too). The file is never executed."""
-    from ..collectors.snapshot import SnapshotError, read_snapshot
-    from ..detectors.snapshot import analyse_snapshot, segment_map_rows
+    from ..collectors.snapshot import MAX_BYTES_ENV, MAX_SNAPSHOT_BYTES, SnapshotError, read_snapshot
+    from ..detectors.snapshot_map import segment_map_rows
+    from ..playbooks.snapshot import diagnose_snapshot
     from ..model import Report
     from .render import report_exit_code
 
@@ -66,8 +74,20 @@ def snapshot_cmd(file: str, fmt: str, device: int | None, show_map: bool | None,
             total = parse_size(device_memory)
         except ValueError:
             fail(f"--device-memory {device_memory!r}: not a size (write e.g. 80GiB or 85899345920)")
+    cap, cap_from = MAX_SNAPSHOT_BYTES, None
+    if max_bytes is not None:
+        cap_from = ("--max-bytes", max_bytes)
+    elif os.environ.get(MAX_BYTES_ENV):
+        cap_from = (MAX_BYTES_ENV, os.environ[MAX_BYTES_ENV])
+    if cap_from is not None:
+        try:
+            cap = parse_size(cap_from[1])
+        except ValueError:
+            cap = 0
+        if cap <= 0:
+            fail(f"{cap_from[0]} {cap_from[1]!r}: not a positive size (write e.g. 512MiB or 536870912)")
     try:
-        snap = read_snapshot(file)
+        snap = read_snapshot(file, max_bytes=cap)
     except SnapshotError as e:
         fail(str(e))
     except MemoryError:
@@ -75,7 +95,7 @@ def snapshot_cmd(file: str, fmt: str, device: int | None, show_map: bool | None,
     if device is not None and device not in snap.devices():
         have = ", ".join(str(d) for d in snap.devices()) or "none"
         fail(f"{file}: no device {device} in this snapshot (devices present: {have})")
-    doc, findings = analyse_snapshot(snap, device=device, device_total_bytes=total)
+    doc, findings = diagnose_snapshot(snap, device=device, device_total_bytes=total)
     if html:
         from .render import write_snapshot_html
         write_snapshot_html(html, doc, snap, device, map_limit)
@@ -85,21 +105,15 @@ def snapshot_cmd(file: str, fmt: str, device: int | None, show_map: bool | None,
     if fmt == "json":
         if show_map:
             doc["segment_map"] = {"legend": _legend(), "segments_in_scope": in_scope, "rows": rows}
-        click.echo(json.dumps(doc, indent=2, default=_json_default))
+        click.echo(dumps_json(doc))
     else:
         _render_human(doc, rows, in_scope, show_map)
     rc = report_exit_code(Report(window=(math.nan, math.nan), findings=findings), fail_on)
     return rc if rc else EXIT_OK
 
 
-def _json_default(o):
-    if hasattr(o, "item"):
-        return o.item()
-    return str(o)
-
-
 def _legend() -> dict:
-    from ..detectors.snapshot import MAP_CHARS
+    from ..detectors.snapshot_map import MAP_CHARS
 
     return {"allocated": MAP_CHARS["allocated"], "rounding_waste": MAP_CHARS["waste"],
             "pending_free": MAP_CHARS["pending"], "free": MAP_CHARS["free"],

@@ -1,38 +1,40 @@
-"""PyTorch CUDA caching-allocator memory snapshots: safe loading and normalisation.
+"""PyTorch CUDA caching-allocator memory snapshots: the columnar model and normalisation.
 
 Reads what ``torch.cuda.memory._snapshot()`` / ``_dump_snapshot(path)`` write (a pickled dict with
 ``segments``, ``device_traces``, ``allocator_settings``), the bare segment list of
 ``torch.cuda.memory_snapshot()``, legacy (PyTorch ~2.0) snapshots whose blocks carry
 ``history: [{addr, real_size, frames}]``, and the same structures saved as JSON. gzip is accepted.
-Formats: docs/snapshot.md; field notes: ../shared/notes/formats-and-analyses.md section 2.
+Formats: docs/snapshot.md; field notes: ../shared/notes/formats-and-analyses.md section 2. Bytes to
+objects (safe unpickling, size and memory caps): :mod:`fragscope.collectors.snapshot_load`.
 
 Besides the segment state, the loader keeps each device's trace entries from its first ``oom`` entry on
-(:class:`TraceTail`), which is what the OOM replay in ``fragscope.detectors.snapshot`` undoes, and the
-pinned-host data PyTorch 2.14 adds (``host_segments`` / ``host_traces``, :class:`HostMemory`).
+(:class:`TraceTail`), which is what the OOM replay in ``fragscope.detectors.snapshot_replay`` undoes, and
+the pinned-host data PyTorch 2.14 adds (``host_segments`` / ``host_traces``, :class:`HostMemory`).
 
-Safety. PyTorch's own viewer opens these files with plain ``pickle.load``, which runs whatever a
-crafted file asks for. Real snapshots hold only dicts, lists, tuples, strings, numbers and bools, so
-:class:`_RefusingUnpickler` refuses every class lookup (GLOBAL, STACK_GLOBAL, INST, OBJ and the
-EXT* registry all go through ``find_class``) and every persistent id. Without a class lookup nothing
-callable can reach the unpickler's stack, so REDUCE, NEWOBJ and BUILD can only fail; when a load
-fails, the opcode stream is walked with ``pickletools`` (no execution) to name the offending opcode.
-The file size (and the gzip-decompressed size) is capped, and so is the number of blocks a file may
-claim relative to its size (shared references would otherwise let a tiny file describe billions).
+Limits: a file may claim at most ``size / 8 + 10,000`` blocks (shared references would otherwise let a
+tiny file describe billions); numbers that do not fit in 64 bits, NaN and infinities are refused or
+read as absent, so nothing downstream sees them.
 """
 from __future__ import annotations
 
 import gc
-import io
-import json
-import os
-import pickle
-import pickletools
-import zlib
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
-MAX_SNAPSHOT_BYTES = 2 * 1024**3  # 2 GiB: a 100k-block snapshot with frames is ~10-30 MB
+from .snapshot_load import (  # noqa: F401 - re-exported: the file entry point's limits and errors
+    LOAD_MEMORY_FACTOR,
+    MAX_BYTES_ENV,
+    MAX_SNAPSHOT_BYTES,
+    SnapshotError,
+    estimate_load_bytes,
+    load_snapshot_bytes,
+    read_regular_file,
+)
+from .snapshot_load import _i64, _label
+from .snapshot_settings import allocator_settings_summary, parse_alloc_conf  # noqa: F401 - re-exported
+
 
 # block states, as small ints in Snapshot.blk_state
 INACTIVE, ALLOCATED, PENDING_FREE = 0, 1, 2
@@ -45,30 +47,6 @@ _STATES = {
 STATE_NAMES = {INACTIVE: "inactive", ALLOCATED: "active_allocated", PENDING_FREE: "active_pending_free"}
 
 DEFAULT_POOL = (0, 0)
-
-# opcodes that look up or call objects; a snapshot has none of them (SOURCES.txt of the samples)
-_DANGEROUS_OPCODES = frozenset({
-    "GLOBAL", "STACK_GLOBAL", "INST", "OBJ", "REDUCE", "NEWOBJ", "NEWOBJ_EX", "BUILD",
-    "EXT1", "EXT2", "EXT4", "PERSID", "BINPERSID",
-})
-
-
-class SnapshotError(ValueError):
-    """The file is not a readable, safe memory snapshot. ``str()`` is one line naming the file."""
-
-
-class _Refused(Exception):
-    pass
-
-
-class _RefusingUnpickler(pickle.Unpickler):
-    """C unpickler that refuses every class lookup and persistent id."""
-
-    def find_class(self, module: str, name: str):  # noqa: D401
-        raise _Refused(f"pickle references class {module}.{name}")
-
-    def persistent_load(self, pid):
-        raise _Refused("pickle uses a persistent id (PERSID)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,125 +151,11 @@ class Snapshot:
 def read_snapshot(path: str, max_bytes: int = MAX_SNAPSHOT_BYTES) -> Snapshot:
     """Load and normalise a snapshot file (pickle or JSON, optionally gzip). Raises SnapshotError."""
     name = str(path)
-    try:
-        st = os.stat(path)
-    except OSError as e:
-        raise SnapshotError(f"cannot read {name}: {e.strerror or e}") from None
-    if not os.path.isfile(path):
-        raise SnapshotError(f"cannot read {name}: not a regular file")
-    if st.st_size > max_bytes:
-        raise SnapshotError(f"refusing to load {name}: {st.st_size} bytes exceeds the "
-                            f"{max_bytes} byte cap for a memory snapshot")
-    if st.st_size == 0:
-        raise SnapshotError(f"cannot read {name}: empty file, not a memory snapshot")
-    try:
-        with open(path, "rb") as f:
-            data = f.read(max_bytes + 1)
-    except OSError as e:
-        raise SnapshotError(f"cannot read {name}: {e.strerror or e}") from None
+    data = read_regular_file(path, max_bytes, what="a memory snapshot")
     obj, container = load_snapshot_bytes(data, name, max_bytes)
     return parse_snapshot(obj, source=name, container=container, file_bytes=len(data))
 
 
-def load_snapshot_bytes(data: bytes, name: str = "snapshot",
-                        max_bytes: int = MAX_SNAPSHOT_BYTES) -> tuple[object, str]:
-    """Decode bytes into plain Python objects without running code. Returns (object, container)."""
-    gz = data[:2] == b"\x1f\x8b"
-    if gz:
-        data = _gunzip(data, name, max_bytes)
-        if not data:
-            raise SnapshotError(f"cannot read {name}: gzip stream is empty, not a memory snapshot")
-    head = data.lstrip()[:1]
-    if head in (b"{", b"["):
-        return _load_json(data, name), "json.gz" if gz else "json"
-    if data[:1] == b"\x80" or head in (b"(", b"}", b"]", b"c"):
-        return _load_pickle(data, name), "pickle.gz" if gz else "pickle"
-    raise SnapshotError(f"cannot read {name}: not a PyTorch memory snapshot (neither a pickle nor JSON; "
-                        f"write one with torch.cuda.memory._dump_snapshot(path))")
-
-
-def _gunzip(data: bytes, name: str, max_bytes: int) -> bytes:
-    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    out = io.BytesIO()
-    try:
-        view = memoryview(data)
-        step = 1 << 20
-        for i in range(0, len(data), step):
-            chunk = d.decompress(view[i:i + step], max_bytes + 1 - out.tell())
-            out.write(chunk)
-            if out.tell() > max_bytes or d.unconsumed_tail:
-                raise SnapshotError(f"refusing to load {name}: decompressed size exceeds the "
-                                    f"{max_bytes} byte cap for a memory snapshot")
-            if d.eof:
-                break
-    except zlib.error as e:
-        raise SnapshotError(f"cannot read {name}: corrupt gzip data ({e})") from None
-    if not d.eof:
-        raise SnapshotError(f"cannot read {name}: truncated gzip file (stream ends before its end marker)")
-    return out.getvalue()
-
-
-def _load_json(data: bytes, name: str) -> object:
-    try:
-        return json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        where = f" at byte {e.pos}" if isinstance(e, json.JSONDecodeError) else ""
-        if isinstance(e, json.JSONDecodeError) and (e.msg.startswith("Unterminated")
-                                                    or e.pos >= len(e.doc.rstrip())):
-            raise SnapshotError(f"cannot read {name}: truncated JSON (ends{where} inside a value)") from None
-        detail = e.msg if isinstance(e, json.JSONDecodeError) else "not UTF-8"
-        raise SnapshotError(f"cannot read {name}: invalid JSON{where} ({detail})") from None
-    except RecursionError:
-        raise SnapshotError(f"cannot read {name}: JSON nested too deeply, not a memory snapshot") from None
-
-
-def _load_pickle(data: bytes, name: str) -> object:
-    # The cyclic GC adds nothing while unpickling plain containers but runs many passes over the
-    # growing heap: a 100k-block snapshot (12.7 MB, bench/bench_snapshot.py) loads in 144 ms with it
-    # paused against 344 ms with it on.
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        return _RefusingUnpickler(io.BytesIO(data)).load()
-    except _Refused as e:
-        raise SnapshotError(f"refusing to load {name}: {e} (a memory snapshot holds only plain data; "
-                            f"this file could run code)") from None
-    except MemoryError:
-        raise SnapshotError(f"cannot read {name}: out of memory while unpickling") from None
-    except Exception as e:  # noqa: BLE001 - any failure is explained from the opcode stream below
-        raise SnapshotError(f"{'refusing to load' if _first_dangerous(data) else 'cannot read'} {name}: "
-                            f"{_explain_pickle_failure(data, e)}") from None
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
-def _first_dangerous(data: bytes) -> tuple[str, int] | None:
-    try:
-        for op, _arg, pos in pickletools.genops(data):
-            if op.name in _DANGEROUS_OPCODES:
-                return op.name, pos
-    except Exception:  # noqa: BLE001 - truncated or corrupt: no dangerous opcode before the damage
-        return None
-    return None
-
-
-def _explain_pickle_failure(data: bytes, exc: BaseException) -> str:
-    bad = _first_dangerous(data)
-    if bad:
-        return (f"pickle has a {bad[0]} opcode at byte {bad[1]} (a memory snapshot holds only plain "
-                f"data; this file could run code)")
-    try:
-        for _ in pickletools.genops(data):
-            pass
-    except ValueError as e:
-        msg = str(e)
-        if "exhausted" in msg or "truncated" in msg or "not enough data" in msg or "no newline" in msg:
-            return "truncated pickle (data ends before the STOP opcode)"
-        return f"corrupt pickle ({msg})"
-    if isinstance(exc, EOFError):
-        return "truncated pickle (data ends before the STOP opcode)"
-    return f"corrupt pickle ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -310,9 +174,9 @@ def _int(v, what: str, name: str) -> int:
 def _pool_id(v, name: str) -> tuple[int, int]:
     if v is None:
         return DEFAULT_POOL
-    if isinstance(v, (list, tuple)) and len(v) == 2 and all(isinstance(x, int) for x in v):
+    if isinstance(v, (list, tuple)) and len(v) == 2 and all(_i64(x) is not None for x in v):
         return (int(v[0]), int(v[1]))
-    raise SnapshotError(f"cannot read {name}: not a PyTorch memory snapshot (segment_pool_id {v!r} "
+    raise SnapshotError(f"cannot read {name}: not a PyTorch memory snapshot (segment_pool_id {_label(v)} "
                         f"is not a pair of integers)")
 
 
@@ -335,7 +199,7 @@ def _parse_snapshot(obj: object, source: str, container: str, file_bytes: int | 
     name = source
     if isinstance(obj, dict):
         if "segments" not in obj:
-            keys = ", ".join(sorted(str(k) for k in list(obj)[:8]))
+            keys = ", ".join(sorted(_label(k) for k in list(obj)[:8]))
             raise SnapshotError(f"cannot read {name}: not a PyTorch memory snapshot (no 'segments' key; "
                                 f"top-level keys: {keys or 'none'})")
         segments = obj["segments"]
@@ -417,7 +281,7 @@ def _parse_snapshot(obj: object, source: str, container: str, file_bytes: int | 
                 size = b["size"]
                 st = states_get(b["state"])
                 if st is None:
-                    st_name = str(b["state"])
+                    st_name = _label(b["state"])
                     unknown_states[st_name] = unknown_states.get(st_name, 0) + 1
                     st = INACTIVE if "inactive" in st_name else ALLOCATED
                 req = b.get("requested_size")
@@ -436,8 +300,8 @@ def _parse_snapshot(obj: object, source: str, container: str, file_bytes: int | 
                 size_mismatch += 1
     except SnapshotError:
         raise
-    except (KeyError, TypeError, AttributeError) as e:
-        what = (f"missing key {e.args[0]!r}" if isinstance(e, KeyError)
+    except (KeyError, TypeError, AttributeError, ValueError) as e:
+        what = (f"missing key {_label(e.args[0])!r}" if isinstance(e, KeyError)
                 else f"a field has the wrong type: {str(e).splitlines()[0]}")
         raise SnapshotError(f"cannot read {name}: not a PyTorch memory snapshot (a segment or block is "
                             f"malformed: {what})") from None
@@ -475,6 +339,10 @@ def _parse_snapshot(obj: object, source: str, container: str, file_bytes: int | 
         notes.append("some allocated blocks have no requested size: requested bytes are not available")
 
     trace_actions, ooms, devices_traced, tails = _parse_traces(traces, name)
+    n_oom_entries = sum(c.get("oom", 0) for c in trace_actions.values())
+    if n_oom_entries > len(ooms):
+        notes.append(f"{n_oom_entries - len(ooms)} oom trace entr{'y' if n_oom_entries - len(ooms) == 1 else 'ies'} "
+                     f"without a readable size (an integer from 0 to 2**63) not analysed")
     host = _parse_host(host_segments, obj.get("host_traces")) if has_host else None
     return Snapshot(
         source=source, container=container, layout=layout, legacy=legacy,
@@ -505,18 +373,16 @@ def _parse_traces(traces: list, name: str) -> tuple[dict[int, dict[str, int]], l
                 if tail is not None:
                     tail.append(("?", None, None, 0, None))
                 continue
-            a = str(e.get("action", "?"))
+            a = _label(e.get("action", "?"))
             counts[a] = counts.get(a, 0) + 1
             if a == "oom":
-                size = e.get("size")
-                if isinstance(size, int) and not isinstance(size, bool):
-                    free = e.get("device_free")
-                    t = e.get("time_us")
+                size = _nonneg(e.get("size"))
+                if size is not None:
                     pid = e.get("pool_id")
                     ooms.append(OomEvent(
-                        device=dev, size_bytes=int(size), stream=_stream(e.get("stream")),
-                        device_free_bytes=int(free) if isinstance(free, int) else None,
-                        time_us=int(t) if isinstance(t, (int, float)) else None,
+                        device=dev, size_bytes=size, stream=_stream(e.get("stream")),
+                        device_free_bytes=_nonneg(e.get("device_free")),
+                        time_us=_time_us(e.get("time_us")),
                         entries_after=n - 1 - i,
                         pool_id=_pool_id(pid, name) if pid is not None else None,
                         trace_index=i))
@@ -526,7 +392,7 @@ def _parse_traces(traces: list, name: str) -> tuple[dict[int, dict[str, int]], l
             if tail is not None:
                 pid = e.get("pool_id")
                 pool = ((int(pid[0]), int(pid[1])) if isinstance(pid, (list, tuple)) and len(pid) == 2
-                        and all(isinstance(x, int) for x in pid) else None)
+                        and all(_i64(x) is not None for x in pid) else None)
                 tail.append((a, _nonneg(e.get("addr")), _nonneg(e.get("size")), _stream(e.get("stream")),
                              pool))
         if counts:
@@ -535,11 +401,21 @@ def _parse_traces(traces: list, name: str) -> tuple[dict[int, dict[str, int]], l
 
 
 def _nonneg(v) -> int | None:
-    return int(v) if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+    """A byte count or address: an int in [0, 2**63), else None (absent)."""
+    v = _i64(v)
+    return v if v is not None and v >= 0 else None
+
+
+def _time_us(v) -> int | None:
+    """A trace time (µs since the epoch): finite and in [0, 2**63), else None."""
+    if isinstance(v, float):
+        return int(v) if math.isfinite(v) and 0 <= v < 2.0**63 else None
+    return _nonneg(v)
 
 
 def _stream(v) -> int:
-    return int(v) if isinstance(v, int) and not isinstance(v, bool) else 0
+    v = _i64(v)
+    return 0 if v is None else v
 
 
 def _parse_host(host_segments, host_traces) -> HostMemory:
@@ -553,7 +429,7 @@ def _parse_host(host_segments, host_traces) -> HostMemory:
             for e in t:
                 if isinstance(e, dict):
                     n_trace += 1
-                    a = str(e.get("action", "?"))
+                    a = _label(e.get("action", "?"))
                     counts[a] = counts.get(a, 0) + 1
     problem = None
     nseg = nblk = 0
@@ -566,7 +442,7 @@ def _parse_host(host_segments, host_traces) -> HostMemory:
         for h in host_segments:
             total = h.get("total_size") if isinstance(h, dict) else None
             blocks = h.get("blocks") if isinstance(h, dict) else None
-            if not isinstance(total, int) or isinstance(total, bool) or total < 0 or not isinstance(blocks, list):
+            if _nonneg(total) is None or not isinstance(blocks, list):
                 problem = ("host_segments entries are not in the device segment layout "
                            "(total_size and a blocks list); host byte counts not read")
                 break
@@ -576,7 +452,7 @@ def _parse_host(host_segments, host_traces) -> HostMemory:
                 size = b.get("size") if isinstance(b, dict) else None
                 state = b.get("state") if isinstance(b, dict) else None
                 st = _STATES.get(state) if isinstance(state, str) else None
-                if not isinstance(size, int) or isinstance(size, bool) or size < 0 or st is None:
+                if _nonneg(size) is None or st is None:
                     problem = ("a host_segments block has no integer size or a state other than "
                                "active_allocated/active_pending_free/inactive; host byte counts not read")
                     break
@@ -600,75 +476,7 @@ def _parse_host(host_segments, host_traces) -> HostMemory:
                       trace_actions=dict(sorted(counts.items())))
 
 
-def allocator_settings_summary(snap: Snapshot) -> dict:
-    """The allocator settings in effect, normalised (None where the snapshot does not say).
-
-    ``PYTORCH_ALLOC_CONF`` is the newer name of ``PYTORCH_CUDA_ALLOC_CONF`` (PyTorch 2.10+).
-    """
-    raw = snap.allocator_settings or {}
-    conf = raw.get("PYTORCH_CUDA_ALLOC_CONF", raw.get("PYTORCH_ALLOC_CONF"))
-    parsed = parse_alloc_conf(conf) if isinstance(conf, str) else {}
-    exp = raw.get("expandable_segments")
-    if exp is None and "expandable_segments" in parsed:
-        exp = parsed["expandable_segments"].lower() == "true"
-    if exp is None and snap.expandable_known and snap.n_segments:
-        exp = bool(snap.seg_expandable.any())
-    mss = raw.get("max_split_size")
-    if isinstance(mss, int) and mss < 0:
-        mss_bytes = None  # -1 / SIZE_MAX: unlimited (the default)
-    elif isinstance(mss, int):
-        mss_bytes = mss if mss < (1 << 62) else None
-    elif "max_split_size_mb" in parsed:
-        mss_bytes = _mb(parsed["max_split_size_mb"])
-    else:
-        mss_bytes = None
-    gct = raw.get("garbage_collection_threshold")
-    if gct is None and "garbage_collection_threshold" in parsed:
-        try:
-            gct = float(parsed["garbage_collection_threshold"])
-        except ValueError:
-            gct = None
-    return {
-        "known": bool(snap.allocator_settings) or bool(parsed),
-        "alloc_conf": conf if isinstance(conf, str) else None,
-        "backend": parsed.get("backend", "native") if isinstance(conf, str) else None,
-        "expandable_segments": None if exp is None else bool(exp),
-        "max_split_size_bytes": mss_bytes,  # None: unlimited or unknown (see "known")
-        "garbage_collection_threshold": float(gct) if isinstance(gct, (int, float)) else None,
-        "roundup_power2_divisions": raw.get("roundup_power2_divisions"),
-    }
-
-
-def _mb(v: str) -> int | None:
-    try:
-        return int(float(v) * 1024 * 1024)
-    except ValueError:
-        return None
-
-
-def parse_alloc_conf(conf: str) -> dict[str, str]:
-    """``key:value,key:value`` (values may hold ``[a:b,c:d]`` lists) -> dict of strings."""
-    out: dict[str, str] = {}
-    depth, cur = 0, ""
-    parts = []
-    for ch in conf:
-        if ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth -= 1
-        if ch == "," and depth == 0:
-            parts.append(cur)
-            cur = ""
-        else:
-            cur += ch
-    parts.append(cur)
-    for p in parts:
-        if ":" in p:
-            k, v = p.split(":", 1)
-            out[k.strip()] = v.strip()
-    return out
-
-
 __all__ = ["Snapshot", "SnapshotError", "OomEvent", "TraceTail", "HostMemory", "read_snapshot", "load_snapshot_bytes",
            "parse_snapshot", "allocator_settings_summary", "parse_alloc_conf", "MAX_SNAPSHOT_BYTES",
            "INACTIVE", "ALLOCATED", "PENDING_FREE", "STATE_NAMES", "DEFAULT_POOL"]
+
