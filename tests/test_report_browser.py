@@ -149,10 +149,11 @@ def test_trace_and_snapshot_reports_in_chromium(artefacts, profile):
     trace_html = render_trace_html(a, rep)
 
     from fragscope.collectors.snapshot import read_snapshot
-    from fragscope.detectors.snapshot import analyse_snapshot, segment_map_rows
+    from fragscope.detectors.snapshot_map import segment_map_rows
+    from fragscope.playbooks.snapshot import diagnose_snapshot
 
     snap = read_snapshot(os.path.join(ROOT, "tests", "data", "snapshot", "fragmented_oom.pickle"))
-    doc, _ = analyse_snapshot(snap)
+    doc, _ = diagnose_snapshot(snap)
     snap_html = render_snapshot_html(doc, *segment_map_rows(snap, None, limit=40, width=160))
     for name, html, expect in (("trace", trace_html, {"chart-busy-idle", "chart-gaps-gpu0"}),
                                ("snapshot", snap_html, {"chart-segments"})):

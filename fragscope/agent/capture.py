@@ -358,7 +358,7 @@ class CaptureManager:
         if not pickles:
             raise RuntimeError("probe could not dump a snapshot: " + "; ".join(errors))
         try:
-            from ..detectors.snapshot import analyse_snapshot_file
+            from ..snapshot_pipeline import diagnose_snapshot_file as analyse_snapshot_file
         except ImportError:
             analyse_snapshot_file = None
         verdicts, summaries = [], {}

@@ -3,13 +3,22 @@ from __future__ import annotations
 
 from ..model import Action
 
+# One wording per fix: the window playbooks, the snapshot playbooks and the computed actions share these.
+EXPANDABLE_PRE = [
+    "PyTorch >= 2.1 with the native allocator; restart the process to apply",
+    "set it in PYTORCH_CUDA_ALLOC_CONF (PyTorch 2.9.1 silently ignored it under the newer "
+    "PYTORCH_ALLOC_CONF name, pytorch/pytorch#183387) and check that the next snapshot shows "
+    "allocator_settings.expandable_segments = true (some builds refuse it, pytorch/pytorch#122057)",
+]
 EXPANDABLE_CONTRA = [
-    "tensor parallelism >= 2 with vLLM's custom all-reduce: expandable segments have crashed it "
-    "(use --disable-custom-all-reduce or leave the setting off)",
-    "vLLM sleep mode (--enable-sleep-mode): its CuMemAllocator conflicts with expandable segments",
-    "PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync: native allocator options are ignored",
-    "with it on, inactive_split_bytes stops counting expandable blocks (pytorch#159564): judge "
-    "fragmentation from memory snapshots afterwards",
+    "vLLM custom all-reduce at tensor parallel >= 2: the IPC export rejects VMM memory and the "
+    "worker dies with custom_all_reduce.cuh 'invalid argument' (vllm-project/vllm#9046, #42609); "
+    "use --disable-custom-all-reduce or leave it off",
+    "vLLM sleep mode (CuMemAllocator memory pool): sleep freed nothing / asserted "
+    "(pytorch/pytorch#147851, vllm-project/vllm#14189); newer vLLM toggles it off inside the pool",
+    "with it on, the inactive_split_bytes statistic no longer counts expandable-segment blocks "
+    "(pytorch/pytorch#159564): watch fragmentation with snapshots, not that gauge",
+    "ignored by backend:cudaMallocAsync",
 ]
 # One line for computed actions, the same contraindications as EXPANDABLE_CONTRA in short.
 EXPANDABLE_ONE_LINE = ("Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True unless tensor-parallel >= 2 with custom "
@@ -18,4 +27,4 @@ EXPANDABLE_ONE_LINE = ("Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True unl
 
 def expandable_segments(text: str = "Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True so segments grow in "
                                     "place instead of leaving slivers.") -> Action:
-    return Action(text, ["PyTorch >= 2.1 with the native allocator"], list(EXPANDABLE_CONTRA))
+    return Action(text, list(EXPANDABLE_PRE), list(EXPANDABLE_CONTRA))

@@ -25,28 +25,13 @@ from ..detectors.snapshot import (
 )
 from ..detectors.snapshot_allocator import MiB, fmt_bytes
 from ..model import Action, Finding
+from .fixes import EXPANDABLE_CONTRA, EXPANDABLE_PRE
 
 # PYTORCH_CUDA_ALLOC_CONF options: text = why it helps
 EXPANDABLE_SEGMENTS = Action(
     "one growable segment per stream (virtual-memory mapping): sizes that change a little "
     "(batch N -> N+1) no longer leave slivers at segment ends, and free pages can be unmapped",
-    [
-        "PyTorch >= 2.1 with the native allocator; restart the process to apply",
-        "set it in PYTORCH_CUDA_ALLOC_CONF (PyTorch 2.9.1 silently ignored it under the newer "
-        "PYTORCH_ALLOC_CONF name, pytorch/pytorch#183387) and check that the next snapshot shows "
-        "allocator_settings.expandable_segments = true (some builds refuse it, pytorch/pytorch#122057)",
-    ],
-    [
-        "vLLM custom all-reduce at tensor parallel >= 2: the IPC export rejects VMM memory and the "
-        "worker dies with custom_all_reduce.cuh 'invalid argument' (vllm-project/vllm#9046, #42609); "
-        "use --disable-custom-all-reduce or leave it off",
-        "vLLM sleep mode (CuMemAllocator memory pool): sleep freed nothing / asserted "
-        "(pytorch/pytorch#147851, vllm-project/vllm#14189); newer vLLM toggles it off inside the pool",
-        "with it on, the inactive_split_bytes statistic no longer counts expandable-segment blocks "
-        "(pytorch/pytorch#159564): watch fragmentation with snapshots, not that gauge",
-        "ignored by backend:cudaMallocAsync",
-    ],
-)
+    list(EXPANDABLE_PRE), list(EXPANDABLE_CONTRA))
 MAX_SPLIT_SIZE = Action(
     "blocks this large or larger are never split, so small requests cannot shatter them; "
     "PyTorch's docs keep it as a last resort for OOMs with many inactive split blocks",

@@ -458,7 +458,7 @@ def _device_table(devices: list[dict]) -> str:
 
 def render_snapshot_html(doc: dict, map_rows: list[dict], segments_in_scope: int, *,
                          generated_at: float | None = None) -> str:
-    """A memory-snapshot analysis (detectors.snapshot.analyse_snapshot) with its per-segment map
+    """A memory-snapshot analysis (fragscope.playbooks.snapshot.diagnose_snapshot) with its per-segment map
     (``map_rows`` from segment_map_rows)."""
     f = doc.get("format") or {}
     extra = (f"{esc(f.get('container', ''))}, {esc(f.get('layout', ''))} · {esc(doc.get('segment_count'))} segments, "
