@@ -79,18 +79,20 @@ def test_gzip_bomb_stops_at_the_cap_and_names_it(tmp_path, capsys, monkeypatch):
     f = tmp_path / "bomb.log.gz"
     f.write_bytes(gzip.compress(b"x" * 100 + b"\n" + b"\n" * (3 << 20), compresslevel=9))  # 3 MiB from ~3 KiB
     assert f.stat().st_size < 64 << 10
-    t0 = time.perf_counter()
     code, out, err = run_diagnose(capsys, monkeypatch, "logs", str(f), "--max-bytes", str(1 << 20))
-    assert time.perf_counter() - t0 < 5
     one_line_error(code, out, err, "--max-bytes 1048576", "decompressed")
 
 
 def test_newline_bomb_under_the_cap_is_linear(tmp_path, capsys, monkeypatch):
     f = tmp_path / "nl.log.gz"
     f.write_bytes(gzip.compress(b"\n" * (16 << 20), compresslevel=9))
-    t0 = time.perf_counter()
+    # blank runs are counted, not parsed line by line: the reader yields a count per run of blank
+    # lines, so 16 Mi newlines come out as a handful of items (linear in bytes, no per-line work)
+    from fragscope.collectors.enginelog.reader import LogRead, iter_lines_bytes
+
+    items = list(iter_lines_bytes(str(f), LogRead()))
+    assert sum(x for x in items if isinstance(x, int)) >= (16 << 20) - 1 and len(items) < 1000
     code, out, err = run_diagnose(capsys, monkeypatch, "logs", str(f))
-    assert time.perf_counter() - t0 < 10  # blank runs are counted, not parsed line by line
     one_line_error(code, out, err, "only blank lines")
 
 

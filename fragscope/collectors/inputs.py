@@ -55,8 +55,7 @@ def env_int(name: str, default: int) -> int:
     return v
 
 
-_KINDS = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFCHR: "a character device",
-          stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket"}
+from .safefile import KINDS as _KINDS, NotRegularFile, open_regular_fd  # noqa: E402
 
 
 def check_regular(path: str) -> os.stat_result:
@@ -76,23 +75,14 @@ def check_regular(path: str) -> os.stat_result:
 
 def open_binary(path: str) -> IO[bytes]:
     """Open a regular file without blocking (O_NONBLOCK: a FIFO swapped in after the check does not
-    hang the open) and check again on the open descriptor."""
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    hang the open) and check again on the open descriptor (collectors/safefile.py)."""
     try:
-        fd = os.open(path, flags)
+        fd, _ = open_regular_fd(path)
+    except NotRegularFile as e:
+        raise InputError(f"{path}: is {e.kind}, expected a recording or scrape file") from None
     except OSError as e:
         raise InputError(f"{path}: {e.strerror or e}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise InputError(f"{path}: is {_KINDS.get(stat.S_IFMT(st.st_mode), 'not a regular file')}, "
-                             "expected a recording or scrape file")
-        if hasattr(os, "set_blocking"):
-            os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
+    return os.fdopen(fd, "rb")
 
 
 class GunzipCapped(io.RawIOBase):

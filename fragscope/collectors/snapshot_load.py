@@ -17,6 +17,8 @@ limits): :mod:`fragscope.collectors.snapshot`.
 """
 from __future__ import annotations
 
+from .safefile import NotRegularFile, open_regular_fd
+
 import contextlib
 import gc
 import io
@@ -81,15 +83,13 @@ def read_regular_file(path: str, max_bytes: int, what: str = "a memory snapshot"
     """
     name = str(path)
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+        fd, st = open_regular_fd(path)
+    except NotRegularFile as e:
+        kind = "a directory" if e.is_dir else "a FIFO" if e.is_fifo else "a device or socket"
+        raise SnapshotError(f"cannot read {name}: not a regular file ({kind})") from None
     except OSError as e:
         raise SnapshotError(f"cannot read {name}: {e.strerror or e}") from None
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            kind = "a directory" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode) else \
-                "a device or socket"
-            raise SnapshotError(f"cannot read {name}: not a regular file ({kind})")
         if st.st_size > max_bytes:
             raise SnapshotError(f"refusing to load {name}: {st.st_size} bytes exceeds {_cap_text(max_bytes)}")
         if st.st_size == 0:

@@ -3,6 +3,8 @@ and JSON text read whole under a byte cap, gzip decompressed in bounded steps (a
 gigabytes). Raises :class:`~fragscope.timeline_model.TraceError` with one line naming the file."""
 from __future__ import annotations
 
+from .safefile import NotRegularFile, open_regular_fd
+
 import os
 import stat
 import zlib
@@ -34,21 +36,14 @@ def check_regular(path: str) -> os.stat_result:
 def open_regular(path: str):
     """Open ``path`` for binary reading without blocking on a FIFO, and only if it is a regular file."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+        fd, _ = open_regular_fd(path)
+    except NotRegularFile as e:
+        what = "is a directory" if e.is_dir else \
+            "not a regular file (a FIFO, socket or device); save the trace to a file first"
+        raise TraceError(f"cannot read {path}: {what}") from None
     except OSError as e:
         raise TraceError(f"cannot read {path}: {e.strerror or e}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            what = "is a directory" if stat.S_ISDIR(st.st_mode) else \
-                "not a regular file (a FIFO, socket or device); save the trace to a file first"
-            raise TraceError(f"cannot read {path}: {what}")
-        if hasattr(os, "set_blocking"):
-            os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
+    return os.fdopen(fd, "rb")
 
 
 def read_json_bytes(path: str, max_bytes: int = DEFAULT_MAX_JSON_BYTES) -> bytes:

@@ -7,6 +7,8 @@ engine line seen, a V0 ``args: Namespace(...)`` line, is ~4 KiB).
 """
 from __future__ import annotations
 
+from ..safefile import NotRegularFile, open_regular_fd
+
 import gzip
 import os
 import re
@@ -48,18 +50,18 @@ class LogRead:
 def _open_regular(path: str):
     """Open without blocking (a FIFO would wait for a writer) and refuse anything but a regular file."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+        fd, st = open_regular_fd(path)
+    except NotRegularFile as e:
+        if e.is_dir:
+            raise LogInputError("is a directory, not a log file") from None
+        raise LogInputError(f"{e.kind}, not a regular file: give a log file (save a stream first: cmd > engine.log)") \
+            from None
     except FileNotFoundError:
         raise LogInputError("no such file") from None
     except IsADirectoryError:
         raise LogInputError("is a directory, not a log file") from None
     except OSError as e:
         raise LogInputError(f"cannot open: {e.strerror or e}") from None
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        what = _KINDS.get(stat.S_IFMT(st.st_mode), "not a regular file")
-        raise LogInputError(f"{what}, not a regular file: give a log file (save a stream first: cmd > engine.log)")
     return os.fdopen(fd, "rb"), st
 
 
