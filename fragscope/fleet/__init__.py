@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterable, Mapping
 
 import numpy as np
@@ -468,7 +469,7 @@ def diagnose_fleet(client, start: float, end: float, selector: str | None = None
     """
     if triage == "off":
         return diagnose_fleet_full(client, start, end, selector=selector, step=step, diagnose=diagnose)
-    from ..collectors.prometheus import PrometheusError, fetch, parse_selector  # noqa: PLC0415
+    from ..collectors.prometheus import Batch, PrometheusError, fetch, parse_selector, signal_batches  # noqa: PLC0415
     from . import triage as tri  # noqa: PLC0415
 
     if diagnose is None:
@@ -517,54 +518,68 @@ def diagnose_fleet(client, start: float, end: float, selector: str | None = None
     series = 0
     mode, fstep = "raw", step
     done: set[TargetId] = set()
-    for tid, why in plan:
-        if tid in done:
-            continue
-        fr = fetch(client, start, end, selector=user + target_matchers(tid), step=step)
-        fetch_s += fr.seconds
-        mode, fstep = fr.mode, fr.step
-        for n in fr.notes:
-            if n not in notes:
-                notes.append(n)
-        built = build_targets(fr.cols, fr.types, source=client.base)
-        series += len(fr.cols)
-        del fr
-        same = [b for b in built if b.id == tid or (tid.kind == "host" and b.id.kind == "instance"
-                                                    and _host(b.id.name) == tid.name)]
-        if same and not any(b.id == tid for b in same) and light[tid] in targets:
-            # the host runs several engines: each instance is its own target (rule 2)
-            for b in same:
-                nt = light.setdefault(b.id, FleetTarget(b.id, None, missing_signals=None, examined=None))
-                nt.flags = nt.flags or list(light[tid].flags)
-            targets.remove(light[tid])
-        if not same:
-            lt = light[tid]
-            lt.examined = why
-            lt.series_count = 0
-            lt.missing_signals = list(CORE_SIGNALS)
-            lt.error = "triage named this target but the deep fetch found none of its series"
-            done.add(tid)
-            continue
-        for b in built:
-            if b.id in done:
+    # one request per target (plus the exported_ variant for DCGM): a pod's series are a few MB
+    (one_batch,) = [Batch(tuple(sorted(n for b in signal_batches() for n in b.names)),
+                          {n: k for b in signal_batches() for n, k in b.types.items()})]
+
+    def deep(tid: TargetId):
+        return fetch(client, start, end, selector=user + target_matchers(tid), step=step, batches=[one_batch])
+
+    # stream: fetch the next target while the detectors run on this one (two targets in memory at most)
+    order = [tid for tid, _ in plan]
+    why_of = dict(plan)
+    with ThreadPoolExecutor(max_workers=1) as ex:
+        nxt = ex.submit(deep, order[0]) if order else None
+        for i, tid in enumerate(order):
+            fr = nxt.result()
+            nxt = ex.submit(deep, order[i + 1]) if i + 1 < len(order) else None
+            why = why_of[tid]
+            if tid in done:
                 continue
-            d0 = time.perf_counter()
-            diagnose_targets([b], diagnose)
-            diag_s += time.perf_counter() - d0
-            lt = light.get(b.id)
-            if lt is None:  # a target the triage keyed differently (an engine instance of a host)
-                lt = light[b.id] = FleetTarget(b.id, None, missing_signals=None, examined=None)
-                targets.append(lt)
-            lt.report, lt.error, lt.examined = b.report, b.error, why
-            lt.model = b.model or lt.model
-            lt.missing_signals = b.missing_signals
-            lt.series_count = len(b.window)
-            if lt.throughput is None:
-                lt.throughput = b.throughput
-            if lt.fragmentation is None:
-                lt.fragmentation = b.fragmentation
-            done.add(b.id)
-            b.window = None  # stream: keep the report, not the data
+            fetch_s += fr.seconds
+            mode, fstep = fr.mode, fr.step
+            for n in fr.notes:
+                if n not in notes:
+                    notes.append(n)
+            built = build_targets(fr.cols, fr.types, source=client.base)
+            series += len(fr.cols)
+            del fr
+            same = [b for b in built if b.id == tid or (tid.kind == "host" and b.id.kind == "instance"
+                                                        and _host(b.id.name) == tid.name)]
+            if same and not any(b.id == tid for b in same) and light[tid] in targets:
+                # the host runs several engines: each instance is its own target (rule 2)
+                for b in same:
+                    nt = light.setdefault(b.id, FleetTarget(b.id, None, missing_signals=None, examined=None))
+                    nt.flags = nt.flags or list(light[tid].flags)
+                targets.remove(light[tid])
+            if not same:
+                lt = light[tid]
+                lt.examined = why
+                lt.series_count = 0
+                lt.missing_signals = list(CORE_SIGNALS)
+                lt.error = "triage named this target but the deep fetch found none of its series"
+                done.add(tid)
+                continue
+            for b in built:
+                if b.id in done:
+                    continue
+                d0 = time.perf_counter()
+                diagnose_targets([b], diagnose)
+                diag_s += time.perf_counter() - d0
+                lt = light.get(b.id)
+                if lt is None:  # a target the triage keyed differently (an engine instance of a host)
+                    lt = light[b.id] = FleetTarget(b.id, None, missing_signals=None, examined=None)
+                    targets.append(lt)
+                lt.report, lt.error, lt.examined = b.report, b.error, why
+                lt.model = b.model or lt.model
+                lt.missing_signals = b.missing_signals
+                lt.series_count = len(b.window)
+                if lt.throughput is None:
+                    lt.throughput = b.throughput
+                if lt.fragmentation is None:
+                    lt.fragmentation = b.fragmentation
+                done.add(b.id)
+                b.window = None  # stream: keep the report, not the data
     examined = [t for t in targets if t.examined is not None]
     everywhere = set(CORE_SIGNALS)
     for t in examined:

@@ -113,49 +113,55 @@ def sig(sig_id: str, fn: str, rng: str | None, matchers: Sequence[tuple[str, str
 
 # ---------------------------------------------------------------------------------------------
 # The checks: PromQL yielding the primary value where a target (GPU) trips the level rule
-def kv_check(m=()) -> str:
+def kv_check(m=(), present: str = PRESENT, rate: str = RATE_RANGE) -> str:
     """KV usage p90 of the present >= 95 % while preempting >= 1/min (value: the p90)."""
-    kv = f"max by ({K}) {sig('kv_cache_usage_ratio', 'quantile_over_time(0.9, {})', PRESENT, m)}"
-    pre = f"sum by ({K}) {sig('preemptions_total', 'rate({})', RATE_RANGE, m)} * 60"
+    kv = f"max by ({K}) {sig('kv_cache_usage_ratio', 'quantile_over_time(0.9, {})', present, m)}"
+    pre = f"sum by ({K}) {sig('preemptions_total', 'rate({})', rate, m)} * 60"
     return f"({kv} >= {LEVEL.kv_edge:g}) and on ({K}) ({pre} >= {LEVEL.preempt_per_min:g})"
 
 
-def _frag_ratio(m=()) -> str:
-    res = f"sum by ({KG}) {sig('torch_reserved_bytes', 'avg_over_time({})', PRESENT, m)}"
-    alloc = f"sum by ({KG}) {sig('torch_allocated_bytes', 'avg_over_time({})', PRESENT, m)}"
+def _frag_ratio(m=(), present: str = PRESENT) -> str:
+    res = f"sum by ({KG}) {sig('torch_reserved_bytes', 'avg_over_time({})', present, m)}"
+    alloc = f"sum by ({KG}) {sig('torch_allocated_bytes', 'avg_over_time({})', present, m)}"
     return f"(({res}) - ({alloc})) / (({res}) > 0)"
 
 
-def frag_check(m=()) -> str:
+def frag_check(m=(), present: str = PRESENT, rate: str = RATE_RANGE) -> str:
     """(reserved - allocated)/reserved >= 25 % with retries >= 0.1/min, or >= 10 % with >= 1/min."""
-    ratio = _frag_ratio(m)
-    ret = f"sum by ({KG}) {sig('torch_alloc_retries_total', 'rate({})', RATE_RANGE, m)} * 60"
-    return (f"(({ratio}) >= {LEVEL.frag_ratio:g} and on ({KG}) ({ret}) >= {LEVEL.retries_per_min:g})"
-            f" or (({ratio}) >= {LEVEL.frag_ratio_sustained:g} and on ({KG}) ({ret}) >= "
-            f"{LEVEL.retries_sustained_per_min:g})")
+    ratio = _frag_ratio(m, present)
+    ret = f"sum by ({KG}) {sig('torch_alloc_retries_total', 'rate({})', rate, m)} * 60"
+    # one evaluation of the ratio: its threshold is 10 % where retries are sustained, else 25 %
+    lo, hi = LEVEL.frag_ratio_sustained, LEVEL.frag_ratio
+    thr = f"({lo:g} + {hi - lo:g} * (({ret}) < bool {LEVEL.retries_sustained_per_min:g}))"
+    return f"(({ratio}) >= on ({KG}) {thr}) and on ({KG}) (({ret}) >= {LEVEL.retries_per_min:g})"
 
 
 def _product_max_clock(m=()) -> str:
-    """dcgm-exporter's modelName label -> the product's maximum SM clock (fragscope/gpus.py), in Hz."""
+    """dcgm-exporter's modelName label -> the product's maximum SM clock (fragscope/gpus.py), in Hz.
+
+    The fragment is extracted into a label by one regex (longest fragment first, as a word, as
+    gpus.max_sm_clock_hertz matches) and joined with a constant table: two selectors, not one per
+    product.
+    """
     names = [s.metric for s in SIGNALS["gpu_sm_clock_hertz"].sources if s.metric.startswith("DCGM_")]
-    # longest fragment first, matched as a word (as gpus.max_sm_clock_hertz does)
-    terms = []
-    for frag, mhz in sorted(MAX_SM_CLOCK_MHZ.items(), key=lambda kv: -len(kv[0])):
-        rx = f"(?i)(.*[^A-Za-z0-9])?{rx_escape(frag)}([^A-Za-z0-9].*)?"
-        for s in _variants(names, m):
-            terms.append(norm(f"{s[:-1]},modelName=~{_q(rx)}}} * 0 + {mhz * 1e6:g}"))
+    frags = sorted(MAX_SM_CLOCK_MHZ, key=lambda f: -len(f))
+    rx = "(?i)(?:.*[^A-Za-z0-9])?(" + "|".join(rx_escape(f) for f in frags) + ")(?:[^A-Za-z0-9].*)?"
+    table = " or ".join(f'label_replace(vector({MAX_SM_CLOCK_MHZ[f] * 1e6:g}), "gpu_product", {_q(f)}, "", "")'
+                        for f in frags)
+    terms = [norm(f'label_replace({s}, "gpu_product", "$1", "modelName", {_q(rx)}) * 0 + on (gpu_product) '
+                  f"group_left () ({table})") for s in _variants(names, m)]
     return f"max by ({KG}) (" + " or ".join(terms) + ")"
 
 
-def throttle_check(m=()) -> str:
+def throttle_check(m=(), present: str = PRESENT, rate: str = RATE_RANGE) -> str:
     """Busy (utilization >= 50 %) with a slowdown reason active or the SM clock <= 80 % of the
     product's maximum (value: clock / maximum; 1 where only a reason is known)."""
-    util = f"max by ({KG}) {sig('gpu_utilization_ratio', 'avg_over_time({})', PRESENT, m)}"
-    clk = f"max by ({KG}) {sig('gpu_sm_clock_hertz', 'avg_over_time({})', PRESENT, m)}"
-    mx = (f"(max by ({KG}) {sig('gpu_sm_clock_max_hertz', 'max_over_time({})', PRESENT, m)}"
+    util = f"max by ({KG}) {sig('gpu_utilization_ratio', 'avg_over_time({})', present, m)}"
+    clk = f"max by ({KG}) {sig('gpu_sm_clock_hertz', 'avg_over_time({})', present, m)}"
+    mx = (f"(max by ({KG}) {sig('gpu_sm_clock_max_hertz', 'max_over_time({})', present, m)}"
           f" or {_product_max_clock(m)})")
     reasons = "|".join(_level.HW_REASONS)
-    active = (f"max by ({KG}) {sig('gpu_throttle_reason_active', 'avg_over_time({})', PRESENT, m, extra=f'reason=~{_q(reasons)}')}"
+    active = (f"max by ({KG}) {sig('gpu_throttle_reason_active', 'avg_over_time({})', present, m, extra=f'reason=~{_q(reasons)}')}"
               " >= 0.5")
     ratio = f"(({clk}) / ({mx}))"
     tripped = (f"({ratio} <= {LEVEL.clock_ratio:g}) or on ({KG}) ({ratio} and on ({KG}) ({active}))"
@@ -163,14 +169,18 @@ def throttle_check(m=()) -> str:
     return f"({tripped}) and on ({KG}) (({util}) >= {LEVEL.util_busy:g})"
 
 
-def memory_bytes(m=(), which: str = "torch_allocated_bytes") -> str:
-    return f"sum by ({KG}) {sig(which, 'avg_over_time({})', PRESENT, m)}"
+def memory_bytes(m=(), which: str = "torch_allocated_bytes", present: str = PRESENT) -> str:
+    return f"sum by ({KG}) {sig(which, 'avg_over_time({})', present, m)}"
+
+
+CENSUS_SIGNALS = ("requests_running", "kv_cache_usage_ratio", "gpu_utilization_ratio", "gpu_memory_used_bytes",
+                  "torch_reserved_bytes")
 
 
 def census(m=()) -> str:
     """One series per target that has engine, GPU or allocator series (value 1)."""
     parts = [f"group by ({K}) {sig(s, '{}', None, m)}"
-             for s in ("requests_running", "gpu_memory_used_bytes", "torch_reserved_bytes")]
+             for s in CENSUS_SIGNALS]
     return " or ".join(parts)
 
 
@@ -217,8 +227,18 @@ def _leak_expr(series_alloc: str, series_used: str, rng: str, span_s: float) -> 
     return (f"(({ga}) >= {LEAK_ALLOC_RATIO:g}) or ((({gu}) >= {LEAK_USED_RATIO:g}) unless on ({KG}) ({ga}))")
 
 
-def window_range(span_s: float, subquery: bool) -> str:
-    return f"{int(math.ceil(span_s))}s:{RESOLUTION_S}s" if subquery else f"{int(math.ceil(span_s))}s"
+# Without the rules, the checks run as subqueries; their step grows with the window so a query evaluates
+# at most AD_HOC_STEPS times (6 h: every 5 min), and the present and rate ranges widen to the step so
+# every sample is still judged once (a 5-minute p90 instead of a 1-minute one).
+AD_HOC_STEPS = 72
+
+
+def ad_hoc_step(span_s: float) -> int:
+    return max(RESOLUTION_S, int(math.ceil(span_s / AD_HOC_STEPS / 60.0)) * 60)
+
+
+def window_range(span_s: float, subquery: bool, step_s: int = RESOLUTION_S) -> str:
+    return f"{int(math.ceil(span_s))}s:{step_s}s" if subquery else f"{int(math.ceil(span_s))}s"
 
 
 def peer_queries(m=()) -> str:
@@ -238,13 +258,18 @@ def sig_raw(name: str, fn: str, rng: str, m=()) -> str:
 
 def ad_hoc_queries(matchers: Sequence[tuple[str, str, str]], span_s: float) -> list[str]:
     """The triage as separate requests (no rules): one per check, the census, the peer figures."""
-    sub = window_range(span_s, True)
+    step = ad_hoc_step(span_s)
+    sub = window_range(span_s, True, step)
+    present = PRESENT if step == RESOLUTION_S else f"{step}s"
+    rate = RATE_RANGE if step == RESOLUTION_S else f"{max(step, 120)}s"
     qs = []
     for c in CHECKS:
-        e = c.expr(matchers)
+        e = c.expr(matchers, present, rate)
+        minutes = f"count_over_time(({e})[{sub}])" + (f" * {step / 60:g}" if step != 60 else "")
         qs.append(_tag(f"{c.agg}(({e})[{sub}])", check=c.id, stat="value")
-                  + " or " + _tag(f"count_over_time(({e})[{sub}])", check=c.id, stat="minutes"))
-    leak = _leak_expr(memory_bytes(matchers), memory_bytes(matchers, "gpu_memory_used_bytes"), sub, span_s)
+                  + " or " + _tag(minutes, check=c.id, stat="minutes"))
+    leak = _leak_expr(memory_bytes(matchers, present=present),
+                      memory_bytes(matchers, "gpu_memory_used_bytes", present=present), sub, span_s)
     qs.append(_tag(leak, check=LEAK_ID, stat="value"))
     qs.append(_tag(f"max_over_time(({census(matchers)})[{sub}])", check="present", stat="up"))
     qs.append(peer_queries(matchers))
