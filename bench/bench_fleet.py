@@ -103,6 +103,30 @@ class Server:
         self.close()
         raise RuntimeError("prometheus did not become ready")
 
+    def settle(self, limit_s: float = 240) -> float:
+        """Wait for the TSDB to finish compacting the backfilled (overlapping) blocks, as a server that
+        has been running would have: compaction runs once a minute; stable block count after it."""
+        t0 = time.monotonic()
+
+        def blocks() -> tuple[float, float]:
+            vals = {}
+            for line in requests.get(self.url + "/metrics", timeout=10).text.splitlines():
+                for name in ("prometheus_tsdb_blocks_loaded", "prometheus_tsdb_compactions_total"):
+                    if line.startswith(name + " "):
+                        vals[name] = float(line.split()[1])
+            return vals.get("prometheus_tsdb_blocks_loaded", -1), vals.get("prometheus_tsdb_compactions_total", 0)
+
+        first = blocks()
+        last, stable_since = first, time.monotonic()
+        while time.monotonic() - t0 < limit_s:
+            time.sleep(5)
+            now = blocks()
+            if now != last:
+                last, stable_since = now, time.monotonic()
+            elif time.monotonic() - t0 > 65 and time.monotonic() - stable_since >= 15:
+                break
+        return time.monotonic() - t0
+
     def close(self) -> None:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
@@ -136,8 +160,10 @@ def summary(doc: dict | None) -> str:
     f = doc["fleet"]
     tri = f.get("triage") or {}
     found = sorted({t["top_finding"]["id"] for t in doc["targets"] if t.get("top_finding")})
-    return (f"{f['queries']} queries, {f['series']:,} series deep, {tri.get('flagged', '-')} flagged, "
-            f"{tri.get('examined', f['targets'])} examined of {f['targets']}; findings {found}")
+    return (f"{f['queries']} queries (triage {tri.get('queries', 0)} in {tri.get('seconds', 0):.1f} s), deep fetch "
+            f"{f['fetch_seconds']:.1f} s, detectors {f['diagnose_seconds']:.1f} s, {f['series']:,} series deep, "
+            f"{tri.get('flagged', '-')} flagged, {tri.get('examined', f['targets'])} examined of {f['targets']}; "
+            f"findings {found}")
 
 
 def main() -> int:
@@ -174,6 +200,8 @@ def main() -> int:
         have = n
         srv = Server(prom_bin, work, tsdb)
         try:
+            settled = srv.settle()
+            print(f"      (TSDB compaction settled {settled:.0f} s after start)", flush=True)
             run_cli_rss(srv.url, start, end, "--triage", "queries")  # warm the server's page cache once
             wall, rss, doc, err = run_cli_rss(srv.url, start, end, "--triage", "queries")
             rows.append((n, "triage", wall, rss))
@@ -194,6 +222,7 @@ def main() -> int:
                     shutil.move(os.path.join(out, blk), os.path.join(tsdb, blk))
                 print(f"      triage rules backfilled with promtool in {time.perf_counter() - r0:.1f} s")
                 srv = Server(prom_bin, work, tsdb)
+                srv.settle()
                 run_cli_rss(srv.url, start, end, "--triage", "rules")
                 wall, rss, doc, err = run_cli_rss(srv.url, start, end, "--triage", "rules")
                 print(f"{n:>5} {'triage (rules)':<22} {wall:>8.2f} {rss:>12.0f}  {summary(doc)} {err[:200]}")
