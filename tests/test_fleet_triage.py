@@ -130,3 +130,27 @@ def test_flag_json_has_no_nan():
     from fragscope.fleet.triage import Flag
 
     assert Flag("clock-throttling", math.nan, None, "0").to_dict()["value"] is None
+
+
+def test_human_output_counts_triage_clear_targets_and_names_flags():
+    import io
+
+    from fragscope.cli.fleet_cmds import render_fleet
+    from fragscope.fleet import FleetReport, FleetTarget, TargetId
+    from fragscope.fleet.triage import Flag
+
+    targets = [FleetTarget(TargetId("pod", "llm", f"p{i:02d}"), None, missing_signals=None, examined=None)
+               for i in range(25)]
+    targets[7].flags = [Flag("clock-throttling", 0.61, 30, "0")]  # flagged beyond --deep-limit
+    tri = {"mode": "rules", "queries": 3, "seconds": 0.2, "flagged": 1, "outliers": 0, "peers_sampled": 0,
+           "examined": 0, "fleet_targets": 25}
+    rep = FleetReport("http://p:9090", (0.0, 3600.0), None, "raw", None, targets, [], 3, 0.0, 0.0, 0, [], [], tri)
+    out = io.StringIO()
+    render_fleet(rep, out)
+    text = out.getvalue()
+    assert "triage (rules, 3 queries, 0.2 s): 1 flagged" in text and "0 of 25 targets deep-diagnosed" in text
+    assert "llm/p07" in text and "flagged: clock-throttling" in text
+    assert "... and 24 targets that passed every triage check" in text and "llm/p08" not in text
+    d = rep.to_dict()
+    assert d["targets"][0]["target"] == "llm/p07" and d["targets"][0]["status"] == "flagged"
+    assert {t["status"] for t in d["targets"][1:]} == {"triage-clear"}
