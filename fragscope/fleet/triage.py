@@ -6,7 +6,7 @@ the targets (and GPUs) that trip it and nothing for the others. Two ways to run 
 
 * **queries**: each check as a subquery over the window, ``max_over_time((CHECK)[W:1m])`` (and the
   minutes it tripped), one request per check, plus a census of the targets and the peer figures:
-  ``len(CHECKS) + 2`` requests whatever the fleet size.
+  ``len(CHECKS) + 3`` requests (with the memory-leak check) whatever the fleet size.
 * **rules**: the same expressions recorded every minute by ``dashboards/rules/fragscope-triage.yml``
   (generated here: :func:`rules_yaml`); the triage is then one instant query over the recorded series
   (plus one that checks they cover the window).
