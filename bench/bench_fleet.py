@@ -1,23 +1,29 @@
 #!/usr/bin/env python3
-"""Fleet diagnosis benchmark: 20 pods, 6 hours at 15 s, against a real Prometheus (issue 4).
+"""Fleet diagnosis benchmark: N pods x 6 h at 15 s in a real Prometheus, triage against full download (issue 15).
 
-    python bench/bench_fleet.py [--pods 20] [--hours 6] [--keep DIR]
+    python bench/bench_fleet.py [--sizes 20,50,100,200] [--hours 6] [--baseline-max 100] [--rules] [--keep DIR]
 
-Generates one recording per pod (fragscope.scenarios: mostly healthy replicas of one model, plus a
-fragmentation, a KV-pressure and a throttling incident), backfills them with ``promtool tsdb
-create-blocks-from openmetrics``, starts Prometheus on 127.0.0.1 and times:
+Generates one recording per pod (fragscope.scenarios: healthy replicas of one model with 5 incidents
+among the first 20 pods: two allocator-fragmentation, kv-cache-pressure, clock-throttling,
+memory-leak), backfills them with ``promtool tsdb create-blocks-from openmetrics`` size by size
+(20, then 30 more, ...), restarts Prometheus on 127.0.0.1 over the grown TSDB, and for each size runs
+``diagnose --prometheus URL --format json`` in a fresh process and reports its wall time and peak RSS
+(``os.wait4``), for:
 
-* baseline: the same HTTP requests with the answers only downloaded (requests, no decoding): what
-  the server and the transfer cost, the floor for any client;
-* fetch: fragscope's batched fetch and decoding into columns;
-* diagnose: grouping, the detectors on every pod, outliers;
-* CLI: ``diagnose --prometheus URL`` end to end in a fresh process (imports included).
+* **triage** (the default, ``--triage queries``: level checks in PromQL, deep fetch of the flagged
+  pods plus 3 healthy peers, one pod at a time);
+* **baseline: full download** (``--triage off``: every series of every pod, the path before issue
+  15), up to ``--baseline-max`` pods (it grows with the fleet: ~0.5 GB of JSON at 200 pods);
+* with ``--rules``: the triage recording rules backfilled (``promtool tsdb create-blocks-from
+  rules``) at the largest size, then ``--triage rules`` (one instant query).
 
-Target (issue 4): under 10 s for the fleet diagnosis. Needs the Debian ``prometheus`` package.
+Target (issue 15): <= 15 s and <= 500 MB RSS at 200 pods with 5 incidents; the cost grows with the
+flagged pods, not the fleet. Needs the Debian ``prometheus`` package (prometheus, promtool).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import signal
@@ -28,17 +34,18 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
 
 import requests  # noqa: E402
 
-from fragscope.collectors.prometheus import PromConfig, PrometheusClient, signal_batches  # noqa: E402
-from fragscope.fleet import diagnose_fleet  # noqa: E402
 from fragscope.model import SeriesKey, make_labels  # noqa: E402
 from fragscope.scenarios import Scenario, generate  # noqa: E402
 from fragscope.scenarios.writers import write_columns  # noqa: E402
 
-INCIDENTS = {3: "allocator-fragmentation", 8: "kv-cache-pressure", 14: "clock-throttling"}
+INCIDENTS = {3: "allocator-fragmentation", 8: "kv-cache-pressure", 11: "memory-leak", 14: "clock-throttling",
+             17: "allocator-fragmentation"}
+RULES = os.path.join(ROOT, "dashboards", "rules", "fragscope-triage.yml")
 
 
 def free_port() -> int:
@@ -47,12 +54,127 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def pod_name(i: int) -> str:
+    return f"vllm-{i:03d}"
+
+
+def backfill(work: str, tsdb: str, pods: range, duration: float, promtool: str) -> tuple[float, float, float, float]:
+    """Generate and backfill ``pods``; returns (generate s, backfill s, start, end)."""
+    gen_s = bf_s = 0.0
+    start = end = None
+    for i in pods:
+        g0 = time.perf_counter()
+        cols, types, _ = generate(Scenario(INCIDENTS.get(i, "healthy"), duration_s=duration, seed=100 + i))
+        cols = {SeriesKey(k.name, make_labels(dict(k.labels, namespace="llm", pod=pod_name(i)))): v
+                for k, v in cols.items()}
+        path = os.path.join(work, "pod.om")
+        write_columns(cols, types, path, openmetrics=True)
+        s0 = min(float(t[0]) for t, _ in cols.values())
+        e0 = max(float(t[-1]) for t, _ in cols.values())
+        start, end = (s0, e0) if start is None else (min(start, s0), max(end, e0))
+        gen_s += time.perf_counter() - g0
+        b0 = time.perf_counter()
+        subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", path, tsdb], check=True,
+                       capture_output=True)
+        bf_s += time.perf_counter() - b0
+        os.unlink(path)
+    return gen_s, bf_s, start, end
+
+
+class Server:
+    def __init__(self, prom_bin: str, work: str, tsdb: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cfg = os.path.join(work, "prometheus.yml")
+        with open(cfg, "w") as fh:
+            fh.write("global:\n  scrape_interval: 15s\n")
+        self.proc = subprocess.Popen([prom_bin, f"--config.file={cfg}", f"--storage.tsdb.path={tsdb}",
+                                      f"--web.listen-address=127.0.0.1:{self.port}",
+                                      "--storage.tsdb.retention.time=100y"],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if requests.get(self.url + "/-/ready", timeout=1).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(0.3)
+        self.close()
+        raise RuntimeError("prometheus did not become ready")
+
+    def settle(self, limit_s: float = 240) -> float:
+        """Wait for the TSDB to finish compacting the backfilled (overlapping) blocks, as a server that
+        has been running would have: compaction runs once a minute; stable block count after it."""
+        t0 = time.monotonic()
+
+        def blocks() -> tuple[float, float]:
+            vals = {}
+            for line in requests.get(self.url + "/metrics", timeout=10).text.splitlines():
+                for name in ("prometheus_tsdb_blocks_loaded", "prometheus_tsdb_compactions_total"):
+                    if line.startswith(name + " "):
+                        vals[name] = float(line.split()[1])
+            return vals.get("prometheus_tsdb_blocks_loaded", -1), vals.get("prometheus_tsdb_compactions_total", 0)
+
+        first = blocks()
+        last, stable_since = first, time.monotonic()
+        while time.monotonic() - t0 < limit_s:
+            time.sleep(5)
+            now = blocks()
+            if now != last:
+                last, stable_since = now, time.monotonic()
+            elif time.monotonic() - t0 > 65 and time.monotonic() - stable_since >= 15:
+                break
+        return time.monotonic() - t0
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(60)
+
+
+def run_cli_rss(url: str, start: float, end: float, *extra: str) -> tuple[float, float, dict | None, str]:
+    """As run_cli, with the child's own peak RSS (os.wait4 on this child only)."""
+    args = [sys.executable, "-c", "import sys; sys.argv[0] = 'diagnose'; from fragscope.cli import diagnose_main; "
+            "diagnose_main()", "--prometheus", url, "--start", repr(start), "--end", repr(end),
+            "--fail-on", "never", "--format", "json", *extra]
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        t0 = time.perf_counter()
+        p = subprocess.Popen(args, stdout=out, stderr=err, env=dict(os.environ, PYTHONPATH=ROOT))
+        _, status, ru = os.wait4(p.pid, 0)
+        wall = time.perf_counter() - t0
+        p.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        body, msg = out.read(), err.read().decode(errors="replace").strip()
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        doc = None
+    return wall, ru.ru_maxrss / 1024, doc, msg
+
+
+def summary(doc: dict | None) -> str:
+    if doc is None:
+        return "FAILED"
+    f = doc["fleet"]
+    tri = f.get("triage") or {}
+    found = sorted({t["top_finding"]["id"] for t in doc["targets"] if t.get("top_finding")})
+    return (f"{f['queries']} queries (triage {tri.get('queries', 0)} in {tri.get('seconds', 0):.1f} s), deep fetch "
+            f"{f['fetch_seconds']:.1f} s, detectors {f['diagnose_seconds']:.1f} s, {f['series']:,} series deep, "
+            f"{tri.get('flagged', '-')} flagged, {tri.get('examined', f['targets'])} examined of {f['targets']}; "
+            f"findings {found}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--pods", type=int, default=20)
+    ap.add_argument("--sizes", default="20,50,100,200")
     ap.add_argument("--hours", type=float, default=6)
-    ap.add_argument("--keep", default=None, help="keep the recordings and the TSDB in this directory")
+    ap.add_argument("--baseline-max", type=int, default=100, help="full download only up to this many pods")
+    ap.add_argument("--rules", action="store_true", help="also backfill the triage rules at the largest size")
+    ap.add_argument("--keep", default=None, help="keep the TSDB in this directory")
     a = ap.parse_args()
+    sizes = sorted(int(x) for x in a.sizes.split(","))
     prom_bin, promtool = shutil.which("prometheus"), shutil.which("promtool")
     if not prom_bin or not promtool:
         print("needs prometheus and promtool (apt-get install prometheus)", file=sys.stderr)
@@ -61,99 +183,67 @@ def main() -> int:
     os.makedirs(work, exist_ok=True)
     tsdb = os.path.join(work, "tsdb")
     duration = a.hours * 3600
-    t0 = time.perf_counter()
-    gen_s = backfill_s = 0.0
-    lines = 0
-    start = end = None
-    for i in range(a.pods):
-        kind = INCIDENTS.get(i, "healthy")
-        s = Scenario(kind, duration_s=duration, seed=100 + i)
-        g0 = time.perf_counter()
-        cols, types, _ = generate(s)
-        cols = {SeriesKey(k.name, make_labels(dict(k.labels, namespace="llm", pod=f"vllm-{i:02d}"))): v
-                for k, v in cols.items()}
-        path = os.path.join(work, f"vllm-{i:02d}.om")
-        write_columns(cols, types, path, openmetrics=True)
-        start = min(float(t[0]) for t, _ in cols.values()) if start is None else start
-        end = max(float(t[-1]) for t, _ in cols.values()) if end is None else end
-        gen_s += time.perf_counter() - g0
-        with open(path, "rb") as fh:
-            lines += sum(1 for _ in fh)
-        b0 = time.perf_counter()
-        subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", path, tsdb], check=True,
-                       capture_output=True)
-        backfill_s += time.perf_counter() - b0
-    print(f"recordings: {a.pods} pods x {a.hours:g} h at 15 s, {lines:,} lines; generated in {gen_s:.1f} s, "
-          f"promtool backfill {backfill_s:.1f} s")
-
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    cfg = os.path.join(work, "prometheus.yml")
-    with open(cfg, "w") as fh:
-        fh.write("global:\n  scrape_interval: 15s\n")
-    proc = subprocess.Popen([prom_bin, f"--config.file={cfg}", f"--storage.tsdb.path={tsdb}",
-                             f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=100y"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    t_all = time.perf_counter()
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if requests.get(url + "/-/ready", timeout=1).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            time.sleep(0.2)
-        else:
-            print("prometheus did not become ready", file=sys.stderr)
-            return 1
-        # warm the server's page cache once, as a running Prometheus would be
-        client = PrometheusClient(PromConfig(url))
-        diagnose_fleet(client, start, end)
-
-        # baseline: the same requests, bodies downloaded, nothing decoded
-        dur_ms = int((end - start) * 1000) + 1
-        b0 = time.perf_counter()
-        nbytes = 0
-        for b in signal_batches():
-            r = requests.get(url + "/api/v1/query", params={"query": f'{{__name__=~"{b.regex()}"}}[{dur_ms}ms]',
-                                                            "time": f"{end:.3f}"}, timeout=120)
-            nbytes += len(r.content)
-        base_s = time.perf_counter() - b0
-
-        client = PrometheusClient(PromConfig(url))
-        f0 = time.perf_counter()
-        rep = diagnose_fleet(client, start, end)
-        total_s = time.perf_counter() - f0
-        points = sum(len(t.window.series[k]) for t in rep.targets for k in t.window.series)
-
-        c0 = time.perf_counter()
-        cli = subprocess.run([sys.executable, "-c", "from fragscope.cli import diagnose_main; diagnose_main()",
-                              "--prometheus", url, "--start", repr(start), "--end", repr(end), "--fail-on", "never",
-                              "--format", "json"], capture_output=True, text=True)
-        cli_s = time.perf_counter() - c0
-        if cli.returncode != 0:
-            print(f"CLI failed: {cli.stderr.strip()}", file=sys.stderr)
-
-        print(f"fleet: {len(rep.targets)} targets, {rep.series:,} series, {points:,} points, "
-              f"{nbytes / 1e6:.1f} MB of JSON")
-        print(f"baseline (same {len(signal_batches())} requests, sequential, download only): {base_s:.2f} s")
-        print(f"fragscope fetch: {rep.queries} queries, {rep.fetch_seconds:.2f} s "
-              f"({rep.fetch_seconds / base_s:.2f}x baseline; {PARALLEL} in parallel)")
-        print(f"diagnose {len(rep.targets)} targets: {rep.diagnose_seconds:.2f} s")
-        print(f"fleet diagnosis in-process: {total_s:.2f} s  (target < 10 s: {'met' if total_s < 10 else 'MISSED'})")
-        print(f"diagnose --prometheus CLI, fresh process: {cli_s:.2f} s")
-        top = [(str(t.id), t.top.id if t.top else "-") for t in rep.ordered()[:4]]
-        print(f"worst targets: {top}; outliers: {[(o.target, o.metric) for o in rep.outliers]}")
-        print(f"total benchmark time {time.perf_counter() - t0:.1f} s")
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(30)
-        if not a.keep:
-            shutil.rmtree(work, ignore_errors=True)
+        load = open("/proc/loadavg").read().split()[:3]
+    except OSError:
+        load = ["?"]
+    print(f"machine: {os.cpu_count()} cores, load average {' '.join(load)}; incidents at pods "
+          f"{', '.join(f'{pod_name(i)} ({k})' for i, k in sorted(INCIDENTS.items()))}")
+    print(f"{'pods':>5} {'path':<22} {'seconds':>8} {'peak RSS MB':>12}  what")
+    have = 0
+    start = end = None
+    rows = []
+    for n in sizes:
+        g, b, s0, e0 = backfill(work, tsdb, range(have, n), duration, promtool)
+        start, end = (s0, e0) if start is None else (min(start, s0), max(end, e0))
+        have = n
+        srv = Server(prom_bin, work, tsdb)
+        try:
+            settled = srv.settle()
+            print(f"      (TSDB compaction settled {settled:.0f} s after start)", flush=True)
+            run_cli_rss(srv.url, start, end, "--triage", "queries")  # warm the server's page cache once
+            wall, rss, doc, err = run_cli_rss(srv.url, start, end, "--triage", "queries")
+            rows.append((n, "triage", wall, rss))
+            print(f"{n:>5} {'triage (queries)':<22} {wall:>8.2f} {rss:>12.0f}  {summary(doc)} {err[:200]}")
+            if n <= a.baseline_max:
+                wall, rss, doc, err = run_cli_rss(srv.url, start, end, "--triage", "off")
+                rows.append((n, "full", wall, rss))
+                print(f"{n:>5} {'baseline: full download':<22} {wall:>8.2f} {rss:>12.0f}  {summary(doc)} {err[:200]}")
+            if a.rules and n == sizes[-1]:
+                r0 = time.perf_counter()
+                out = os.path.join(work, "rule-blocks")
+                shutil.rmtree(out, ignore_errors=True)
+                subprocess.run([promtool, "tsdb", "create-blocks-from", "rules", "--start", str(int(start)),
+                                "--end", str(int(end) + 60), "--url", srv.url, "--output-dir", out, RULES],
+                               check=True, capture_output=True)
+                srv.close()
+                for blk in os.listdir(out):
+                    shutil.move(os.path.join(out, blk), os.path.join(tsdb, blk))
+                print(f"      triage rules backfilled with promtool in {time.perf_counter() - r0:.1f} s")
+                srv = Server(prom_bin, work, tsdb)
+                srv.settle()
+                run_cli_rss(srv.url, start, end, "--triage", "rules")
+                wall, rss, doc, err = run_cli_rss(srv.url, start, end, "--triage", "rules")
+                print(f"{n:>5} {'triage (rules)':<22} {wall:>8.2f} {rss:>12.0f}  {summary(doc)} {err[:200]}")
+        finally:
+            srv.close()
+        print(f"      ({n - (sizes[sizes.index(n) - 1] if sizes.index(n) else 0)} pods generated in {g:.1f} s, "
+              f"backfilled in {b:.1f} s)", flush=True)
+    tri = [r for r in rows if r[1] == "triage"]
+    if len(tri) >= 2:
+        (n0, _, w0, m0), (n1, _, w1, m1) = tri[0], tri[-1]
+        print(f"triage growth {n0} -> {n1} pods: time x{w1 / w0:.2f}, RSS x{m1 / m0:.2f} (fleet x{n1 / n0:.1f})")
+    full = {r[0]: r for r in rows if r[1] == "full"}
+    for n, _, w, m in tri:
+        if n in full:
+            print(f"{n} pods: triage {w:.1f} s / {m:.0f} MB vs full download {full[n][2]:.1f} s / "
+                  f"{full[n][3]:.0f} MB ({full[n][2] / w:.1f}x faster, {full[n][3] / m:.1f}x less memory)")
+    print(f"total benchmark time {time.perf_counter() - t_all:.0f} s")
+    if not a.keep:
+        shutil.rmtree(work, ignore_errors=True)
     return 0
 
-
-from fragscope.collectors.prometheus import PARALLEL_REQUESTS as PARALLEL  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

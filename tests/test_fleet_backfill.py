@@ -176,3 +176,84 @@ def test_server_refusal_is_one_line(backfilled):
         assert len(err.splitlines()) == 1 and "422" in err and "too many samples" in err, err
     finally:
         prom.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Triage (issue 15): level checks in PromQL, deep fetch only for the flagged pods and a peer sample
+def _recorded_ratio(path: str) -> np.ndarray:
+    """(reserved - allocated) / reserved per timestamp of a recording, summed over processes."""
+    from fragscope.collectors.exposition import read_recording
+
+    w = read_recording(path)
+    res = sum(s.values for s in w.select("fragscope_torch_reserved_bytes"))
+    alloc = sum(s.values for s in w.select("fragscope_torch_allocated_bytes"))
+    return (res - alloc) / res
+
+
+def _triage_run(url: str, files: dict, *extra: str) -> dict:
+    start, end = _window(files)
+    r = _run("--prometheus", url, "--start", repr(start), "--end", repr(end), "--format", "json",
+             "--fail-on", "never", *extra)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_triage_deep_fetches_only_the_flagged_pod_and_one_peer(backfilled):
+    d = _triage_run(backfilled["prom"].url, backfilled["files"], "--triage", "queries", "--peers", "1")
+    tri = d["fleet"]["triage"]
+    assert tri["mode"] == "queries" and tri["fleet_targets"] == 4
+    assert tri["flagged"] == 1 and tri["peers_sampled"] == 1 and tri["examined"] == 2 and tri["not_examined"] == 2
+    by = {t["target"]: t for t in d["targets"]}
+    sick = by[f"{NS}/vllm-2"]
+    assert sick["status"] == "finding" and sick["triage"]["examined"] == "flagged"
+    (flag,) = sick["triage"]["checks"]
+    assert flag["id"] == "allocator-fragmentation" and flag["gpu"] == "0" and flag["minutes"] > 0
+    # the triage value is the worst 5-minute mean of the unusable share: at least the 25 % threshold
+    # and no more than the worst recorded sample (computed here from the recording itself)
+    worst = float(np.nanmax(_recorded_ratio(backfilled["files"]["vllm-2"])))
+    assert 0.25 <= flag["value"] <= worst + 1e-3 and flag["value"] > worst - 0.03, (flag, worst)
+    clear = [t for t in d["targets"] if t["status"] == "triage-clear"]
+    assert len(clear) == 2 and all(t["report"] is None and t["series"] is None and not t["triage"]["flagged"]
+                                   for t in clear)
+    # the deep diagnosis of the flagged pod equals the full download's
+    full = _triage_run(backfilled["prom"].url, backfilled["files"], "--triage", "off")
+    assert full["fleet"]["triage"] == {"mode": "off"}
+    full_sick = next(t for t in full["targets"] if t["target"] == f"{NS}/vllm-2")
+    assert _key(sick["report"]) == _key(full_sick["report"])
+    # cost: the triage's requests plus one per examined pod and its exported_ variant
+    assert d["fleet"]["queries"] == tri["queries"] + 2 * tri["examined"]
+    assert d["fleet"]["series"] < full["fleet"]["series"]
+    # outliers still compare every pod (server-side figures), and name the sick one
+    assert {(o["target"], o["metric"]) for o in d["outliers"]} >= {(f"{NS}/vllm-2", "fragmentation_ratio")}
+
+
+def test_triage_rules_mode_is_one_query(backfilled, tmp_path):
+    """The triage rules backfilled with promtool: --triage rules answers with one instant query (and
+    two that check the recorded series cover the window), flagging the same pod as the queries."""
+    from test_fleet_harness import ROOT
+
+    start, end = _window(backfilled["files"])
+    rules = f"{ROOT}/dashboards/rules/fragscope-triage.yml"
+    out = tmp_path / "rule-blocks"
+    r = subprocess.run([PROMTOOL, "tsdb", "create-blocks-from", "rules", "--start", str(int(start)),
+                        "--end", str(int(end) + 60), "--url", backfilled["prom"].url, "--output-dir", str(out),
+                        "--quiet", rules], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    data = tmp_path / "tsdb"
+    shutil.copytree(backfilled["blocks"], data)
+    for blk in out.iterdir():
+        shutil.copytree(blk, data / blk.name)
+    prom = Prometheus("", data_dir=str(data))
+    try:
+        d = _triage_run(prom.url, backfilled["files"], "--triage", "rules", "--peers", "1")
+        tri = d["fleet"]["triage"]
+        assert tri["mode"] == "rules" and tri["queries"] == 3, tri
+        flagged = {t["target"]: [c["id"] for c in t["triage"]["checks"]] for t in d["targets"] if t["triage"]["flagged"]}
+        assert flagged == {f"{NS}/vllm-2": ["allocator-fragmentation"]}
+        assert _triage_run(prom.url, backfilled["files"], "--peers", "1")["fleet"]["triage"]["mode"] == "rules"  # auto finds them
+    finally:
+        prom.close()
+    # without the recorded series: auto runs the queries, rules is a one-line error
+    assert _triage_run(backfilled["prom"].url, backfilled["files"], "--peers", "1")["fleet"]["triage"]["mode"] == "queries"
+    e = _run("--prometheus", backfilled["prom"].url, "--start", repr(start), "--end", repr(end), "--triage", "rules")
+    assert e.returncode == 2 and len(e.stderr.strip().splitlines()) == 1 and "fragscope-triage.yml" in e.stderr, e.stderr

@@ -45,6 +45,14 @@ def fleet_options(f):
         click.option("--insecure", is_flag=True, default=False, help="With --prometheus: do not verify TLS certificates."),
         click.option("--timeout", "prom_timeout", metavar="SECONDS", default=None,
                      help="With --prometheus: per-request timeout. [default: 30s]"),
+        click.option("--triage", "triage", type=click.Choice(["auto", "rules", "queries", "off"]), default=None,
+                     help="With --prometheus: level checks in PromQL first, deep fetch only for flagged targets: "
+                          "from the recorded triage rules (rules), as queries (queries), whichever the server "
+                          "has (auto), or off (download every series). [default: auto]"),
+        click.option("--peers", "peers", type=click.IntRange(0, 1000), default=None,
+                     help="With --prometheus: healthy targets deep-diagnosed beside the flagged ones. [default: 3]"),
+        click.option("--deep-limit", "deep_limit", type=click.IntRange(1, 100000), default=None,
+                     help="With --prometheus: at most this many targets deep-fetched. [default: 100]"),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -129,7 +137,8 @@ def run_fleet(ctx: click.Context, fmt: str, fail_on: str, **opts) -> "int | None
     """Run a fleet diagnosis and return the exit code, or None when --prometheus was not given."""
     if not opts.get("prometheus"):
         used = [n for n in ("start", "end", "step", "selector", "bearer_token", "bearer_token_file",
-                            "basic_auth", "ca_bundle", "prom_timeout") if opts.get(n)]
+                            "basic_auth", "ca_bundle", "prom_timeout", "triage", "peers", "deep_limit")
+                if opts.get(n) is not None and opts.get(n) is not False and opts.get(n) != ()]
         if used or opts.get("headers") or opts.get("insecure"):
             name = (used[0] if used else "header").replace("prom_", "").replace("_", "-")
             fail(f"--{name} needs --prometheus URL")
@@ -139,7 +148,7 @@ def run_fleet(ctx: click.Context, fmt: str, fail_on: str, **opts) -> "int | None
     if opts.get("agent") or opts.get("vllm") or opts.get("dcgm"):
         fail("give --prometheus URL or a live source (--agent, --vllm, --dcgm), not both")
     from ..collectors.prometheus import PrometheusClient, PrometheusError, parse_selector
-    from ..fleet import diagnose_fleet
+    from ..fleet import DEEP_LIMIT, PEER_SAMPLE, diagnose_fleet
 
     start, end, step = window_from_opts(opts)
     selector = opts.get("selector")
@@ -150,7 +159,9 @@ def run_fleet(ctx: click.Context, fmt: str, fail_on: str, **opts) -> "int | None
     cfg = _config(opts)
     try:
         client = PrometheusClient(cfg)
-        report = diagnose_fleet(client, start, end, selector=selector, step=step)
+        report = diagnose_fleet(client, start, end, selector=selector, step=step, triage=opts.get("triage") or "auto",
+                                peers=PEER_SAMPLE if opts.get("peers") is None else opts["peers"],
+                                deep_limit=opts.get("deep_limit") or DEEP_LIMIT)
     except PrometheusError as e:
         fail(str(e))
     if fmt == "json":
@@ -167,11 +178,23 @@ def render_fleet(report, out) -> None:
     w(f"fragscope fleet diagnosis of {report.source}  window {fmt_ts(report.window[0])} → "
       f"{fmt_ts(report.window[1])}\n")
     w(f"{len(report.targets)} targets, {report.series} series, {report.queries} queries in "
-      f"{report.fetch_seconds:.1f} s ({report.mode}{'' if report.step is None else f', step {report.step:g} s'})\n\n")
+      f"{report.fetch_seconds:.1f} s ({report.mode}{'' if report.step is None else f', step {report.step:g} s'})\n")
+    tri = report.triage or {"mode": "off"}
+    if tri.get("mode") != "off":
+        w(f"triage ({tri['mode']}, {tri['queries']} queries, {tri['seconds']:.1f} s): {tri['flagged']} flagged, "
+          f"{tri['outliers']} outlying, {tri['peers_sampled']} healthy peers sampled; {tri['examined']} of "
+          f"{tri['fleet_targets']} targets deep-diagnosed\n")
+    w("\n")
     rows = [("TARGET", "MODEL", "TOP FINDING", "SEV", "CONF", "TOK/S", "FRAG")]
+    clear = [t for t in report.targets if t.status == "triage-clear"]
     for t in report.ordered():
         top = t.top
-        if t.error:
+        if t.status == "triage-clear" and len(clear) > 20:
+            continue
+        if t.status in ("triage-clear", "flagged"):
+            what = "triage clear" if not t.flags else "flagged: " + ", ".join(dict.fromkeys(f.check for f in t.flags))
+            sev, conf = "-", "-"
+        elif t.error:
             what, sev, conf = "error: see below", "-", "-"
         elif top is not None:
             what, sev, conf = top.id, top.severity.value, f"{top.confidence:.2f}"
@@ -185,6 +208,8 @@ def render_fleet(report, out) -> None:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         w("  ".join(c.ljust(widths[i]) for i, c in enumerate(r)).rstrip() + "\n")
+    if len(clear) > 20:
+        w(f"... and {len(clear)} targets that passed every triage check (listed with --format json)\n")
     if report.outliers:
         w("\nOutliers against peers serving the same model (robust z-score):\n")
         for o in report.outliers:

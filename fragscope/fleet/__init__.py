@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterable, Mapping
 
 import numpy as np
@@ -251,13 +252,16 @@ def find_outliers(targets: list["FleetTarget"]) -> list[Outlier]:
 @dataclass
 class FleetTarget:
     id: TargetId
-    window: Window
+    window: Window | None  # dropped after diagnosis when streaming (triage mode); None if not examined
     report: Report | None = None
     error: str | None = None  # the detectors failed on this target (one line)
     model: str | None = None
     throughput: float | None = None
     fragmentation: float | None = None
-    missing_signals: list[str] = field(default_factory=list)
+    missing_signals: list[str] | None = field(default_factory=list)  # None: not examined
+    series_count: int | None = None  # series deep-fetched (None: not examined)
+    flags: list = field(default_factory=list)  # triage.Flag, the level checks this target tripped
+    examined: str | None = "deep"  # why deep-fetched: flagged | outlier | peer-sample | whole-fleet | deep; None: not
 
     @property
     def top(self):
@@ -269,6 +273,8 @@ class FleetTarget:
     def status(self) -> str:
         if self.error:
             return "error"
+        if self.examined is None:
+            return "flagged" if self.flags else "triage-clear"
         if self.top is not None:
             return "finding"
         if self.report is not None and self.report.inconclusive:
@@ -290,9 +296,12 @@ class FleetTarget:
                 "onset": top.onset, "summary": top.summary},
             "throughput_tokens_per_second": _r(self.throughput),
             "fragmentation_ratio": _r(self.fragmentation),
-            "series": len(self.window),
-            "missing_signals": list(self.missing_signals),
+            "series": self.series_count if self.series_count is not None else (
+                len(self.window) if self.window is not None else None),
+            "missing_signals": None if self.missing_signals is None else list(self.missing_signals),
             "error": self.error,
+            "triage": {"flagged": bool(self.flags), "checks": [f.to_dict() for f in self.flags],
+                       "examined": self.examined},
             "report": self.report.to_dict() if self.report is not None else None,
         }
 
@@ -312,12 +321,13 @@ class FleetReport:
     series: int
     missing_everywhere: list[str]
     notes: list[str] = field(default_factory=list)
+    triage: dict | None = None  # fleet.triage (docs/fleet.md#triage); {"mode": "off"} on the full download
 
     def ordered(self) -> list[FleetTarget]:
-        """Worst first: top severity, then confidence, then name."""
+        """Worst first: top severity, then flagged by the triage, then confidence, then name."""
         def key(t: FleetTarget):
             top = t.top
-            return (-(top.severity.rank if top else -1), -(top.confidence if top else 0), str(t.id))
+            return (-(top.severity.rank if top else -1), not t.flags, -(top.confidence if top else 0), str(t.id))
         return sorted(self.targets, key=key)
 
     def to_dict(self) -> dict:
@@ -335,6 +345,7 @@ class FleetReport:
                 "targets": len(self.targets),
                 "missing_everywhere": list(self.missing_everywhere),
                 "notes": list(self.notes),
+                "triage": self.triage if self.triage is not None else {"mode": "off"},
             },
             "targets": [t.to_dict() for t in self.ordered()],
             "outliers": [o.to_dict() for o in self.outliers],
@@ -375,9 +386,10 @@ def diagnose_targets(targets: list[FleetTarget], diagnose: Callable[[Window], Re
     return time.perf_counter() - t0
 
 
-def diagnose_fleet(client, start: float, end: float, selector: str | None = None, step: float | None = None,
-                   diagnose: Callable[[Window], Report] | None = None) -> FleetReport:
-    """Fetch, group, diagnose and compare. Raises PrometheusError (one line) when nothing matches."""
+def diagnose_fleet_full(client, start: float, end: float, selector: str | None = None, step: float | None = None,
+                        diagnose: Callable[[Window], Report] | None = None) -> FleetReport:
+    """The full download (``--triage off``): every series of every target in 7 batched requests, then
+    group, diagnose and compare. Raises PrometheusError (one line) when nothing matches."""
     from ..collectors.prometheus import PrometheusError, fetch  # noqa: PLC0415
 
     fr = fetch(client, start, end, selector=selector, step=step)
@@ -392,11 +404,197 @@ def diagnose_fleet(client, start: float, end: float, selector: str | None = None
     for t in targets:
         everywhere &= set(t.missing_signals)
     notes = list(fr.notes)
-    gpu_only = [str(t.id) for t in targets if t.model is None and not t.missing_signals.count("gpu_memory_used_bytes")]
-    if gpu_only and any(t.model for t in targets):
-        notes.append(f"{len(gpu_only)} target(s) have GPU or probe series but no serving-engine series "
-                     f"({', '.join(gpu_only[:5])}{', ...' if len(gpu_only) > 5 else ''}): is dcgm-exporter's "
-                     "Kubernetes pod mapping on?")
+    notes += _gpu_only_note(targets)
     return FleetReport(client.base, (start, end), selector, fr.mode, fr.step, targets, find_outliers(targets),
                        fr.queries, fr.seconds, dsec, len(fr.cols), [s for s in CORE_SIGNALS if s in everywhere],
-                       notes)
+                       notes, {"mode": "off"})
+
+
+def _gpu_only_note(targets: list[FleetTarget]) -> list[str]:
+    gpu_only = [str(t.id) for t in targets if t.model is None and not t.missing_signals.count("gpu_memory_used_bytes")]
+    if gpu_only and any(t.model for t in targets):
+        return [f"{len(gpu_only)} target(s) have GPU or probe series but no serving-engine series "
+                     f"({', '.join(gpu_only[:5])}{', ...' if len(gpu_only) > 5 else ''}): is dcgm-exporter's "
+                     "Kubernetes pod mapping on?"]
+    return []
+
+
+# ---------------------------------------------------------------------------------------------
+# Triage first, then deep fetch only for the flagged targets (docs/fleet.md#triage)
+PEER_SAMPLE = 3  # healthy targets deep-diagnosed beside the flagged ones, as a check on the triage
+DEEP_LIMIT = 100  # at most this many targets deep-fetched (flagged first); the rest keep their triage
+TRIAGE_MODES = ("auto", "rules", "queries", "off")
+
+
+def triage_target_id(labels: Mapping[str, str]) -> TargetId:
+    """The target a triage answer's (namespace, pod, instance) names (grouping rules 1-3)."""
+    if labels.get("pod"):
+        return TargetId("pod", labels.get("namespace") or None, labels["pod"])
+    if labels.get("instance"):
+        return TargetId("host", None, _host(labels["instance"]))
+    return TargetId("none", None, UNLABELLED)
+
+
+def target_matchers(tid: TargetId) -> list[tuple[str, str, str]]:
+    """Label matchers that select one target's series (merged with the user's selector)."""
+    from .triage import rx_escape  # noqa: PLC0415
+
+    if tid.kind == "pod":
+        return ([("namespace", "=", tid.namespace)] if tid.namespace else []) + [("pod", "=", tid.name)]
+    if tid.kind == "instance":
+        return [("instance", "=", tid.name), ("pod", "=", ""), ("exported_pod", "=", "")]
+    if tid.kind == "host":
+        return [("instance", "=~", rx_escape(tid.name) + "(:[0-9]+)?"), ("pod", "=", ""), ("exported_pod", "=", "")]
+    return [("instance", "=", ""), ("pod", "=", ""), ("exported_pod", "=", "")]
+
+
+def sample_peers(healthy: list[TargetId], n: int) -> list[TargetId]:
+    """``n`` targets spread evenly over the sorted healthy ones (deterministic)."""
+    healthy = sorted(healthy)
+    if n <= 0 or not healthy:
+        return []
+    if len(healthy) <= n:
+        return healthy
+    return [healthy[int(i * len(healthy) / n)] for i in range(n)]
+
+
+def diagnose_fleet(client, start: float, end: float, selector: str | None = None, step: float | None = None,
+                   diagnose: Callable[[Window], Report] | None = None, triage: str = "auto",
+                   peers: int = PEER_SAMPLE, deep_limit: int = DEEP_LIMIT) -> FleetReport:
+    """Triage the fleet in PromQL, then fetch and diagnose the flagged targets one at a time.
+
+    ``triage`` is auto (recorded triage rules when they cover the window, else queries), rules,
+    queries, or off (the full download of every series: :func:`diagnose_fleet_full`).
+    Memory holds one target's series at a time; the report keeps each target's report, not its data.
+    """
+    if triage == "off":
+        return diagnose_fleet_full(client, start, end, selector=selector, step=step, diagnose=diagnose)
+    from ..collectors.prometheus import Batch, PrometheusError, fetch, parse_selector, signal_batches  # noqa: PLC0415
+    from . import triage as tri  # noqa: PLC0415
+
+    if diagnose is None:
+        from ..pipeline import diagnose as diagnose  # noqa: PLC0415
+    if not (math.isfinite(start) and math.isfinite(end)) or end <= start:
+        raise PrometheusError(f"empty time window: start {start} is not before end {end}")
+    user = parse_selector(selector) if isinstance(selector, str) else list(selector or [])
+    q0 = client.queries
+    tr = tri.run_triage(client, start, end, user, mode=triage)
+    # triage answers -> targets (several keys can name one host target)
+    light: dict[TargetId, FleetTarget] = {}
+    for key, tt in tr.targets.items():
+        tid = triage_target_id(tt.labels)
+        t = light.get(tid)
+        if t is None:
+            t = light[tid] = FleetTarget(tid, None, missing_signals=None, examined=None)
+        t.flags.extend(tt.flags)
+        t.model = t.model or tt.model
+        if tt.throughput is not None:
+            t.throughput = (t.throughput or 0.0) + tt.throughput
+        if tt.fragmentation is not None:
+            t.fragmentation = tt.fragmentation if t.fragmentation is None else max(t.fragmentation, tt.fragmentation)
+    if not light:
+        sel = f" matching {selector}" if selector else ""
+        raise PrometheusError(
+            f"Prometheus at {client.base}: no vLLM, GPU or fragscope series{sel} between "
+            f"{_iso(start)} and {_iso(end)}; check --selector and --since/--start/--end")
+    targets = list(light.values())
+    outliers = find_outliers(targets)
+    flagged = sorted(t.id for t in targets if t.flags)
+    odd = sorted({light_id for o in outliers for light_id in light if str(light_id) == o.target} - set(flagged))
+    healthy = [t.id for t in targets if not t.flags and t.id not in odd]
+    sampled = sample_peers(healthy, peers)
+    plan = [(tid, "flagged") for tid in flagged] + [(tid, "outlier") for tid in odd] + \
+        [(tid, "peer-sample") for tid in sampled]
+    if len(targets) <= len(plan) or len(targets) <= peers:
+        plan = [(t, "flagged" if light[t].flags else "whole-fleet") for t in sorted(light)]
+    skipped = plan[deep_limit:]
+    plan = plan[:deep_limit]
+    notes = list(tr.notes)
+    if skipped:
+        notes.append(f"{len(skipped)} flagged or outlying target(s) beyond --deep-limit {deep_limit} were not "
+                     f"deep-diagnosed; their triage values are listed (status 'flagged')")
+
+    fetch_s = diag_s = 0.0
+    series = 0
+    mode, fstep = "raw", step
+    done: set[TargetId] = set()
+    # one request per target (plus the exported_ variant for DCGM): a pod's series are a few MB
+    (one_batch,) = [Batch(tuple(sorted(n for b in signal_batches() for n in b.names)),
+                          {n: k for b in signal_batches() for n, k in b.types.items()})]
+
+    def deep(tid: TargetId):
+        return fetch(client, start, end, selector=user + target_matchers(tid), step=step, batches=[one_batch])
+
+    # stream: fetch the next target while the detectors run on this one (two targets in memory at most)
+    order = [tid for tid, _ in plan]
+    why_of = dict(plan)
+    with ThreadPoolExecutor(max_workers=1) as ex:
+        nxt = ex.submit(deep, order[0]) if order else None
+        for i, tid in enumerate(order):
+            fr = nxt.result()
+            nxt = ex.submit(deep, order[i + 1]) if i + 1 < len(order) else None
+            why = why_of[tid]
+            if tid in done:
+                continue
+            fetch_s += fr.seconds
+            mode, fstep = fr.mode, fr.step
+            for n in fr.notes:
+                if n not in notes:
+                    notes.append(n)
+            built = build_targets(fr.cols, fr.types, source=client.base)
+            series += len(fr.cols)
+            del fr
+            same = [b for b in built if b.id == tid or (tid.kind == "host" and b.id.kind == "instance"
+                                                        and _host(b.id.name) == tid.name)]
+            if same and not any(b.id == tid for b in same) and light[tid] in targets:
+                # the host runs several engines: each instance is its own target (rule 2)
+                for b in same:
+                    nt = light.setdefault(b.id, FleetTarget(b.id, None, missing_signals=None, examined=None))
+                    nt.flags = nt.flags or list(light[tid].flags)
+                targets.remove(light[tid])
+            if not same:
+                lt = light[tid]
+                lt.examined = why
+                lt.series_count = 0
+                lt.missing_signals = list(CORE_SIGNALS)
+                lt.error = "triage named this target but the deep fetch found none of its series"
+                done.add(tid)
+                continue
+            for b in built:
+                if b.id in done:
+                    continue
+                d0 = time.perf_counter()
+                diagnose_targets([b], diagnose)
+                diag_s += time.perf_counter() - d0
+                lt = light.get(b.id)
+                if lt is None:  # a target the triage keyed differently (an engine instance of a host)
+                    lt = light[b.id] = FleetTarget(b.id, None, missing_signals=None, examined=None)
+                    targets.append(lt)
+                lt.report, lt.error, lt.examined = b.report, b.error, why
+                lt.model = b.model or lt.model
+                lt.missing_signals = b.missing_signals
+                lt.series_count = len(b.window)
+                if lt.throughput is None:
+                    lt.throughput = b.throughput
+                if lt.fragmentation is None:
+                    lt.fragmentation = b.fragmentation
+                done.add(b.id)
+                b.window = None  # stream: keep the report, not the data
+    examined = [t for t in targets if t.examined is not None]
+    everywhere = set(CORE_SIGNALS)
+    for t in examined:
+        everywhere &= set(t.missing_signals or ())
+    missed = [f"{t.id} ({t.top.id})" for t in examined if t.examined == "peer-sample" and t.top is not None]
+    if missed:
+        notes.append(f"sampled healthy peer(s) have findings the triage did not flag: {', '.join(missed)}; the "
+                     "triage checks levels only (see fleet.triage.unchecked), rerun with --triage off for a full "
+                     "diagnosis")
+    notes += _gpu_only_note([t for t in examined if t.missing_signals is not None])
+    info = {"mode": tr.mode, "queries": tr.queries, "seconds": round(tr.seconds, 3),
+            "checks": list(tri.CHECK_IDS), "unchecked": list(tri.UNCHECKED),
+            "fleet_targets": len(targets), "flagged": len(flagged), "outliers": len(odd),
+            "peers_sampled": sum(1 for _, w in plan if w == "peer-sample"),
+            "examined": len(examined), "not_examined": len(targets) - len(examined)}
+    return FleetReport(client.base, (start, end), selector, mode, fstep, targets, outliers,
+                       client.queries - q0, fetch_s, diag_s, series,
+                       [s for s in CORE_SIGNALS if s in everywhere] if examined else [], notes, info)
