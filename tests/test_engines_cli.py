@@ -192,3 +192,12 @@ def test_live_url_reads_a_triton_trtllm_page():
     samples = parse_page(text, 1.0, page_kinds(text), "t", {})
     names = {s.name for s in samples}
     assert "nv_trt_llm_kv_cache_block_metrics" in names and "nv_trt_llm_request_metrics" in names
+
+
+def test_agent_vllm_collector_reads_other_engines():
+    """The agent's engine collector (--vllm URL) behind an SGLang or Triton endpoint keeps their signals."""
+    from fragscope.collectors.vllm import parse_vllm_metrics
+
+    text = (DATA / "triton_trtllm_readme_nv_trt_llm.prom").read_text(encoding="utf-8")
+    names = {s.name for s in parse_vllm_metrics(text, 1.0)}
+    assert {"nv_trt_llm_kv_cache_block_metrics", "nv_trt_llm_request_metrics"} <= names

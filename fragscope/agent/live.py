@@ -97,18 +97,9 @@ def classify(text: str) -> list[str]:
 
 
 def _other_engine_names() -> frozenset[str]:
-    """Raw names of engines other than vLLM and SGLang that the signal table maps (with histogram parts)."""
-    from ..signals import DERIVED, SIGNALS
+    from ..collectors.engines import other_engine_names
 
-    out: set[str] = set()
-    for sig in SIGNALS.values():
-        for src in sig.sources:
-            m = src.metric
-            if m.startswith(("vllm:", "sglang:", "DCGM_FI_", "fragscope_")):
-                continue
-            out.update((m, m + "_bucket", m + "_sum", m + "_count", m + "_total"))
-    out.update(d.family for d in DERIVED)
-    return frozenset(out)
+    return other_engine_names() - {n for n in other_engine_names() if n.startswith("sglang:")}
 
 
 @dataclass
@@ -189,8 +180,10 @@ def parse_page(text: str, ts: float, kinds: list[str], source: str, caches: dict
         out += [s for s in scrape_samples(text, ts, source, caches.setdefault("sglang", {}))
                 if s.name.startswith("sglang:")]
     if "engine" in kinds:
+        from ..collectors.engines import engine_samples
+
         keep = _other_engine_names()
-        out += [s for s in scrape_samples(text, ts, source, caches.setdefault("engine", {})) if s.name in keep]
+        out += [s for s in engine_samples(text, ts, source, caches.setdefault("engine", {})) if s.name in keep]
     if "dcgm" in kinds:
         from ..collectors.dcgm import parse_dcgm_metrics
 

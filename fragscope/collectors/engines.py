@@ -89,3 +89,33 @@ def derive(window: Window) -> Window:
     if merged:
         out.notes.append(f"{merged} per-rank duplicate series merged (one scheduler reported by each TP rank)")
     return out
+
+
+_OTHER: frozenset[str] | None = None
+
+
+def other_engine_names() -> frozenset[str]:
+    """Raw names of the engines other than vLLM that the signal table maps (SGLang, TGI, Triton,
+    TensorRT-LLM), with their histogram parts and the derived families' sources."""
+    global _OTHER
+    if _OTHER is None:
+        from ..signals import DERIVED, SIGNALS
+
+        out: set[str] = set()
+        for sig in SIGNALS.values():
+            for src in sig.sources:
+                m = src.metric
+                if m.startswith(("vllm:", "DCGM_FI_", "fragscope_")):
+                    continue
+                out.update((m, m + "_bucket", m + "_sum", m + "_count", m + "_total"))
+        out.update(d.family for d in DERIVED)
+        _OTHER = frozenset(out)
+    return _OTHER
+
+
+def engine_samples(text: str, ts: float, source: str, key_cache: dict | None = None) -> list:
+    """The samples of a non-vLLM engine page that the signal table reads, stamped ``ts``."""
+    from .exposition import scrape_samples
+
+    keep = other_engine_names()
+    return [x for x in scrape_samples(text, ts, source, key_cache) if x.name in keep]

@@ -91,6 +91,12 @@ def parse_vllm_metrics(text: str, ts: float, source: str = "vllm", key_cache: di
         name = normalise_name(line.split("{", 1)[0].split(None, 1)[0])
         if name in KEEP:
             kept.append(line)
+    if not kept and any(n in text for n in ("sglang:", "tgi_", "nv_inference_", "nv_trt_llm_")):
+        # another engine behind the same endpoint flag (SGLang, TGI, Triton / TensorRT-LLM): read it
+        # through the signal table like `diagnose URL` does (docs/engines.md)
+        from .engines import engine_samples
+
+        return engine_samples(text, ts, source, key_cache)
     if not kept:  # nothing of ours: parse a bounded head, to reject garbage with the parser's message
         head = text[:_HEAD_BYTES]
         if len(text) > _HEAD_BYTES and "\n" in head:
