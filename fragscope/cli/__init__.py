@@ -170,6 +170,9 @@ def _crash(prog: str, e: BaseException, debug: bool) -> int:
 
 
 def _run(group: click.Group, prog: str) -> None:
+    from .common import install_progress
+
+    install_progress()  # a bar on stderr while reading a large input, on a terminal only
     sys.exit(_main(group, prog))
 
 

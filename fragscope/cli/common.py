@@ -6,6 +6,8 @@ traceback only with ``--debug`` or ``FRAGSCOPE_DEBUG=1``).
 """
 from __future__ import annotations
 
+import os
+
 import sys
 
 import click
@@ -63,3 +65,25 @@ def dumps_json(obj, indent: int | None = 2) -> str:
     import json
 
     return json.dumps(json_safe(obj), indent=indent, allow_nan=False)
+
+
+def _progress_observer(size: int, path: str):
+    """rich's transient progress bar on stderr for one input: (advance(n), done())."""
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+
+    progress = Progress(TextColumn("reading {task.description}"), BarColumn(), DownloadColumn(),
+                        TimeRemainingColumn(), console=Console(stderr=True), transient=True)
+    task = progress.add_task(os.path.basename(path), total=size)
+    progress.start()
+    return (lambda n: progress.advance(task, n)), progress.stop
+
+
+def install_progress() -> None:
+    """Show a progress bar while a command reads a large input, when stderr is a terminal."""
+    import sys
+
+    from ..collectors.safefile import set_observer
+
+    if sys.stderr.isatty() and not os.environ.get("NO_COLOR_PROGRESS"):
+        set_observer(_progress_observer)

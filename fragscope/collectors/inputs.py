@@ -55,7 +55,7 @@ def env_int(name: str, default: int) -> int:
     return v
 
 
-from .safefile import KINDS as _KINDS, NotRegularFile, open_regular_fd  # noqa: E402
+from .safefile import KINDS as _KINDS, NotRegularFile, open_regular  # noqa: E402
 
 
 def check_regular(path: str) -> os.stat_result:
@@ -77,12 +77,11 @@ def open_binary(path: str) -> IO[bytes]:
     """Open a regular file without blocking (O_NONBLOCK: a FIFO swapped in after the check does not
     hang the open) and check again on the open descriptor (collectors/safefile.py)."""
     try:
-        fd, _ = open_regular_fd(path)
+        return open_regular(path)
     except NotRegularFile as e:
         raise InputError(f"{path}: is {e.kind}, expected a recording or scrape file") from None
     except OSError as e:
         raise InputError(f"{path}: {e.strerror or e}") from None
-    return os.fdopen(fd, "rb")
 
 
 class GunzipCapped(io.RawIOBase):

@@ -7,8 +7,11 @@ descriptor back to blocking reads. Each reader turns the two errors into its own
 """
 from __future__ import annotations
 
+import contextvars
+import io
 import os
 import stat
+from typing import IO, Callable
 
 KINDS = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFCHR: "a character device",
          stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket"}
@@ -49,3 +52,57 @@ def open_regular_fd(path: str) -> tuple[int, os.stat_result]:
     except BaseException:
         os.close(fd)
         raise
+
+
+# Progress while reading large inputs: the CLI sets an observer (rich's progress bar on a terminal) for
+# the command; readers open inputs through open_regular / fdopen_observed, which count the bytes read
+# below the buffer (so peek, read1 and text wrappers work as before). Nothing is shown by default.
+Observer = Callable[[int, str], "tuple[Callable[[int], None], Callable[[], None]]"]
+_OBSERVER: contextvars.ContextVar[Observer | None] = contextvars.ContextVar("fragscope_read_observer", default=None)
+OBSERVE_MIN_BYTES = 32 << 20  # smaller inputs read in a second or two: no bar
+
+
+def set_observer(fn: Observer | None) -> contextvars.Token:
+    """``fn(size, path) -> (advance(n_bytes), done())`` for each large input opened while it is set."""
+    return _OBSERVER.set(fn)
+
+
+class _Counted(io.RawIOBase):
+    def __init__(self, raw: io.RawIOBase, advance: Callable[[int], None], done: Callable[[], None]) -> None:
+        self._raw, self._advance, self._done = raw, advance, done
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int | None:
+        n = self._raw.readinto(b)
+        if n:
+            self._advance(n)
+        return n
+
+    def fileno(self) -> int:
+        return self._raw.fileno()
+
+    def close(self) -> None:
+        if not self.closed:
+            try:
+                self._raw.close()
+            finally:
+                self._done()
+        super().close()
+
+
+def fdopen_observed(fd: int, size: int, path: str) -> IO[bytes]:
+    """A buffered binary reader of ``fd``, counted by the observer when the input is large."""
+    fn = _OBSERVER.get()
+    if fn is None or size < OBSERVE_MIN_BYTES:
+        return os.fdopen(fd, "rb")
+    raw = os.fdopen(fd, "rb", buffering=0)
+    advance, done = fn(size, str(path))
+    return io.BufferedReader(_Counted(raw, advance, done), 1 << 16)
+
+
+def open_regular(path: str) -> IO[bytes]:
+    """Binary reading of a regular file, observed for progress. Raises as open_regular_fd."""
+    fd, st = open_regular_fd(path)
+    return fdopen_observed(fd, st.st_size, str(path))

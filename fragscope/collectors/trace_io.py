@@ -3,7 +3,8 @@ and JSON text read whole under a byte cap, gzip decompressed in bounded steps (a
 gigabytes). Raises :class:`~fragscope.timeline_model.TraceError` with one line naming the file."""
 from __future__ import annotations
 
-from .safefile import NotRegularFile, open_regular_fd
+from .safefile import NotRegularFile
+from .safefile import open_regular as safe_open
 
 import os
 import stat
@@ -36,14 +37,13 @@ def check_regular(path: str) -> os.stat_result:
 def open_regular(path: str):
     """Open ``path`` for binary reading without blocking on a FIFO, and only if it is a regular file."""
     try:
-        fd, _ = open_regular_fd(path)
+        return safe_open(path)
     except NotRegularFile as e:
         what = "is a directory" if e.is_dir else \
             "not a regular file (a FIFO, socket or device); save the trace to a file first"
         raise TraceError(f"cannot read {path}: {what}") from None
     except OSError as e:
         raise TraceError(f"cannot read {path}: {e.strerror or e}") from None
-    return os.fdopen(fd, "rb")
 
 
 def read_json_bytes(path: str, max_bytes: int = DEFAULT_MAX_JSON_BYTES) -> bytes:

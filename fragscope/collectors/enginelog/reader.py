@@ -7,7 +7,7 @@ engine line seen, a V0 ``args: Namespace(...)`` line, is ~4 KiB).
 """
 from __future__ import annotations
 
-from ..safefile import NotRegularFile, open_regular_fd
+from ..safefile import NotRegularFile, fdopen_observed, open_regular_fd
 
 import gzip
 import os
@@ -62,7 +62,7 @@ def _open_regular(path: str):
         raise LogInputError("is a directory, not a log file") from None
     except OSError as e:
         raise LogInputError(f"cannot open: {e.strerror or e}") from None
-    return os.fdopen(fd, "rb"), st
+    return fdopen_observed(fd, st.st_size, path), st
 
 
 def _chunks(path: str, max_bytes: int, info: LogRead) -> Iterator[bytes]:
