@@ -157,19 +157,45 @@ def run_fleet(ctx: click.Context, fmt: str, fail_on: str, **opts) -> "int | None
     except ValueError as e:
         fail(f"--selector: {e}")
     cfg = _config(opts)
+    bar = _FleetBar() if sys.stderr.isatty() else None
     try:
         client = PrometheusClient(cfg)
         report = diagnose_fleet(client, start, end, selector=selector, step=step, triage=opts.get("triage") or "auto",
                                 peers=PEER_SAMPLE if opts.get("peers") is None else opts["peers"],
-                                deep_limit=opts.get("deep_limit") or DEEP_LIMIT)
+                                deep_limit=opts.get("deep_limit") or DEEP_LIMIT, progress=bar)
     except PrometheusError as e:
         fail(str(e))
+    finally:
+        if bar is not None:
+            bar.stop()
     if fmt == "json":
         sys.stdout.write(json.dumps(report.to_dict(), indent=2, default=_json_default) + "\n")
     else:
         render_fleet(report, sys.stdout)
     rcs = [report_exit_code(t.report, fail_on) for t in report.targets if t.report is not None]
     return max(rcs, default=0)
+
+
+class _FleetBar:
+    """A transient progress bar on stderr over the targets the fleet mode deep-fetches."""
+
+    def __init__(self) -> None:
+        self._p = self._task = None
+
+    def __call__(self, i: int, n: int, target: str) -> None:
+        if self._p is None:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+            self._p = Progress(TextColumn("deep fetch {task.description}"), BarColumn(), MofNCompleteColumn(),
+                               console=Console(stderr=True), transient=True)
+            self._task = self._p.add_task(target, total=n)
+            self._p.start()
+        self._p.update(self._task, completed=i, description=target)
+
+    def stop(self) -> None:
+        if self._p is not None:
+            self._p.stop()
 
 
 def render_fleet(report, out) -> None:

@@ -17,7 +17,7 @@ limits): :mod:`fragscope.collectors.snapshot`.
 """
 from __future__ import annotations
 
-from .safefile import NotRegularFile, open_regular_fd
+from .safefile import NotRegularFile, fdopen_observed, open_regular_fd
 
 import contextlib
 import gc
@@ -94,7 +94,7 @@ def read_regular_file(path: str, max_bytes: int, what: str = "a memory snapshot"
             raise SnapshotError(f"refusing to load {name}: {st.st_size} bytes exceeds {_cap_text(max_bytes)}")
         if st.st_size == 0:
             raise SnapshotError(f"cannot read {name}: empty file, not {what}")
-        with os.fdopen(fd, "rb", closefd=False) as f:
+        with fdopen_observed(os.dup(fd), st.st_size, name) as f:  # a progress bar on a terminal
             data = f.read(max_bytes + 1)
     except OSError as e:
         raise SnapshotError(f"cannot read {name}: {e.strerror or e}") from None

@@ -460,7 +460,8 @@ def sample_peers(healthy: list[TargetId], n: int) -> list[TargetId]:
 
 def diagnose_fleet(client, start: float, end: float, selector: str | None = None, step: float | None = None,
                    diagnose: Callable[[Window], Report] | None = None, triage: str = "auto",
-                   peers: int = PEER_SAMPLE, deep_limit: int = DEEP_LIMIT) -> FleetReport:
+                   peers: int = PEER_SAMPLE, deep_limit: int = DEEP_LIMIT,
+                   progress: Callable[[int, int, str], None] | None = None) -> FleetReport:
     """Triage the fleet in PromQL, then fetch and diagnose the flagged targets one at a time.
 
     ``triage`` is auto (recorded triage rules when they cover the window, else queries), rules,
@@ -531,6 +532,8 @@ def diagnose_fleet(client, start: float, end: float, selector: str | None = None
     with ThreadPoolExecutor(max_workers=1) as ex:
         nxt = ex.submit(deep, order[0]) if order else None
         for i, tid in enumerate(order):
+            if progress is not None:
+                progress(i, len(order), str(tid))  # the CLI's bar: targets deep-fetched so far
             fr = nxt.result()
             nxt = ex.submit(deep, order[i + 1]) if i + 1 < len(order) else None
             why = why_of[tid]
