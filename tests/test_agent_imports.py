@@ -7,6 +7,10 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
+pytestmark = pytest.mark.e2e  # a real agent in a subprocess
+
 CODE = textwrap.dedent('''
     import json, sys, tempfile, time, urllib.request
     from fragscope.agent.config import AgentConfig

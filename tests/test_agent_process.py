@@ -18,6 +18,8 @@ import urllib.request
 
 import pytest
 
+pytestmark = pytest.mark.e2e  # real agent processes over HTTP: heavy, run by .ci/run
+
 from fragscope.collectors.exposition import parse_text, read_recording
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "agent")

@@ -134,6 +134,7 @@ def test_promtool_check_rules():
 
 
 @needs_prometheus
+@pytest.mark.e2e  # promtool runs every rule test file (~3 s): run by .ci/run
 def test_promtool_test_rules():
     files = sorted(os.path.join(RULE_TESTS, f) for f in os.listdir(RULE_TESTS) if f.endswith(".yml"))
     assert len(files) >= 8
@@ -143,6 +144,7 @@ def test_promtool_test_rules():
 
 
 @needs_prometheus
+@pytest.mark.e2e
 def test_promtool_test_rules_catches_a_broken_rule(tmp_path):
     """The unit tests can fail: raise the fragmentation threshold and the firing case must break."""
     with open(RULES, encoding="utf-8") as fh:

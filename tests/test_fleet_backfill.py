@@ -14,7 +14,7 @@ import pytest
 
 from test_fleet_harness import PROMTOOL, Prometheus, needs_prometheus
 
-pytestmark = needs_prometheus
+pytestmark = [needs_prometheus, pytest.mark.e2e]  # a real Prometheus backfilled: heavy, run by .ci/run
 
 NS = "llm"
 # Four replicas of one model, 3 h at 15 s: one develops the seeds' fragmentation incident.

@@ -21,7 +21,7 @@ import requests
 from test_fleet_harness import (DATA, ROOT, Prometheus, ScrapeServer, free_port, needs_prometheus,
                                 read_fixture, scrape_job, ticking, wait_until, with_labels)
 
-pytestmark = needs_prometheus
+pytestmark = [needs_prometheus, pytest.mark.e2e]  # a real Prometheus backfilled: heavy, run by .ci/run
 
 DASHBOARD = os.path.join(ROOT, "dashboards", "fragscope.json")
 RULES = os.path.join(ROOT, "dashboards", "rules", "fragscope-alerts.yml")

@@ -266,6 +266,7 @@ def test_trim_gives_freed_heap_memory_back():
     assert len(pinned) == 800
 
 
+@pytest.mark.e2e  # waits out the agent's Retry-After
 def test_diagnose_agent_client_retries_while_the_agent_is_busy(monkeypatch):
     import fragscope.agent.api as api
     from fragscope.agent.client import fetch_window

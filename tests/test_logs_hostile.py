@@ -83,6 +83,7 @@ def test_gzip_bomb_stops_at_the_cap_and_names_it(tmp_path, capsys, monkeypatch):
     one_line_error(code, out, err, "--max-bytes 1048576", "decompressed")
 
 
+@pytest.mark.e2e  # 16 MiB of newlines through the CLI
 def test_newline_bomb_under_the_cap_is_linear(tmp_path, capsys, monkeypatch):
     f = tmp_path / "nl.log.gz"
     f.write_bytes(gzip.compress(b"\n" * (16 << 20), compresslevel=9))

@@ -14,6 +14,9 @@ import sys
 
 import pytest
 
+# the fuzzing campaign (reproducers, quick runs, subprocesses under a memory limit): run by .ci/run (-m e2e)
+pytestmark = pytest.mark.e2e
+
 import harness
 from harness import Outcome, judge
 
