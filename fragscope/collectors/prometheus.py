@@ -34,7 +34,7 @@ import numpy as np
 import requests
 
 from ..model import SeriesKey, make_labels
-from ..signals import DCGM_BLANK_THRESHOLD, SIGNALS, normalise_name
+from ..signals import DCGM_BLANK_THRESHOLD, DERIVED, SIGNALS, normalise_name
 
 # Prometheus refuses a range query asking for more than 11,000 points per series
 # (web/api/v1/api.go: "exceeded maximum resolution of 11,000 points per timeseries").
@@ -102,11 +102,16 @@ def signal_batches(signals: Iterable[str] | None = None) -> list[Batch]:
     """
     groups: dict[str, dict[str, str]] = {}
     wanted = set(signals) if signals is not None else None
+    derived = {d.metric: d.family for d in DERIVED}
     for sig in SIGNALS.values():
         if wanted is not None and sig.id not in wanted:
             continue
         for src in sig.sources:
             name = src.metric
+            if name in derived:
+                # made at ingest from its engine family (collectors/engines.py): fetch the family itself
+                groups.setdefault(sig.scope, {})[derived[name]] = "gauge"
+                continue
             if sig.kind == "histogram":
                 g = groups.setdefault(f"hist:{name}", {})
                 for suf in HISTOGRAM_SUFFIXES:
