@@ -1,7 +1,7 @@
 """The table of message patterns: which engine line becomes which event, with which fields.
 
 One :class:`Rule` per message shape, tried in order (vLLM file:function in comments; formats in
-/work/shared/notes/metrics-and-logs.md). A rule applies when one of its ``gates`` (cheap substrings)
+../shared/notes/metrics-and-logs.md). A rule applies when one of its ``gates`` (cheap substrings)
 is in the message and its ``pattern`` matches; ``build`` turns the match into fields (base units).
 An exclusive rule ends the search for that message. Fields are matched one by one inside a message,
 so reordered or added fields do not break parsing. A figure that is not a finite, bounded number
