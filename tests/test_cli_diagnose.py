@@ -1,4 +1,6 @@
-"""`diagnose FILE` end to end through the real console script: output, JSON contract, exit codes."""
+"""`diagnose FILE` end to end: output, JSON contract, exit codes. In process through the CLI's own entry
+(fragscope.cli._main: the same error and exit-code handling as the console script), and one real
+subprocess smoke test per entry point (test_console_scripts_smoke)."""
 from __future__ import annotations
 
 import json
@@ -14,9 +16,37 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def cli(*args, prog="diagnose"):
+    """Run a command in process; returns what subprocess.run would (returncode, stdout, stderr)."""
+    import contextlib
+    import io
+
+    from fragscope.cli import _main, diagnose_group, fragscope_group
+
+    out, err = io.StringIO(), io.StringIO()
+    cwd = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            rc = _main(diagnose_group if prog == "diagnose" else fragscope_group, prog, list(args))
+    finally:
+        os.chdir(cwd)
+    return subprocess.CompletedProcess([prog, *args], rc, out.getvalue(), err.getvalue())
+
+
+def real_cli(*args, prog="diagnose"):
     code = f"import sys; sys.argv=[{prog!r}]+sys.argv[1:]; from fragscope.cli import {'diagnose_main' if prog == 'diagnose' else 'main'} as m; m()"
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120,
                           cwd=ROOT)
+
+
+def test_console_scripts_smoke(frag_file):
+    """The real entry points as a user runs them: exit code, stdout, one-line errors on stderr."""
+    r = real_cli(frag_file, "--format", "json")
+    assert r.returncode == 1 and json.loads(r.stdout)["findings"][0]["id"] == "allocator-fragmentation"
+    r = real_cli("/no/such/file.om")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    r = real_cli("kv-budget", "--help", prog="fragscope")
+    assert r.returncode == 0 and "kv-budget" in r.stdout
 
 
 @pytest.fixture(scope="module")
