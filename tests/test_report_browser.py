@@ -139,7 +139,7 @@ def test_diagnosis_report_in_chromium(artefacts, profile):
 
 
 def test_trace_and_snapshot_reports_in_chromium(artefacts, profile):
-    from fragscope.detectors.timeline import analyse_trace_file
+    from fragscope.trace_pipeline import analyse_trace_file
     from fragscope.model import Inconclusive, Report
     from fragscope.playbooks import attach_playbooks
 
