@@ -85,3 +85,27 @@ def one_line(e: BaseException | str, limit: int = 200) -> str:
     s = f"{type(e).__name__}: {e}" if isinstance(e, BaseException) and not str(e) else str(e)
     s = " ".join(s.split())
     return s if len(s) <= limit else s[: limit - 1] + "…"
+
+
+def json_safe(obj):
+    """``obj`` with what strict JSON cannot hold replaced: NaN/±inf -> None, numpy scalars -> Python,
+    ints outside ±2**63 -> strings (a reader's 64-bit parser would lose them; 5,000-digit ints cannot
+    even be formatted), tuples/sets -> lists, other objects -> their ``str()``."""
+    if obj is None or isinstance(obj, (bool, str)):
+        return obj
+    if isinstance(obj, int):
+        return obj if -(1 << 63) <= obj < (1 << 63) else f"<integer of {obj.bit_length()} bits>"
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {(k if isinstance(k, str) else str(json_safe(k))): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return [json_safe(v) for v in obj]
+    if hasattr(obj, "item") and callable(obj.item):  # numpy scalar
+        try:
+            return json_safe(obj.item())
+        except (TypeError, ValueError):
+            pass
+    if hasattr(obj, "to_dict") and callable(obj.to_dict):
+        return json_safe(obj.to_dict())
+    return str(obj)

@@ -21,6 +21,7 @@ from urllib.parse import parse_qs, urlsplit
 import numpy as np
 
 from .. import __version__
+from ..units import json_safe
 from ..model import Window
 from .config import AgentConfig, ConfigError, parse_duration
 from .exporter import Exporter
@@ -193,7 +194,7 @@ class _Handler(BaseHTTPRequestHandler):
             memory.trim()  # ~1 ms, at most once per history query: RSS back to where it was
 
     def _json(self, code: int, obj: Any) -> None:
-        body = json.dumps(_finite(obj), separators=(",", ":"), default=_json_default, allow_nan=False).encode()
+        body = json.dumps(json_safe(obj), separators=(",", ":"), allow_nan=False).encode()
         self._send(code, body, "application/json")
 
     def _error(self, code: int, msg: str) -> None:
@@ -375,26 +376,6 @@ def _first_round_done(st: Any) -> bool:
     if not st.first_round_done:
         st.first_round_done = all(h.runs_total > 0 or h.up is False for h in list(st.collectors.values()))
     return st.first_round_done
-
-
-def _finite(o: Any) -> Any:
-    """NaN/Inf are not JSON: they become null (not available), recursively."""
-    if isinstance(o, float):
-        return o if math.isfinite(o) else None
-    if isinstance(o, dict):
-        return {k: _finite(v) for k, v in o.items()}
-    if isinstance(o, (list, tuple)):
-        return [_finite(v) for v in o]
-    return o
-
-
-def _json_default(o: Any) -> Any:
-    if hasattr(o, "item"):
-        v = o.item()
-        return v if not isinstance(v, float) or math.isfinite(v) else None
-    if hasattr(o, "to_dict"):
-        return o.to_dict()
-    return str(o)
 
 
 class _Server(ThreadingHTTPServer):

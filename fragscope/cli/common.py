@@ -30,34 +30,11 @@ def _prog() -> str:
     return os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "fragscope"
 
 
+from ..units import json_safe  # noqa: E402,F401  (re-exported: the CLI writes JSON through it)
+
+
 def fail(msg: str) -> "None":
     raise UsageError(msg.splitlines()[0] if msg else "error")
-
-
-def json_safe(obj):
-    """``obj`` with what strict JSON cannot hold replaced: NaN/±inf -> None, numpy scalars -> Python,
-    ints outside ±2**63 -> strings (a reader's 64-bit parser would lose them; 5,000-digit ints cannot
-    even be formatted), tuples/sets -> lists, other objects -> their ``str()``."""
-    import math
-
-    if obj is None or isinstance(obj, (bool, str)):
-        return obj
-    if isinstance(obj, int):
-        return obj if -(1 << 63) <= obj < (1 << 63) else f"<integer of {obj.bit_length()} bits>"
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {(k if isinstance(k, str) else str(json_safe(k))): json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple, set, frozenset)):
-        return [json_safe(v) for v in obj]
-    if hasattr(obj, "item") and callable(obj.item):  # numpy scalar
-        try:
-            return json_safe(obj.item())
-        except (TypeError, ValueError):
-            pass
-    if hasattr(obj, "to_dict") and callable(obj.to_dict):
-        return json_safe(obj.to_dict())
-    return str(obj)
 
 
 def dumps_json(obj, indent: int | None = 2) -> str:

@@ -10,31 +10,18 @@ import time
 import click
 
 from ..model import Inconclusive, Report
-from .common import fail
+from .common import json_safe, fail
 from .render import render_human, report_exit_code
 
 FORMATS = click.Choice(["human", "json"])
 FAIL_ON = click.Choice(["info", "warning", "critical", "never"])
 
 
-def _finite(o):
-    """JSON has no NaN/Infinity: not-available figures become null."""
-    if isinstance(o, float):
-        return o if math.isfinite(o) else None
-    if isinstance(o, dict):
-        return {k: _finite(v) for k, v in o.items()}
-    if isinstance(o, (list, tuple)):
-        return [_finite(v) for v in o]
-    if hasattr(o, "item"):  # numpy scalars
-        return _finite(o.item())
-    return o
-
-
 def _emit(report: Report, fmt: str, fail_on: str, extra: dict) -> int:
     if fmt == "json":
         out = report.to_dict()
         out.update(extra)
-        sys.stdout.write(json.dumps(_finite(out), indent=2, allow_nan=False, default=str) + "\n")
+        sys.stdout.write(json.dumps(json_safe(out), indent=2, allow_nan=False) + "\n")
     else:
         render_human(report, sys.stdout)
     return report_exit_code(report, fail_on)

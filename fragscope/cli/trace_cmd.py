@@ -2,35 +2,17 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 
 import click
 
 from ..model import Report, rank_findings
-from .common import fail
+from .common import fail, json_safe
 from .render import fmt_value, render_human, report_exit_code
 
 FORMATS = click.Choice(["human", "json"])
 FAIL_ON = click.Choice(["info", "warning", "critical", "never"])
-
-
-def _json_default(o):
-    if hasattr(o, "item"):
-        return _finite(o.item())
-    return str(o)
-
-
-def _finite(o):
-    """JSON-safe copy: NaN and infinities become null (the output never holds NaN / Infinity tokens)."""
-    if isinstance(o, float):
-        return o if math.isfinite(o) else None
-    if isinstance(o, dict):
-        return {k: _finite(v) for k, v in o.items()}
-    if isinstance(o, (list, tuple)):
-        return [_finite(v) for v in o]
-    return o
 
 
 def _small_pages() -> None:
@@ -89,7 +71,7 @@ def trace_cmd(file: str, fmt: str, fail_on: str, html: str | None = None, max_js
     if fmt == "json":
         out = dict(analysis)
         out["findings"] = [f.to_dict() for f in rank_findings(findings)]
-        sys.stdout.write(json.dumps(_finite(out), indent=2, default=_json_default, allow_nan=False) + "\n")
+        sys.stdout.write(json.dumps(json_safe(out), indent=2, allow_nan=False) + "\n")
     else:
         _print_tables(analysis)
         render_human(report, sys.stdout)
