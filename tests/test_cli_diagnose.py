@@ -4,39 +4,12 @@ subprocess smoke test per entry point (test_console_scripts_smoke)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
 from fragscope.scenarios import Scenario, write_openmetrics, write_prometheus_text
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def cli(*args, prog="diagnose"):
-    """Run a command in process; returns what subprocess.run would (returncode, stdout, stderr)."""
-    import contextlib
-    import io
-
-    from fragscope.cli import _main, diagnose_group, fragscope_group
-
-    out, err = io.StringIO(), io.StringIO()
-    cwd = os.getcwd()
-    os.chdir(ROOT)
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            rc = _main(diagnose_group if prog == "diagnose" else fragscope_group, prog, list(args))
-    finally:
-        os.chdir(cwd)
-    return subprocess.CompletedProcess([prog, *args], rc, out.getvalue(), err.getvalue())
-
-
-def real_cli(*args, prog="diagnose"):
-    code = f"import sys; sys.argv=[{prog!r}]+sys.argv[1:]; from fragscope.cli import {'diagnose_main' if prog == 'diagnose' else 'main'} as m; m()"
-    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120,
-                          cwd=ROOT)
+from cli_helpers import ROOT, cli, real_cli  # noqa: E402
 
 
 def test_console_scripts_smoke(frag_file):

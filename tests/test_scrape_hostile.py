@@ -7,13 +7,13 @@ import json
 import math
 import os
 import sqlite3
-import subprocess
-import sys
 
 import pytest
 
 from fragscope.collectors import exposition
 from fragscope.collectors.exposition import ParseError, read_recording
+
+from cli_helpers import cli, real_cli  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(ROOT, "tests", "data")
@@ -24,12 +24,6 @@ def _w(tmp_path, name, data):
     p = tmp_path / name
     (p.write_bytes if isinstance(data, bytes) else p.write_text)(data)
     return str(p)
-
-
-def _cli(*args, timeout=60):
-    code = "import sys; sys.argv=['diagnose']+sys.argv[1:]; from fragscope.cli import diagnose_main as m; m()"
-    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT)
 
 
 def _print_both(path, capsys):
@@ -186,7 +180,7 @@ def test_fifo_device_directory_refused_without_hanging(tmp_path):
     for path, what in ((fifo, "FIFO"), ("/dev/zero", "character device"), (str(tmp_path), "directory")):
         with pytest.raises(ParseError, match=what):
             read_recording(path)
-    r = _cli(fifo, timeout=30)
+    r = real_cli(fifo, timeout=30)  # its own process: a reader that blocked on the FIFO must not hang the suite
     _one_line_error(r, "FIFO")
 
 
@@ -235,14 +229,14 @@ def test_sqlite_export_names_diagnose_trace(tmp_path):
 
 def test_cli_wrong_kind_is_one_line_exit_2(tmp_path):
     p = _w(tmp_path, "trace.json", json.dumps({"traceEvents": [{"ph": "X", "name": "k", "ts": 1, "dur": 1}]}))
-    _one_line_error(_cli(p), "diagnose trace", p)
+    _one_line_error(cli(p), "diagnose trace", p)
 
 
 def test_cli_single_scrape_end_to_end(tmp_path):
     """A real single scrape through the console script: exit 0/1, valid JSON without NaN tokens, the
     scrape note in signals.notes."""
     src = os.path.join(DATA, "collectors", "vllm_cpu_0.32.0_tiny_after_preemption.metrics.txt")
-    r = _cli(src, "--format", "json")
+    r = cli(src, "--format", "json")
     assert r.returncode in (0, 1), r.stderr
     d = json.loads(r.stdout, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
     assert any("one scrape without timestamps" in n for n in d["signals"]["notes"])

@@ -993,15 +993,12 @@ def test_cli_device_memory_and_bad_input(tmp_path):
 
 
 def test_cli_script_refuses_malicious_pickle_one_line(tmp_path):
-    import subprocess
-    import sys
+    from cli_helpers import cli
 
     marker = tmp_path / "pwned"
     p = tmp_path / "evil.pickle"
     p.write_bytes(b"cos\nsystem\n(S'touch " + str(marker).encode() + b"'\ntR.")
-    r = subprocess.run([sys.executable, "-c", "from fragscope.cli import diagnose_main; diagnose_main()",
-                        "snapshot", str(p)], capture_output=True, text=True, timeout=60,
-                       cwd=Path(__file__).resolve().parents[1])
+    r = cli("snapshot", p)
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.count("\n") == 1 and "refusing to load" in r.stderr and "os.system" in r.stderr
     assert "Traceback" not in r.stderr and not marker.exists()
