@@ -1,7 +1,10 @@
-"""Synthetic, mechanism-faithful recordings of a vLLM serving pod (docs/scenarios.md).
+"""Synthetic, mechanism-faithful recordings of a vLLM serving pod, and the artefacts of other engines'
+diagnoses (a Triton model's config.pbtxt and scrapes, ONNX Runtime profiles) (docs/scenarios.md).
 
     from fragscope.scenarios import Scenario, generate, to_window, write_openmetrics
     window, truth = to_window(Scenario("allocator-fragmentation", seed=3))
+    case = triton_case(TritonScenario("triton-delay-too-short", seed=3))   # config + scrapes + truth
+    case = ort_case(OrtScenario("ort-many-islands", seed=3))               # profile events + log + truth
 
 Used by the tests and benchmarks; the detectors never import it (ground thresholds in mechanisms and
 the seeds' figures, not in this generator).
@@ -12,11 +15,22 @@ from typing import IO
 
 from ..model import Window
 from .generator import generate
+from .ort import ORT_CONFOUNDERS, ORT_KINDS, ORT_PATHOLOGIES, OrtCase, OrtScenario, ort_case
 from .spec import CONFOUNDERS, KINDS, PATHOLOGIES, Scenario, Truth
+from .triton import TRITON_CONFOUNDERS, TRITON_KINDS, TRITON_PATHOLOGIES, TritonCase, TritonScenario, triton_case
 from .writers import write_columns
 
+# Diagnoses judged from artefacts other than a metrics window (registry source "config" / "trace"):
+# id -> (pathology kinds, confounder kinds that must stay quiet). Window diagnoses: PATHOLOGIES.
+ARTEFACT_FAMILIES = {
+    "batching-misconfiguration": (tuple(TRITON_PATHOLOGIES), TRITON_CONFOUNDERS),
+    "cpu-fallback": (tuple(ORT_PATHOLOGIES), ORT_CONFOUNDERS),
+}
+
 __all__ = ["Scenario", "Truth", "KINDS", "PATHOLOGIES", "CONFOUNDERS", "generate", "to_window",
-           "write_openmetrics", "write_prometheus_text"]
+           "write_openmetrics", "write_prometheus_text", "ARTEFACT_FAMILIES",
+           "TritonScenario", "TritonCase", "triton_case", "TRITON_KINDS", "TRITON_PATHOLOGIES", "TRITON_CONFOUNDERS",
+           "OrtScenario", "OrtCase", "ort_case", "ORT_KINDS", "ORT_PATHOLOGIES", "ORT_CONFOUNDERS"]
 
 
 def _scenario(s: Scenario | str) -> Scenario:

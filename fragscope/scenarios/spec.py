@@ -88,3 +88,4 @@ class Truth:
     notes: str
     tolerated: set[str] = field(default_factory=set)  # ids that are defensible extras (never required)
     figures: dict = field(default_factory=dict)  # reference numbers of the generated run (before/after)
+    inconclusive: set[str] = field(default_factory=set)  # ids a correct reading reports as inconclusive
