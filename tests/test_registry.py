@@ -14,7 +14,7 @@ import yaml
 from fragscope.model import Finding, Playbook, Report, Severity
 from fragscope.playbooks import PLAYBOOKS, REGISTRY, attach_playbooks, build_playbook
 from fragscope.playbooks.registry import Diagnosis
-from fragscope.scenarios import PATHOLOGIES
+from fragscope.scenarios import ARTEFACT_FAMILIES, PATHOLOGIES
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PKG = ROOT / "fragscope"
@@ -44,6 +44,17 @@ def test_every_alerting_diagnosis_has_a_rule_a_rule_test_a_scenario_family():
         assert did in alerted, f"no alert rule with labels.diagnosis={did}"
         assert (ROOT / "dashboards" / "rules" / "tests" / f"{did}.yml").is_file(), f"no promtool test for {did}"
         assert did in PATHOLOGIES, f"the scenario generator has no family for {did}"
+
+
+def test_config_diagnoses_and_artefact_families_match_the_registry():
+    """Diagnoses judged from a config + counters (source "config") have a scenario family too, as does any
+    deep-evidence diagnosis that declares one (cpu-fallback: ORT profiles); each family names both sides."""
+    for d in REGISTRY:
+        if d.source == "config":
+            assert d.id in ARTEFACT_FAMILIES, f"the scenario generator has no family for {d.id}"
+    for did, (pathologies, confounders) in ARTEFACT_FAMILIES.items():
+        assert did in REGISTRY and REGISTRY[did].source != "window", did
+        assert pathologies and confounders and not set(pathologies) & set(confounders), did
 
 
 def test_window_diagnoses_are_alerting_and_have_detectors():

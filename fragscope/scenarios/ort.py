@@ -11,7 +11,8 @@ cannot run (an operator, opset or data type without a CUDA kernel) go to the CPU
 provider along the execution order is a boundary where ORT inserts a copy node: ``MemcpyToHost``
 before a CPU island, ``MemcpyFromHost`` after it (both run by the GPU provider; each synchronises the
 stream). A copy takes ``10 µs + bytes / 12 GB/s`` (pageable host memory over PCIe 4 x16); a fallen-back
-operator takes ``20 µs + bytes / 2 GB/s`` on the host; GPU nodes 40-160 µs. Shape arithmetic (Shape,
+operator takes ``20 µs + bytes / 2 GB/s`` on the host (``/ 20 GB/s`` for a memory-bound element-wise op);
+GPU nodes 40-160 µs. Shape arithmetic (Shape,
 Gather, Unsqueeze, Concat on int64) is placed on the CPU on purpose (GetCpuPreferredNodes) and is not a
 fallback. The events have the fields and order ORT writes (tests/test_engines_ort.py has real profiles):
 ``model_loading_uri``, ``session_initialization``, then per run the node events (``<node>_kernel_time``,
@@ -46,7 +47,8 @@ FALLEN_OPS = ("NonMaxSuppression", "RoiAlign", "ScatterND", "GridSample", "Einsu
 GPU_OPS = ("Conv", "Relu", "MatMul", "Add", "Mul", "Sigmoid", "Softmax", "LayerNormalization", "Gemm", "Transpose")
 SHAPE_CHAIN = ("Shape", "Gather", "Unsqueeze", "Concat")
 PCIE_BYTES_PER_S = 12e9
-HOST_BYTES_PER_S = 2e9
+HOST_BYTES_PER_S = 2e9  # a fallen-back kernel with real work per element (NMS, RoiAlign, GridSample, ...)
+ELEMENTWISE_HOST_BYTES_PER_S = 20e9  # a memory-bound element-wise kernel over the host's threads
 
 
 @dataclass
@@ -100,7 +102,9 @@ def _graph(s: OrtScenario, rng: np.random.Generator) -> list[_Node]:
         shp = [1, 128, 28, 28]
         islands = [[(op, "float", shp)] for op in ops[:3]] + [[(ops[3], "float", shp), (ops[4], "float", shp)]]
     elif sev > 0 and k == "ort-copy-dominant":
-        islands = [[("GridSample", "float", [8, 256, 64, 64])]]
+        # an element-wise op left on the CPU (no GPU kernel for its type in the build) on a 32 MiB tensor:
+        # memory-bound on the host (~20 GB/s over its threads), so the two PCIe copies cost ~3× its own time
+        islands = [[("Mod", "float", [8, 256, 64, 64])]]
     elif k == "ort-shape-ops-on-cpu":
         islands = [[(op, "int64", [2] if op != "Gather" else []) for op in SHAPE_CHAIN]]
     n = s.gpu_nodes
@@ -119,7 +123,8 @@ def _graph(s: OrtScenario, rng: np.random.Generator) -> list[_Node]:
             copy_k = _add_copy(nodes, "MemcpyToHost", gpu, copy_k, cross)
             for m, (cop, typ, shp) in enumerate(isl):
                 nbytes = 8 * max(1, int(np.prod(shp))) if typ == "int64" else cross
-                us = 3.0 if typ == "int64" else 20.0 + nbytes / HOST_BYTES_PER_S * 1e6
+                rate = ELEMENTWISE_HOST_BYTES_PER_S if cop == "Mod" else HOST_BYTES_PER_S
+                us = 3.0 if typ == "int64" else 20.0 + nbytes / rate * 1e6
                 nodes.append(_Node(f"/island{j}/{cop}_{m}", cop, CPU, typ, list(shp), us))
             copy_k = _add_copy(nodes, "MemcpyFromHost", gpu, copy_k, 16 if shape_isl else cross)
     return nodes

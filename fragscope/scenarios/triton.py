@@ -74,7 +74,7 @@ class TritonScenario:
 
     kind: str
     seed: int = 0
-    severity: float = 1.0  # magnitude of the misconfiguration's effect (0.3 mild, 1 reference, 2 extreme; 0 none)
+    severity: float = 1.0  # how hard traffic (or the delay) meets the misconfiguration: 0.3 mild, 1 ref., 2 extreme
     duration_s: float = 45.0  # first to last scrape
     step_s: float = 15.0
     uptime_s: float = 10.0  # the server ran this long before the first scrape (counters start non-zero)
@@ -86,8 +86,8 @@ class TritonScenario:
             raise ValueError(f"unknown Triton scenario kind {self.kind!r}; known: {', '.join(TRITON_KINDS)}")
         if not (self.step_s > 0 and self.duration_s >= self.step_s and self.uptime_s >= 0):
             raise ValueError("need step_s > 0, duration_s >= step_s and uptime_s >= 0")
-        if self.severity < 0 or self.noise < 0:
-            raise ValueError("severity and noise must be >= 0")
+        if self.severity <= 0 or self.noise < 0:
+            raise ValueError("need severity > 0 (the confounders are the healthy deployments) and noise >= 0")
 
 
 @dataclass(frozen=True)
@@ -302,7 +302,7 @@ def _truth(s: TritonScenario, st: Setup, disp, done, size, svc, q_us, A, t_scr) 
         "max_batch_size": mbs, "max_queue_delay_us": st.delay_us, "instances": st.instances,
         "problem": TRITON_PATHOLOGIES.get(s.kind),
     }
-    present = s.kind in TRITON_PATHOLOGIES and s.severity > 0
+    present = s.kind in TRITON_PATHOLOGIES
     notes = [_DESC[s.kind]]
     if present and s.severity < 0.5:
         notes.append(f"mild (severity {s.severity}): the model may sit below the point where it matters")
