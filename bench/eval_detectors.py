@@ -1,6 +1,7 @@
 """Independent evaluation of the seven detectors on synthesized incidents they were not built against.
 
     python bench/eval_detectors.py [--quick] [--seed 7] [--per-family N] [--only FAMILY] [--verbose]
+                                   [--no-artefacts]
 
 The incident synthesizer below is written from issue 2 (signals, diagnoses, the seed's reference
 figures), docs/signals.md and the field's mechanisms; it deliberately does not import or copy
@@ -18,6 +19,11 @@ Prints a confusion table per family (expected id found, at which severity, other
 by timing variant, the early-warning figures for the seed's fragmentation regression (minutes after onset
 and throughput drop when first flagged as a warning), and every failing case with its parameters and the
 findings' summaries. The baseline it is judged against is the issue's expectation, not another tool.
+
+Then the artefact families (bench/eval_engines.py): ``batching-misconfiguration`` from Triton configs and
+scrapes, ``cpu-fallback`` from ONNX Runtime profiles and logs, with a severity sweep. Those cases come from
+``fragscope.scenarios.triton`` / ``.ort`` (mechanism models written after those two detectors, not the
+window generator above), randomised per case; they run after the window families and do not change them.
 """
 from __future__ import annotations
 
@@ -917,6 +923,7 @@ def main() -> int:
     ap.add_argument("--verbose", action="store_true", help="print evidence of failing cases")
     ap.add_argument("--no-early", action="store_true")
     ap.add_argument("--cold", action="store_true", help="also judge the last 5 min, 1 min and one scrape of each case")
+    ap.add_argument("--no-artefacts", action="store_true", help="skip the Triton / ONNX Runtime artefact families")
     a = ap.parse_args()
     per = a.per_family or (8 if a.quick else 36)
     t_start = time.perf_counter()
@@ -1000,6 +1007,10 @@ def main() -> int:
                      for tm in ("mid", "underway", "late", "restart") if (fam, tm) in by_timing]
             print(f"  {fam:26s} " + "  ".join(cells))
         print()
+
+    if not a.no_artefacts:
+        from eval_engines import report as artefact_report  # bench/eval_engines.py, beside this script
+        artefact_report(per, a.seed, a.only)
 
     # ---- early warning
     if not a.no_early and (not a.only or a.only == "allocator-fragmentation"):
