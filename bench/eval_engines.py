@@ -18,11 +18,10 @@ import json
 
 import numpy as np
 
-from fragscope.collectors.exposition import parse_text
 from fragscope.collectors.ort_profile import parse_events, parse_verbose_log
 from fragscope.collectors.triton_config import read_config
 from fragscope.detectors import batching, cpu_fallback
-from fragscope.model import Inconclusive, Window
+from fragscope.model import Inconclusive
 from fragscope.scenarios import (ORT_CONFOUNDERS, ORT_PATHOLOGIES, TRITON_CONFOUNDERS, TRITON_PATHOLOGIES,
                                  OrtScenario, TritonScenario, ort_case, triton_case)
 
@@ -33,21 +32,6 @@ VIEWS = ("scrapes", "one scrape", "profile", "log")
 FAMILIES = ([(k, "batching-misconfiguration") for k in TRITON_PATHOLOGIES] +
             [(k, None) for k in TRITON_CONFOUNDERS] +
             [(k, "cpu-fallback") for k in ORT_PATHOLOGIES] + [(k, None) for k in ORT_CONFOUNDERS])
-
-
-def _window(case, last_only: bool = False) -> Window:
-    cols: dict = {}
-    types: dict = {}
-    for i, text in enumerate(case.scrapes):
-        if last_only and i < len(case.scrapes) - 1:
-            continue
-        p = parse_text(text, default_ts=1_767_225_600.0 + i * case.step_s)
-        types.update(p.types)
-        for k, (ts, vs) in p.cols.items():
-            a = cols.setdefault(k, ([], []))
-            a[0].extend(ts)
-            a[1].extend(vs)
-    return Window.from_columns(cols, types=types)
 
 
 def judge(kind: str, seed: int, sev: float) -> list[tuple[str, object, dict, object]]:
@@ -61,8 +45,11 @@ def judge(kind: str, seed: int, sev: float) -> list[tuple[str, object, dict, obj
         case = triton_case(TritonScenario(kind, seed=seed, **p))
         cfg = read_config(case.config_pbtxt)
         p["problem"] = case.truth.figures["problem"]
-        return [(view, batching.detect(cfg, batching.model_counters(_window(case, view == "one scrape"), case.model)),
-                 p, case.truth) for view in ("scrapes", "one scrape")]
+        out = []
+        for view in ("scrapes", "one scrape"):
+            w = case.to_window(last_only=view == "one scrape")
+            out.append((view, batching.detect(cfg, batching.model_counters(w, case.model)), p, case.truth))
+        return out
     p = dict(severity=sev, runs=int(rng.integers(3, 10)), gpu_nodes=int(rng.integers(8, 61)),
              noise=round(float(rng.uniform(0.5, 2.0)), 2))
     case = ort_case(OrtScenario(kind, seed=seed, **p))

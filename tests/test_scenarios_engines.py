@@ -11,33 +11,16 @@ import math
 import pytest
 from click.testing import CliRunner
 
-from fragscope.collectors.exposition import parse_text
 from fragscope.collectors.ort_profile import parse_verbose_log, read_input, read_profile
 from fragscope.collectors.triton_config import read_config
 from fragscope.detectors import batching, cpu_fallback
-from fragscope.model import Inconclusive, Severity, Window
+from fragscope.model import Inconclusive, Severity
 from fragscope.scenarios import (ARTEFACT_FAMILIES, ORT_CONFOUNDERS, ORT_PATHOLOGIES, TRITON_CONFOUNDERS,
                                  TRITON_PATHOLOGIES, OrtScenario, TritonScenario, ort_case, triton_case)
 
-T0 = 1_767_225_600.0
-
-
-def scrape_window(case) -> Window:
-    """The case's scrapes as `diagnose triton-batching A B ... --interval STEP` reads them."""
-    cols: dict = {}
-    types: dict = {}
-    for i, text in enumerate(case.scrapes):
-        p = parse_text(text, default_ts=T0 + i * case.step_s)
-        types.update(p.types)
-        for k, (ts, vs) in p.cols.items():
-            a = cols.setdefault(k, ([], []))
-            a[0].extend(ts)
-            a[1].extend(vs)
-    return Window.from_columns(cols, types=types)
-
 
 def judge_triton(case):
-    return batching.detect(read_config(case.config_pbtxt), batching.model_counters(scrape_window(case), case.model))
+    return batching.detect(read_config(case.config_pbtxt), batching.model_counters(case.to_window(), case.model))
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +56,7 @@ def test_triton_config_is_read_back_as_generated(triton_cases):
 
 def test_triton_scrapes_are_cumulative_and_consistent(triton_cases):
     case = triton_cases["triton-delay-too-short"]
-    w = scrape_window(case)
+    w = case.to_window()
     assert batching.models_in(w) == [case.model]
     for name in ("nv_inference_request_success", "nv_inference_exec_count", "nv_inference_queue_duration_us"):
         (s,) = w.select(name)

@@ -1,12 +1,6 @@
-"""The scenario simulator: a fluid model of one vLLM engine and its GPUs, sampled every ``step_s``.
-
-Traffic (requests/s, with a daily wave and AR(1) noise) arrives into a queue; the engine admits
-requests up to the tightest of three caps (``max_num_seqs``, the KV blocks that fit, and, under
-allocator fragmentation, the batch the allocator can still serve); running requests finish at the
-per-sequence decode speed, which falls with batch size, clock throttling and host-bound launches.
-Clients give up after ``TIMEOUT_S`` in the queue (aborts). Everything else (KV usage, tokens,
-preemptions, TTFT, utilization, allocator state, kernel gaps) is derived from that state with
-seeded noise. Mechanisms and figures: docs/scenarios.md.
+"""The scenario simulator: ``generate`` runs its stages in order on one seeded generator — the engine's
+fluid queue (engine.py), its GPUs (gpu.py), the exported series (export.py) and the truth (truth.py).
+Mechanisms and figures: docs/scenarios.md.
 """
 from __future__ import annotations
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..model import Window
 from .spec import Truth
 
 ID = "batching-misconfiguration"
@@ -149,6 +150,25 @@ class TritonCase:
     model: str
     truth: Truth
     setup: Setup = field(repr=False, default=None)  # type: ignore[assignment]
+
+    def to_window(self, start_ts: float = 1_767_225_600.0, last_only: bool = False) -> Window:
+        """The scrapes read as ``diagnose triton-batching A B ... --interval STEP`` reads them (Triton's text
+        through the exposition parser, ``step_s`` apart from ``start_ts``); ``last_only``: the last scrape
+        alone (lifetime totals, no rates)."""
+        from ..collectors.exposition import parse_text
+
+        cols: dict = {}
+        types: dict = {}
+        for i, text in enumerate(self.scrapes):
+            if last_only and i < len(self.scrapes) - 1:
+                continue
+            p = parse_text(text, default_ts=start_ts + i * self.step_s)
+            types.update(p.types)
+            for k, (ts, vs) in p.cols.items():
+                a = cols.setdefault(k, ([], []))
+                a[0].extend(ts)
+                a[1].extend(vs)
+        return Window.from_columns(cols, types=types, source=f"triton-scenario:{self.model}")
 
 
 def config_text(name: str, st: Setup) -> str:
