@@ -229,3 +229,36 @@ def test_ort_case_through_the_cli(ort_cases, tmp_path):
     assert out["findings"][0]["id"] == "cpu-fallback"
     assert sorted(out["profile"]["cpu_ops"]) == case.truth.figures["cpu_ops"]
     assert out["profile"]["median_run"]["boundaries"] == case.truth.figures["boundaries"]
+
+
+def test_ort_events_have_the_shape_onnxruntime_writes(ort_cases, tmp_path):
+    """Field names and event order against a profile onnxruntime writes for real on this machine's CPU."""
+    ort = pytest.importorskip("onnxruntime")
+    onnx = pytest.importorskip("onnx")
+    import numpy as np
+    from onnx import TensorProto, helper
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="relu")], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 2])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 2])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, str(tmp_path / "m.onnx"))
+    so = ort.SessionOptions()
+    so.enable_profiling = True
+    so.profile_file_prefix = str(tmp_path / "p")
+    s = ort.InferenceSession(str(tmp_path / "m.onnx"), so, providers=["CPUExecutionProvider"])
+    s.run(None, {"x": np.ones((2, 2), np.float32)})
+    real = json.loads(open(s.end_profiling(), encoding="utf-8").read())
+    ours = ort_cases["ort-one-island"].events
+
+    def kinds(evs):
+        return [e["name"] if e["cat"] == "Session" else "node" for e in evs]
+
+    assert kinds(real)[:2] == kinds(ours)[:2] == ["model_loading_uri", "session_initialization"]
+    assert kinds(real)[-2:] == kinds(ours)[-2:] == ["SequentialExecutor::Execute", "model_run"]
+    real_node = next(e for e in real if e["cat"] == "Node")
+    our_node = next(e for e in ours if e["cat"] == "Node")
+    assert set(our_node) == set(real_node)
+    assert set(our_node["args"]) <= set(real_node["args"])
+    for key in ("node_index", "output_size", "activation_size", "parameter_size"):
+        assert type(our_node["args"][key]) is type(real_node["args"][key]), key  # ORT writes these as strings
