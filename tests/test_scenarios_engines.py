@@ -9,7 +9,7 @@ import json
 import math
 
 import pytest
-from click.testing import CliRunner
+from cli_helpers import cli
 
 from fragscope.collectors.ort_profile import parse_verbose_log, read_input, read_profile
 from fragscope.collectors.triton_config import read_config
@@ -123,18 +123,16 @@ def test_triton_same_seed_same_artefacts():
 
 
 def test_triton_case_through_the_cli(tmp_path, triton_cases):
-    from fragscope.cli.engines_cmd import triton_batching_cmd
     case = triton_cases["triton-too-few-instances"]
     (tmp_path / "config.pbtxt").write_text(case.config_pbtxt)
     files = []
     for i, text in enumerate(case.scrapes):
-        files.append(str(tmp_path / f"s{i}.prom"))
-        (tmp_path / f"s{i}.prom").write_text(text)
-    r = CliRunner().invoke(triton_batching_cmd, [*files, "--config", str(tmp_path / "config.pbtxt"), "--interval",
-                                                 str(case.step_s), "--format", "json", "--fail-on", "warning"],
-                           standalone_mode=False)
-    assert r.exception is None and r.return_value == 1, r.output
-    out = json.loads(r.output)
+        files.append(tmp_path / f"s{i}.prom")
+        files[-1].write_text(text)
+    r = cli("triton-batching", *files, "--config", tmp_path / "config.pbtxt", "--interval", case.step_s,
+            "--format", "json", "--fail-on", "warning")
+    assert r.returncode == 1, r.stderr
+    out = json.loads(r.stdout)
     (f,) = out["findings"]
     assert f["id"] == "batching-misconfiguration" and out["model"] == case.model
     assert out["triton_config"]["instance_count"] == 1
@@ -218,14 +216,12 @@ def test_ort_severity_scales_the_copies_and_zero_is_none():
 
 
 def test_ort_case_through_the_cli(ort_cases, tmp_path):
-    from fragscope.cli.engines_cmd import ort_profile_cmd
     case = ort_cases["ort-many-islands"]
     p = tmp_path / "profile.json"
     p.write_text(json.dumps(case.events))
-    r = CliRunner().invoke(ort_profile_cmd, [str(p), "--format", "json", "--fail-on", "warning"],
-                           standalone_mode=False)
-    assert r.exception is None and r.return_value == 1, r.output
-    out = json.loads(r.output)
+    r = cli("ort-profile", p, "--format", "json", "--fail-on", "warning")
+    assert r.returncode == 1, r.stderr
+    out = json.loads(r.stdout)
     assert out["findings"][0]["id"] == "cpu-fallback"
     assert sorted(out["profile"]["cpu_ops"]) == case.truth.figures["cpu_ops"]
     assert out["profile"]["median_run"]["boundaries"] == case.truth.figures["boundaries"]
