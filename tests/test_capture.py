@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import subprocess
-import sys
 import threading
 import time
 import types
@@ -18,6 +16,8 @@ import pytest
 
 from fragscope.agent.capture import CaptureError, CaptureManager, _dir_bytes
 from fragscope.model import Finding, Severity
+
+from test_cli_diagnose import cli  # in process through the CLI's own entry (fragscope.cli._main)
 
 MiB = 1 << 20
 
@@ -306,7 +306,7 @@ def test_one_capture_shared_by_findings_of_one_run(tmp_path):
 def test_size_budget_deletes_oldest(tmp_path):
     m = manager(tmp_path, max_bytes=10**9)
     with HandProbe(tmp_path / "probe", pids=(111,)):
-        first = m.capture("snapshot", time.time() - 120)
+        m.capture("snapshot", time.time() - 120)
         second = m.capture("snapshot", time.time() - 60)
     one = _dir_bytes(str(tmp_path / "out" / second["id"]))  # artefacts + capture.json
     m.max_bytes = one + one // 2  # room for one capture only
@@ -333,8 +333,8 @@ def test_budget_survives_restart(tmp_path):
 
 # ---------------------------------------------------------------------------------------------
 def run_cli(*args):
-    code = "from fragscope.cli import main; main()"
-    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=60)
+    """``fragscope ARGS`` in process through the CLI's own entry (fragscope.cli._main)."""
+    return cli(*args, prog="fragscope")
 
 
 def test_cli_capture_snapshot(tmp_path):

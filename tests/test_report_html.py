@@ -6,9 +6,6 @@ import io
 import json
 import os
 import re
-import subprocess
-import sys
-
 from html.parser import HTMLParser
 
 import numpy as np
@@ -21,6 +18,7 @@ from fragscope.report import CSP, copy_snippets, render_html, render_snapshot_ht
 from fragscope.report.svg import ML, PLOT_W, decimate, nice_ticks, time_chart, Chart, Line
 
 from report_common import HOSTILE, ROOT, agent_state, example, get, serve_agent
+from test_cli_diagnose import cli  # in process through the CLI's own entry (fragscope.cli._main)
 
 TRACE = os.path.join(ROOT, "tests", "data", "trace", "hta_timeline_sampled_rank0.json.gz")
 SNAP = os.path.join(ROOT, "tests", "data", "snapshot", "fragmented_oom.pickle")
@@ -183,11 +181,6 @@ def test_fixes_are_listed_once_with_copyable_commands():
 
 
 # --- the commands ----------------------------------------------------------------------------
-def cli(*args):
-    code = "import sys; sys.argv=['diagnose']+sys.argv[1:]; from fragscope.cli import diagnose_main as m; m()"
-    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120, cwd=ROOT)
-
-
 def test_diagnose_html_option(tmp_path):
     rec = os.path.join(ROOT, "examples", "kv-pressure-incident.om.gz")
     out = tmp_path / "r.html"
