@@ -17,7 +17,7 @@ import pytest
 from fragscope.agent.capture import CaptureError, CaptureManager, _dir_bytes
 from fragscope.model import Finding, Severity
 
-from test_cli_diagnose import cli  # in process through the CLI's own entry (fragscope.cli._main)
+from cli_helpers import cli  # in process through the CLI's own entry (fragscope.cli._main)
 
 MiB = 1 << 20
 
