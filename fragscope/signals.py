@@ -13,6 +13,9 @@ from dataclasses import dataclass
 
 MIB = 1024.0 * 1024.0
 
+# The labelled preemption counter family (recent vLLM), both spellings: with and without `_total`.
+VLLM_PREEMPTIONS_BY_REASON = ("vllm:num_preemptions_by_reason_total", "vllm:num_preemptions_by_reason")
+
 
 @dataclass(frozen=True, slots=True)
 class Source:
@@ -29,6 +32,9 @@ class Signal:
     unit: str
     sources: tuple[Source, ...]
     doc: str = ""
+    # False: only some engine versions expose it (a newer family): a scrape without it is not
+    # reported as "not exposed" (collectors/vllm.py EXPECTED).
+    expected: bool = True
 
 
 def _s(metric: str, scale: float = 1.0, note: str = "") -> Source:
@@ -58,6 +64,17 @@ SIGNALS: dict[str, Signal] = {s.id: s for s in [
            (_s("vllm:num_preemptions_total"),
             _s("sglang:num_retracted_requests_total", note="SGLang retractions"),
             _s("fragscope_log_preemptions_total", note="engine log preemption warnings / stats lines"))),
+    # Recent vLLM: preemptions labelled with why (reason = kv_full | priority | prefix_cache_reset; the
+    # notes cite vLLM PR #58037). prometheus_client exposes the counter with `_total`; both spellings.
+    # Only kv_full says the pool was too small; the family's sum is every preemption.
+    Signal("preemptions_by_reason_total", "counter", "engine", "preemptions",
+           (_s(VLLM_PREEMPTIONS_BY_REASON[0], note="recent vLLM; label reason"),
+            _s(VLLM_PREEMPTIONS_BY_REASON[1], note="the same family without _total")),
+           "all reasons summed; per reason: preemptions_kv_full_total", expected=False),
+    Signal("preemptions_kv_full_total", "counter", "engine", "preemptions",
+           (_s(VLLM_PREEMPTIONS_BY_REASON[0] + ":kv_full", note="derived: reason=kv_full"),
+            _s(VLLM_PREEMPTIONS_BY_REASON[1] + ":kv_full", note="derived: reason=kv_full")),
+           "preemptions for lack of free KV blocks (the pool too small for the batch)", expected=False),
     Signal("generation_tokens_total", "counter", "engine", "tokens",
            (_s("vllm:generation_tokens_total"), _s("sglang:generation_tokens_total", note="SGLang"))),
     Signal("prompt_tokens_total", "counter", "engine", "tokens",
@@ -75,7 +92,8 @@ SIGNALS: dict[str, Signal] = {s.id: s for s in [
             _s("tgi_request_generated_tokens", note="TGI"))),
     Signal("cache_config_info", "info", "engine", "",
            (_s("vllm:cache_config_info"),),
-           "labels block_size, gpu_memory_utilization, num_gpu_blocks (strings)"),
+           "labels block_size, gpu_memory_utilization, num_gpu_blocks (strings); recent vLLM also kv_cache_memory_bytes "
+           "(the --kv-cache-memory-bytes setting, 'None' unset) and kv_cache_size_tokens"),
     # --- more engines (SGLang, TGI, Triton, TensorRT-LLM; docs/engines.md) ---------------------------
     Signal("kv_cache_capacity_tokens", "gauge", "engine", "tokens",
            (_s("sglang:max_total_num_tokens", note="SGLang: the KV pool's size"),)),
@@ -186,6 +204,9 @@ DERIVED: tuple[Derived, ...] = (
     # "fraction" type's meaning is undocumented, so usage is read as used / max.
     Derived("nv_trt_llm_kv_cache_used_ratio", "nv_trt_llm_kv_cache_block_metrics",
             (("kv_cache_block_type", "used"),), (("kv_cache_block_type", "max"),), "used / max KV blocks"),
+    # vLLM's labelled preemptions: the kv_full reason alone (the pool ran out of blocks)
+    *(Derived(fam + ":kv_full", fam, (("reason", "kv_full"),), note="preemptions for lack of KV blocks")
+      for fam in VLLM_PREEMPTIONS_BY_REASON),
     Derived("nv_trt_llm_requests_active", "nv_trt_llm_request_metrics", (("request_type", "active"),)),
     Derived("nv_trt_llm_requests_waiting", "nv_trt_llm_request_metrics", (("request_type", "waiting"),)),
 )

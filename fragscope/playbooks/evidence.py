@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..detectors import batching, cpu_fallback
 from ..model import Action, Playbook
 from ..trace_playbooks import UNIFIED_MEMORY_THRASHING_PLAYBOOK
-from ..sizing.playbooks import KV_POOL_UNDERSIZED, STARTUP_OOM, kv_pool_undersized_actions, startup_oom_actions
+from ..sizing.playbooks import STARTUP_OOM, startup_oom_actions
 from .fixes import expandable_segments
 from .registry import Diagnosis
 
@@ -80,11 +80,8 @@ DIAGNOSES = [
         [Action("See allocator-fragmentation's fixes (headroom, expandable_segments).", [],
                 list(expandable_segments().contraindications))],
         ["no cudaMalloc/cudaFree between warm-up and the end of the trace"], [])),
-    # sizing from the engine's own start-up accounting (docs/sizing.md)
-    Diagnosis("kv-pool-undersized", KV_POOL_UNDERSIZED, source="log", alerting=False,
-              requires=("kv_cache_usage_ratio", "gpu_memory_used_bytes", "gpu_memory_total_bytes"),
-              corroborates=("preemptions_total", "requests_waiting", "request_prompt_tokens",
-                            "request_generation_tokens"), actions=kv_pool_undersized_actions),
+    # sizing from the engine's own start-up accounting (docs/sizing.md); kv-pool-undersized is a window
+    # diagnosis (playbooks/window.py) that the log reports too
     Diagnosis("startup-oom", STARTUP_OOM, source="log", alerting=False, actions=startup_oom_actions),
     _deep("trace", UNIFIED_MEMORY_THRASHING_PLAYBOOK),
     # ONNX Runtime profiling JSON (a Chrome trace of node runs): docs/engines.md

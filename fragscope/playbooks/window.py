@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import math
 
-from ..detectors import (block_size, fragmentation, kv_pressure, launch_bound, level, memory_leak, saturation,
-                         throttling)
+from ..detectors import (block_size, fragmentation, kv_pool, kv_pressure, launch_bound, level, memory_leak,
+                         saturation, throttling)
 from ..model import Action, Playbook
+from ..sizing.playbooks import KV_POOL_UNDERSIZED, kv_pool_undersized_actions
 from ..units import GiB, MiB
 from .fixes import EXPANDABLE_CONTRA, EXPANDABLE_ONE_LINE, expandable_segments
 from .registry import Diagnosis
@@ -264,7 +265,14 @@ BLOCK_SIZE = Diagnosis(
     actions=_block_actions, runs_on_short_windows=True)
 
 
+# --- kv-pool-undersized (docs/sizing.md): metrics alone here; the engine log's figures in diagnose logs ----
+KV_POOL = Diagnosis(
+    kv_pool.ID, KV_POOL_UNDERSIZED, detect=kv_pool.detect, config=kv_pool.Config,
+    requires=kv_pool.REQUIRES, corroborates=kv_pool.CORROBORATES, actions=kv_pool_undersized_actions,
+    also_from=("log",), runs_on_short_windows=True)  # a level judgement: peaks over whatever window is given
+
+
 # Run order of the window detectors (the order findings of equal rank are listed in).
-DIAGNOSES = [FRAGMENTATION, KV_PRESSURE, MEMORY_LEAK, THROTTLING, LAUNCH_BOUND, SATURATION, BLOCK_SIZE]
+DIAGNOSES = [FRAGMENTATION, KV_PRESSURE, MEMORY_LEAK, THROTTLING, LAUNCH_BOUND, SATURATION, BLOCK_SIZE, KV_POOL]
 
 __all__ = ["DIAGNOSES", "EXPANDABLE_CONTRA"]

@@ -39,8 +39,12 @@ def _window(runtime: dict | None, window: tuple[float, float] | None):
 
 
 def detect_kv_pool_undersized(accounting, runtime: dict | None, cfg: SizingConfig = SizingConfig(),
-                              window: tuple[float, float] | None = None) -> list[Finding] | Inconclusive:
-    """The pool ran full under demand while the GPU had headroom: the value to set."""
+                              window: tuple[float, float] | None = None, basis: str = "log"
+                              ) -> list[Finding] | Inconclusive:
+    """The pool ran full under demand while the GPU had headroom: the value to set.
+
+    ``basis``: "log" (the start-up log's accounting) or "level" (metrics alone: vllm:cache_config_info
+    and NVML, detectors/kv_pool.py)."""
     acc = _acc(accounting)
     if not acc.has_accounting:
         return Inconclusive(KV_POOL_UNDERSIZED_ID, ["engine start-up log (KV cache size lines)"],
@@ -57,11 +61,13 @@ def detect_kv_pool_undersized(accounting, runtime: dict | None, cfg: SizingConfi
         if rec.status == "inconclusive":
             return Inconclusive(KV_POOL_UNDERSIZED_ID, rec.missing, "could not judge the pool against the traffic")
         return []
-    new_u = rec.settings.get("--gpu-memory-utilization") or rec.settings.get("--mem-fraction-static")
-    if new_u is None:
+    flag = next((k for k in ("--gpu-memory-utilization", "--mem-fraction-static", "--kv-cache-memory-bytes")
+                 if k in rec.settings), None)
+    if flag is None:
         return []  # no headroom: kv-cache-pressure says what to do; this diagnosis needs a value to set
     w = _window(runtime, window)
-    cur = rec.current.get("--gpu-memory-utilization", rec.current.get("--mem-fraction-static"))
+    new_u = rec.settings[flag]
+    cur = rec.current.get(flag)
     headroom = runtime["device_total_bytes"] - runtime["device_used_peak_bytes"]
     ev = [Evidence("kv_cache_usage_peak_ratio", runtime["kv_usage_peak_ratio"], None, cfg.full_kv_usage, "ratio", w,
                    "peak KV usage over the window", runtime["kv_usage_peak_ratio"] >= cfg.full_kv_usage),
@@ -77,13 +83,17 @@ def detect_kv_pool_undersized(accounting, runtime: dict | None, cfg: SizingConfi
         tail = f" -> {out['kv_cache_tokens']:,} KV tokens"
         if out.get("max_concurrency"):
             tail += f", {out['max_concurrency']:,} sequences of {out['seq_len_tokens']:,.0f} tokens"
-    flag = "--gpu-memory-utilization" if "--gpu-memory-utilization" in rec.settings else "--mem-fraction-static"
+    elif out.get("kv_cache_growth_bytes"):
+        tail = f" -> the KV pool grows by {out['kv_cache_growth_bytes'] / GiB:.2f} GiB"
+    value = f"{new_u:.2f}" if isinstance(new_u, float) else f"{new_u}"
+    if flag == "--kv-cache-memory-bytes":
+        cur = "unset" if cur is None else f"{cur:.0f}"
     summary = (f"KV pool too small for the traffic ({pool[0]['evidence']}) while {headroom / GiB:.1f} GiB of the GPU "
-               f"stayed free at peak: set {flag} {new_u:.2f} (now {cur}){tail}.")
-    conf = 0.6 + 0.1 * sum(1 for e in ev if e.agrees)
+               f"stayed free at peak: set {flag} {value} (now {cur}){tail}.")
+    conf = 0.6 + 0.1 * sum(1 for e in ev if e.agrees) - (0.1 if rec.missing else 0.0)
     ctx = {"recommendation": rec.to_dict()}
-    return [Finding(KV_POOL_UNDERSIZED_ID, Severity.WARNING, min(0.9, conf), summary, None, ev, [], {},
-                    context=ctx, basis="log")]
+    return [Finding(KV_POOL_UNDERSIZED_ID, Severity.WARNING, min(0.9, conf), summary, None, ev, list(rec.missing), {},
+                    context=ctx, basis=basis)]
 
 
 def detect_startup_oom(accounting, cfg: SizingConfig = SizingConfig()) -> list[Finding] | Inconclusive:

@@ -19,8 +19,10 @@ a floor, so the value printed keeps the promise the arithmetic made.
 """
 from __future__ import annotations
 
+import math
+
 # the record, thresholds and case ids are re-exported: callers import them from here (docs/sizing.md)
-from .arith import (CASES, GIB, MEMORY_ELSEWHERE, POOL_TOO_SMALL, RUNTIME_OOM, STARTUP_OOM,  # noqa: F401
+from .arith import (CASES, GIB, MEMORY_ELSEWHERE, MIB, POOL_TOO_SMALL, RUNTIME_OOM, STARTUP_OOM,  # noqa: F401
                     Recommendation, SizingConfig, _ceiling, _elsewhere, _pool_pressure, _total, _budget, ceil_step,
                     g, t4, tokens_per_sequence)
 from .failures import _vllm_runtime_oom, _vllm_startup_failure
@@ -110,7 +112,8 @@ def _vllm_runtime(acc, runtime, total, budget, non_kv, kv0, bpt, cfg, rec, targe
     L = target_len or runtime.get("seq_len_p95_tokens") or runtime.get("seq_len_mean_tokens")
     demand = target_concurrency or runtime.get("concurrent_demand_peak")
     pressure = _pool_pressure(runtime, cfg)
-    u_max = _ceiling(acc, runtime, total, budget, cfg, rec) if runtime else None
+    pinned = acc.kv_cache_memory_bytes_setting is not None  # the utilization does not size the pool
+    u_max = _ceiling(acc, runtime, total, budget, cfg, rec) if runtime and not pinned else None
     if L and bpt:
         per_seq = tokens_per_sequence(L, acc.block_size)
         conc0 = acc.pool_tokens // per_seq
@@ -118,6 +121,10 @@ def _vllm_runtime(acc, runtime, total, budget, non_kv, kv0, bpt, cfg, rec, targe
                  f"{acc.pool_tokens:,} / {per_seq:,} = {conc0:,}")
         rec.outcome["max_concurrency_now"] = conc0
     need_u = None
+    if L and demand and acc.pool_tokens and not bpt:
+        per_seq = tokens_per_sequence(L, acc.block_size)
+        A.append(f"KV tokens the demand wants = {demand:,.0f} sequences x {per_seq:,} tokens = {demand * per_seq:,.0f} "
+                 f"(the pool holds {acc.pool_tokens:,})")
     if L and bpt and demand and non_kv is not None and total:
         per_seq = tokens_per_sequence(L, acc.block_size)
         need_kv = demand * per_seq * bpt
@@ -146,7 +153,10 @@ def _vllm_runtime(acc, runtime, total, budget, non_kv, kv0, bpt, cfg, rec, targe
         return
     # the pool is too small for the traffic (or for the stated target)
     ev = pressure or f"target {target_concurrency} sequences of {L} tokens"
-    if u_max is None or u0 is None or total is None or kv0 is None:
+    if pinned and runtime:
+        _vllm_pinned(acc, runtime, total, cfg, rec, ev, L)
+        return
+    if u_max is None or u0 is None or total is None:
         change = "a larger KV pool; the value needs the measured headroom"
         if need_u is not None and total:
             if need_u <= 1 - cfg.margin(total) / total:
@@ -183,11 +193,20 @@ def _vllm_runtime(acc, runtime, total, budget, non_kv, kv0, bpt, cfg, rec, targe
                               "change": "more GPUs (tensor parallelism), an fp8 KV cache or fewer concurrent sequences"})
             rec.missing.append("sequence lengths served (vllm:request_prompt_tokens + request_generation_tokens)")
         return
-    kv_new = kv0 + (u - u0) * total
-    A.append(f"KV pool at {u:.2f} = {g(kv0)} + ({u:.2f} - {u0:g}) x {g(total)} = {g(kv_new)}")
     rec.settings["--gpu-memory-utilization"] = round(u, 2)
-    rec.outcome["kv_cache_bytes"] = int(kv_new)
     change = f"--gpu-memory-utilization {u:.2f} (was {u0:g})"
+    growth = (u - u0) * total
+    rec.outcome["kv_cache_growth_bytes"] = int(growth)
+    if kv0 is None:  # metrics alone (vllm:cache_config_info): the pool's size in bytes was not seen
+        A.append(f"KV pool grows by ({u:.2f} - {u0:g}) x {g(total)} = {g(growth)}")
+        change += f": the KV pool grows by {g(growth)}"
+        rec.missing.append("the KV pool's size in bytes (start-up log 'Available KV cache memory' / 'GPU KV cache "
+                           "size'; `fragscope size --log`) to turn that growth into tokens and sequences")
+        rec.cases.append({"case": POOL_TOO_SMALL, "evidence": ev, "change": change})
+        return
+    kv_new = kv0 + growth
+    A.append(f"KV pool at {u:.2f} = {g(kv0)} + ({u:.2f} - {u0:g}) x {g(total)} = {g(kv_new)}")
+    rec.outcome["kv_cache_bytes"] = int(kv_new)
     if bpt:
         tokens = int(kv_new / bpt)
         rec.outcome["kv_cache_tokens"] = tokens
@@ -203,3 +222,47 @@ def _vllm_runtime(acc, runtime, total, budget, non_kv, kv0, bpt, cfg, rec, targe
                 rec.settings["--max-num-seqs"] = conc
                 change += f"; cap --max-num-seqs {conc} (demand {demand:,.0f} does not fit)"
     rec.cases.append({"case": POOL_TOO_SMALL, "evidence": ev, "change": change})
+
+
+def _vllm_pinned(acc, runtime, total, cfg, rec, ev, L) -> None:
+    """--kv-cache-memory-bytes is in force: it sizes the pool, not the utilization (vLLM >= 0.11).
+
+    The pool may grow by what stayed free at the observed peak beyond the margin (NVML).
+    """
+    A = rec.arithmetic
+    kv0 = float(acc.kv_cache_memory_bytes_setting)
+    used = runtime.get("device_used_peak_bytes")
+    if total is None or used is None:
+        rec.missing.append("peak device memory under load (NVML used vs total) to know how far the pinned pool "
+                           "(--kv-cache-memory-bytes) can grow")
+        rec.cases.append({"case": POOL_TOO_SMALL, "evidence": ev,
+                          "change": "a larger --kv-cache-memory-bytes; the value needs the measured headroom"})
+        rec.status = "inconclusive"
+        return
+    margin = cfg.margin(total)
+    spare = total - float(used) - margin
+    A.append(f"spare at peak = total {g(total)} - used at peak {g(used)} (NVML) - margin {g(margin)} = {g(spare)}")
+    if spare < cfg.min_step * total:
+        rec.cases.append({"case": POOL_TOO_SMALL, "evidence": ev + "; no headroom left on the GPU",
+                          "change": "more GPUs (tensor parallelism), an fp8 KV cache or fewer concurrent sequences"})
+        rec.status = "change"
+        return
+    new = math.floor((kv0 + spare) / MIB) * MIB
+    A.append(f"--kv-cache-memory-bytes = {g(kv0)} + {g(spare)} = {g(new)} (whole MiB)")
+    rec.settings["--kv-cache-memory-bytes"] = int(new)
+    rec.outcome["kv_cache_bytes"] = int(new)
+    rec.outcome["kv_cache_growth_bytes"] = int(new - kv0)
+    change = f"--kv-cache-memory-bytes {int(new)} (was {int(kv0)})"
+    if acc.pool_tokens:
+        bpt = kv0 / acc.pool_tokens
+        tokens = int(new / bpt)
+        rec.outcome["kv_cache_tokens"] = tokens
+        A.append(f"tokens = {g(new)} / ({g(kv0)} / {acc.pool_tokens:,} tokens) = {tokens:,}")
+        change += f": {tokens:,} KV tokens"
+        if L:
+            per_seq = tokens_per_sequence(L, acc.block_size)
+            rec.outcome["max_concurrency"] = tokens // per_seq
+            rec.outcome["seq_len_tokens"] = L
+            change += f", {tokens // per_seq:,} sequences of {L:,.0f} tokens"
+    rec.cases.append({"case": POOL_TOO_SMALL, "evidence": ev, "change": change})
+    rec.status = "change"

@@ -92,11 +92,21 @@ def runtime_from_frame(frame, gpu: str | None = None, preemptions_by_reason: Map
     """The same dict from a detectors Frame (engine signals + one GPU's NVML and probe signals).
 
     ``gpu``: which GPU's memory to read (default: the one whose peak used memory is highest).
-    ``preemptions_by_reason``: {reason: cumulative counts} when the window has a labelled counter
-    (recent vLLM ``vllm:num_preemptions_by_reason``); the Frame does not carry labels.
+    ``preemptions_by_reason``: {reason: cumulative counts}; by default read from the frame's labelled
+    counter (signals ``preemptions_by_reason_total`` and its ``reason="kv_full"`` part): ``kv_full`` and
+    ``other`` (priority, prefix_cache_reset). One scrape (``frame.points == 1``) has no increase: the
+    counters' lifetime totals since the engine started stand in.
     """
     e = frame.engine
-    cum = frame.engine_cum
+    cum = dict(frame.engine_cum)
+    if frame.points <= 1:  # one scrape: lifetime totals (what the engine counted since it started)
+        cum = {k: np.array([0.0, v]) for k, v in frame.engine_total.items() if math.isfinite(v)}
+    if preemptions_by_reason is None and "preemptions_by_reason_total" in frame.sources \
+            and cum.get("preemptions_by_reason_total") is not None:
+        every = np.asarray(cum["preemptions_by_reason_total"], dtype=float)
+        kvf = cum.get("preemptions_kv_full_total")
+        kvf = np.zeros_like(every) if kvf is None else np.asarray(kvf, dtype=float)  # labelled, no kv_full: 0
+        preemptions_by_reason = {"kv_full": kvf, "priority or prefix_cache_reset": every - kvf}
     if gpu is None and frame.gpu:
         def peak_used(k: str) -> float:
             a = _arr(frame.gpu[k].get("gpu_memory_used_bytes"))
@@ -110,7 +120,8 @@ def runtime_from_frame(frame, gpu: str | None = None, preemptions_by_reason: Map
     return summarize_runtime(
         device_total_bytes=gd.get("gpu_memory_total_bytes"), device_used_bytes=gd.get("gpu_memory_used_bytes"),
         torch_reserved_bytes=gd.get("torch_reserved_bytes"), torch_allocated_bytes=gd.get("torch_allocated_bytes"),
-        kv_usage_ratio=e.get("kv_cache_usage_ratio"), preemptions_total=cum.get("preemptions_total"),
+        kv_usage_ratio=e.get("kv_cache_usage_ratio"),
+        preemptions_total=cum.get("preemptions_total", cum.get("preemptions_by_reason_total")),
         preemptions_by_reason=preemptions_by_reason, running=e.get("requests_running"),
         waiting=e.get("requests_waiting"), seq_len_mean_tokens=mean_len)
 

@@ -429,3 +429,31 @@ def parse_startup(lines: Iterable[str]) -> StartupAccounting:
         # the log ends after sizing the pool: it started as far as this log shows
         acc.started = p.phase == "runtime"
     return acc
+
+
+def accounting_from_cache_config(config: dict, generation: str | None = None) -> StartupAccounting:
+    """What ``vllm:cache_config_info`` says of the pool, as a :class:`StartupAccounting` (metrics alone).
+
+    Labels are strings; "None", empty or unreadable values stay None. ``kv_cache_memory_bytes`` is the
+    --kv-cache-memory-bytes setting (recent vLLM; it sizes the pool instead of the utilization), and with
+    it the pool's bytes are known; ``kv_cache_size_tokens`` (recent vLLM) else num_gpu_blocks x block_size.
+    """
+    def num(key: str, cast=float):
+        v = (config or {}).get(key)
+        try:
+            x = cast(float(v))
+        except (TypeError, ValueError, OverflowError):
+            return None
+        return x if x == x and x not in (float("inf"), float("-inf")) and x > 0 else None
+
+    acc = StartupAccounting(engine={"v1": "vllm-v1", "v0": "vllm-v0"}.get(generation or "", "vllm"))
+    u = num("gpu_memory_utilization")
+    acc.gpu_memory_utilization = u if u is not None and u <= 1.0 else None
+    acc.gpu_blocks = num("num_gpu_blocks", int)
+    acc.block_size = num("block_size", int)
+    acc.kv_cache_tokens = num("kv_cache_size_tokens", int)
+    acc.kv_cache_memory_bytes_setting = num("kv_cache_memory_bytes")
+    if acc.kv_cache_memory_bytes_setting is not None:
+        acc.kv_cache_bytes = acc.kv_cache_memory_bytes_setting
+    acc.started = acc.gpu_blocks is not None
+    return acc

@@ -1,0 +1,77 @@
+"""kv-pool-undersized from metrics alone: the KV pool ran full for the traffic at the chosen
+--gpu-memory-utilization while the GPU kept memory nothing used. docs/sizing.md#metrics-alone.
+
+Mechanism: vLLM sizes its KV pool once, at start-up, as total x utilization minus the profiled non-KV
+peak (weights, activations, non-torch). Whatever lies beyond total x utilization is never used by the
+pool. When the pool runs out of blocks the scheduler preempts (reason kv_full) and requests queue,
+while NVML shows that memory free. PyTorch's caching allocator keeps what it reserved (it returns
+memory only on empty_cache), so NVML's used memory holds the engine's high-water mark between scrapes;
+what a scrape can still miss is covered by the margin (sizing.SizingConfig: max(0.5 GiB, 2 % of the GPU)).
+
+Inputs (no configuration, no log): ``vllm:cache_config_info`` labels (gpu_memory_utilization,
+num_gpu_blocks, block_size; recent vLLM kv_cache_memory_bytes, kv_cache_size_tokens), NVML or DCGM
+memory used/total per GPU, KV usage, preemptions (by reason where vLLM labels them: only kv_full
+counts), running/waiting, request lengths. The arithmetic is :func:`fragscope.sizing.recommend`'s.
+"""
+from __future__ import annotations
+
+from ..model import Finding, Inconclusive
+from ..signals import any_of, primary
+from ..sizing.arith import SizingConfig, _pool_pressure
+from ..sizing.detect import detect_kv_pool_undersized
+from ..sizing.playbooks import KV_POOL_UNDERSIZED_ID as ID
+from ..sizing.runtime import runtime_from_frame
+from ..sizing.startup import accounting_from_cache_config
+from .frame import Frame
+
+REQUIRES = ("kv_cache_usage_ratio", "preemptions_total|preemptions_by_reason_total", "cache_config_info",
+            "gpu_memory_used_bytes", "gpu_memory_total_bytes")
+CORROBORATES = ("preemptions_kv_full_total", "requests_waiting", "requests_running", "request_prompt_tokens",
+                "request_generation_tokens", "torch_reserved_bytes")
+Config = SizingConfig  # margin, "full" KV usage, minimum step: documented in docs/sizing.md
+
+
+def detect(f: Frame, cfg: SizingConfig = SizingConfig()) -> list[Finding] | Inconclusive:
+    if not f.has_engine("kv_cache_usage_ratio"):
+        return Inconclusive(ID, [any_of("kv_cache_usage_ratio")], "KV-cache usage not available")
+    rt = runtime_from_frame(f)
+    pressure = _pool_pressure(rt, cfg)
+    if pressure is None:
+        return Inconclusive(ID, [primary("preemptions_total")], "KV usage alone cannot tell a full pool from a busy "
+                            "one: preemptions are needed")
+    if not pressure:
+        return []  # the pool never ran full under demand (or only priority preemptions): nothing to size
+    kv_peak = rt.get("kv_usage_peak_ratio")
+    if not rt.get("preemptions_by_reason") and (kv_peak is None or kv_peak < cfg.full_kv_usage):
+        # unlabelled preemptions while no sample saw the pool full: priority preemptions (V1 priority
+        # scheduling) or a full pool between scrapes; the reason label (recent vLLM) tells them apart
+        return Inconclusive(ID, [primary("preemptions_by_reason_total") + "{reason}"],
+                            f"{pressure}, yet KV usage peaked at {(kv_peak or 0) * 100:.0f} % in the samples: "
+                            "preempted for lack of blocks, or by priority, cannot be told")
+    acc = accounting_from_cache_config(f.config, f.engine_generation)
+    missing = []
+    if acc.gpu_memory_utilization is None and acc.kv_cache_memory_bytes_setting is None:
+        missing.append(primary("cache_config_info") + "{gpu_memory_utilization}")
+    if not acc.has_accounting:
+        missing.append(primary("cache_config_info") + "{num_gpu_blocks}")
+    for key, sig in (("device_total_bytes", "gpu_memory_total_bytes"), ("device_used_peak_bytes",
+                                                                          "gpu_memory_used_bytes")):
+        if rt.get(key) is None:
+            missing.append(any_of(sig, engine_only=False))
+    if missing:
+        return Inconclusive(ID, missing, f"the KV pool ran full ({pressure}) but the utilization in force or the "
+                            "GPU's headroom is not exposed")
+    w = (f.start, f.end) if f.t.size else None
+    res = detect_kv_pool_undersized(acc, rt, cfg, window=w, basis="level")
+    if isinstance(res, list):
+        for x in res:
+            rec = x.context.get("recommendation") or {}
+            x.context["assumption"] = (
+                f"non-KV peaks = NVML's highest used sample (every {f.scrape_interval:.0f} s; the caching allocator "
+                f"keeps what it reserved) plus a margin of max({cfg.margin_min_bytes / 2**30:.1f} GiB, "
+                f"{cfg.margin_ratio * 100:.0f} % of the GPU)")
+            if rt.get("torch_reserved_peak_bytes") is not None:
+                x.context["assumption"] += (f"; PyTorch reserved peaked at {rt['torch_reserved_peak_bytes'] / 2**30:.2f} "
+                                            "GiB (probe), inside that figure")
+            rec.setdefault("notes", []).append(x.context["assumption"])
+    return res
