@@ -30,10 +30,12 @@ from typing import Sequence
 from ..detectors import level as _level
 from ..detectors import memory_leak as _leak
 from ..gpus import MAX_SM_CLOCK_MHZ
+from ..sizing.arith import SizingConfig
 from ..signals import SIGNALS
 
 LEVEL = _level.Config()
 LEAK = _leak.Config()
+SIZING = SizingConfig()  # kv-pool-undersized's margin and "full" KV usage (docs/sizing.md)
 RESOLUTION_S = 60  # subquery step and rule evaluation interval: the level checks judge one minute
 PRESENT = "1m"  # the present, as level.PRESENT_S (60 s)
 RATE_RANGE = "2m"  # a rate needs two samples: 2 min holds four at a 30 s scrape interval
@@ -120,6 +122,26 @@ def kv_check(m=(), present: str = PRESENT, rate: str = RATE_RANGE) -> str:
     return f"({kv} >= {LEVEL.kv_edge:g}) and on ({K}) ({pre} >= {LEVEL.preempt_per_min:g})"
 
 
+def kv_pool_check(m=(), present: str = PRESENT, rate: str = RATE_RANGE) -> str:
+    """KV usage p90 >= 95 % with kv_full (else unlabelled) preemptions >= 1/min while every GPU keeps >= 1 % spare.
+
+    Preemptions count with reason kv_full where vLLM labels them, unlabelled ones otherwise; spare is what
+    stays free at the GPU's peak beyond the sizing margin, max(0.5 GiB, 2 % of the GPU), and must reach one
+    utilization step (value: the smallest spare share of the target's GPUs). NVML's total is needed: dcgm-exporter's default
+    counters lack FB_TOTAL, so DCGM-only targets are left to the deep fetch."""
+    kv = f"max by ({K}) {sig('kv_cache_usage_ratio', 'quantile_over_time(0.9, {})', present, m)}"
+    kv_full = (f"sum by ({K}) {sig('preemptions_by_reason_total', 'rate({})', rate, m, extra='reason=' + _q('kv_full'))}"
+               " * 60")
+    labelled = f"group by ({K}) {sig('preemptions_by_reason_total', '{}', None, m)}"
+    unlabelled = f"(sum by ({K}) {sig('preemptions_total', 'rate({})', rate, m)} * 60 unless on ({K}) {labelled})"
+    total = f"max by ({KG}) {sig('gpu_memory_total_bytes', 'max_over_time({})', present, m)}"
+    used = f"max by ({KG}) {sig('gpu_memory_used_bytes', 'max_over_time({})', present, m)}"
+    margin = f"clamp_min(({total}) * {SIZING.margin_ratio:g}, {SIZING.margin_min_bytes:.0f})"
+    spare = f"min by ({K}) ((({total}) - ({used}) - {margin}) / (({total}) > 0))"
+    return (f"(({spare}) >= {SIZING.min_step:g}) and on ({K}) ({kv} >= {SIZING.full_kv_usage:g})"
+            f" and on ({K}) ((({kv_full}) or {unlabelled}) >= {LEVEL.preempt_per_min:g})")
+
+
 def _frag_ratio(m=(), present: str = PRESENT) -> str:
     res = f"sum by ({KG}) {sig('torch_reserved_bytes', 'avg_over_time({})', present, m)}"
     alloc = f"sum by ({KG}) {sig('torch_allocated_bytes', 'avg_over_time({})', present, m)}"
@@ -200,6 +222,8 @@ CHECKS: tuple[Check, ...] = (
           RULE_PREFIX + "allocator_fragmentation:unusable_ratio"),
     Check("clock-throttling", "sm_clock_of_max_ratio", "min_over_time", throttle_check,
           RULE_PREFIX + "clock_throttling:clock_of_max_ratio"),
+    Check("kv-pool-undersized", "gpu_memory_spare_beyond_margin_ratio", "max_over_time", kv_pool_check,
+          RULE_PREFIX + "kv_pool_undersized:spare_ratio"),
 )
 LEAK_ID = "memory-leak"
 LEAK_RULES = {"torch_allocated_bytes": RULE_PREFIX + "memory:torch_allocated_bytes",
