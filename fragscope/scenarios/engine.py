@@ -27,7 +27,8 @@ def simulate_engine(s: Scenario, rng: np.random.Generator) -> Run:
     dt = float(s.step_s)
     rel = np.arange(n, dtype=np.float64) * dt
     ts = s.start_ts + rel
-    kind = s.kind
+    # kv-pool-undersized is kv-cache-pressure's mechanism judged with the GPU's headroom (truth.py)
+    kind = "kv-cache-pressure" if s.kind == "kv-pool-undersized" else s.kind
     sev = s.severity
     G = s.gpus
     affected = tuple(g for g in (s.affected_gpus if s.affected_gpus is not None else

@@ -5,7 +5,8 @@ from dataclasses import dataclass, field
 
 # Pathologies (diagnosis ids, docs/diagnoses.md) and confounders (healthy-but-changing servers).
 PATHOLOGIES = ("allocator-fragmentation", "kv-cache-pressure", "memory-leak", "clock-throttling",
-               "launch-bound", "capacity-saturation", "kv-block-size-mismatch")
+               "launch-bound", "capacity-saturation", "kv-block-size-mismatch",
+               "kv-pool-undersized")  # kv-cache-pressure's mechanism; the GPU keeps headroom (docs/sizing.md)
 CONFOUNDERS = (
     "healthy",             # daily-wave traffic, nothing wrong
     "traffic-surge",       # demand rises within capacity: throughput, batch and KV usage rise; no queue

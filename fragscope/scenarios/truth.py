@@ -5,8 +5,22 @@ from __future__ import annotations
 import numpy as np
 
 from ..kvbudget import expected_waste_ratio
-from .mechanism import Run
+from ..sizing.arith import SizingConfig
+from .mechanism import CTX_BYTES, Run
 from .spec import Scenario, Truth
+
+
+SIZING = SizingConfig()
+
+
+def _gpu_spare(s: Scenario, run: Run) -> float:
+    """The smallest share of a GPU left free at its peak beyond the sizing margin (NVML used = reserved + context)."""
+    T = float(s.gpu_memory_total_bytes)
+    up = ~run.down
+    if not up.any():
+        return -1.0
+    used = run.reserved[:, up] + CTX_BYTES
+    return (T - float(np.max(used)) - SIZING.margin(T)) / T
 
 
 def truth_of(s: Scenario, run: Run) -> Truth:
@@ -30,6 +44,10 @@ def truth_of(s: Scenario, run: Run) -> Truth:
         tolerated.add("capacity-saturation")
     if kind == "kv-cache-pressure":
         tolerated.add("capacity-saturation")
+    if kind == "kv-cache-pressure" and present and s.gpu_source != "none" and _gpu_spare(s, run) >= SIZING.min_step:
+        # the pool ran full while the GPU kept memory beyond the sizing margin (the default 0.9 leaves ~10 %):
+        # kv-pool-undersized too; at 0.98 nothing is left and kv-cache-pressure stands alone
+        diag.add("kv-pool-undersized")
     waste = expected_waste_ratio(block, avg_len)
     if waste >= 0.2:
         diag.add("kv-block-size-mismatch")

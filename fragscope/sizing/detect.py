@@ -90,7 +90,8 @@ def detect_kv_pool_undersized(accounting, runtime: dict | None, cfg: SizingConfi
         cur = "unset" if cur is None else f"{cur:.0f}"
     summary = (f"KV pool too small for the traffic ({pool[0]['evidence']}) while {headroom / GiB:.1f} GiB of the GPU "
                f"stayed free at peak: set {flag} {value} (now {cur}){tail}.")
-    conf = 0.6 + 0.1 * sum(1 for e in ev if e.agrees) - (0.1 if rec.missing else 0.0)
+    # the log's own accounting is firmer than metrics alone (the pool's split inferred from the config's labels)
+    conf = (0.6 if basis == "log" else 0.5) + 0.1 * sum(1 for e in ev if e.agrees) - (0.1 if rec.missing else 0.0)
     ctx = {"recommendation": rec.to_dict()}
     return [Finding(KV_POOL_UNDERSIZED_ID, Severity.WARNING, min(0.9, conf), summary, None, ev, list(rec.missing), {},
                     context=ctx, basis=basis)]
