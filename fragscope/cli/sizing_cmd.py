@@ -10,9 +10,6 @@ from .kv_budget_cmd import SIZE  # one size type: a bare number is GiB, units ho
 
 FORMATS = click.Choice(["human", "json"])
 from ..units import GiB as GIB
-# vLLM >= PR #58037: a counter with a `reason` label (kv_full, priority, prefix_cache_reset); both spellings of
-# the family. TODO(lead): a canonical signal in signals.py (it has no labelled-counter entry yet).
-PREEMPTIONS_BY_REASON = ("vllm:num_preemptions_by_reason_total", "vllm:num_preemptions_by_reason")
 
 
 def _runtime_from_recording(path: str) -> dict:
@@ -21,11 +18,13 @@ def _runtime_from_recording(path: str) -> dict:
 
     from ..collectors.exposition import read_recording
     from ..detectors.frame import build_frame
+    from ..signals import VLLM_PREEMPTIONS_BY_REASON
     from ..sizing.runtime import preemptions_by_reason, runtime_from_frame
 
     window = read_recording(path)
     frame = build_frame(window)
-    rt = runtime_from_frame(frame, preemptions_by_reason=preemptions_by_reason(window, PREEMPTIONS_BY_REASON) or None)
+    # every reason by name (kv_full, priority, prefix_cache_reset) where vLLM labels its preemptions
+    rt = runtime_from_frame(frame, preemptions_by_reason=preemptions_by_reason(window, VLLM_PREEMPTIONS_BY_REASON) or None)
     if math.isfinite(frame.start):
         rt["window"] = [frame.start, frame.end]
     return rt

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import fields
 
 from ..model import Evidence, Finding, Inconclusive, Severity
+from ..signals import any_of
 from ..units import GiB, MiB
 from .playbooks import KV_POOL_UNDERSIZED_ID, STARTUP_OOM_ID
 from .recommend import MEMORY_ELSEWHERE, POOL_TOO_SMALL, STARTUP_OOM, SizingConfig, recommend
@@ -49,9 +50,9 @@ def detect_kv_pool_undersized(accounting, runtime: dict | None, cfg: SizingConfi
     if not acc.has_accounting:
         return Inconclusive(KV_POOL_UNDERSIZED_ID, ["engine start-up log (KV cache size lines)"],
                             "the pool's size and the memory split come from the start-up log")
-    names = {"kv_usage_peak_ratio": "vllm:kv_cache_usage_perc (or sglang:token_usage)",
-             "device_used_peak_bytes": "gpu_memory_used_bytes (NVML)",
-             "device_total_bytes": "gpu_memory_total_bytes (NVML)"}
+    names = {"kv_usage_peak_ratio": any_of("kv_cache_usage_ratio"),
+             "device_used_peak_bytes": any_of("gpu_memory_used_bytes", engine_only=False) + " (NVML, DCGM)",
+             "device_total_bytes": any_of("gpu_memory_total_bytes", engine_only=False) + " (NVML, DCGM)"}
     missing = [name for key, name in names.items() if not runtime or runtime.get(key) is None]
     if missing:
         return Inconclusive(KV_POOL_UNDERSIZED_ID, missing, "pool pressure and the GPU's headroom are both needed")

@@ -25,6 +25,7 @@ import math
 from .arith import (CASES, GIB, MEMORY_ELSEWHERE, MIB, POOL_TOO_SMALL, RUNTIME_OOM, STARTUP_OOM,  # noqa: F401
                     Recommendation, SizingConfig, _ceiling, _elsewhere, _pool_pressure, _total, _budget, ceil_step,
                     g, t4, tokens_per_sequence)
+from ..signals import primary
 from .failures import _vllm_runtime_oom, _vllm_startup_failure
 from .sglang import sglang as _sglang
 from .startup import StartupAccounting
@@ -191,7 +192,8 @@ def _vllm_runtime(acc, runtime, total, budget, non_kv, kv0, bpt, cfg, rec, targe
         else:
             rec.cases.append({"case": POOL_TOO_SMALL, "evidence": ev + "; no headroom left on the GPU",
                               "change": "more GPUs (tensor parallelism), an fp8 KV cache or fewer concurrent sequences"})
-            rec.missing.append("sequence lengths served (vllm:request_prompt_tokens + request_generation_tokens)")
+            rec.missing.append(f"sequence lengths served ({primary('request_prompt_tokens')} + "
+                               f"{primary('request_generation_tokens')})")
         return
     rec.settings["--gpu-memory-utilization"] = round(u, 2)
     change = f"--gpu-memory-utilization {u:.2f} (was {u0:g})"

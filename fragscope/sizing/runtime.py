@@ -156,7 +156,8 @@ def preemptions_by_reason(window, names) -> dict[str, np.ndarray]:
     """{reason: [0, increase]} summed over engines from a labelled preemption counter (else {}).
 
     ``window``: a :class:`fragscope.model.Window`; ``names``: the counter's raw names (from signals.py, or
-    the caller), tried in order. Recent vLLM labels its preemptions with ``reason`` (PR #58037).
+    the caller: signals.VLLM_PREEMPTIONS_BY_REASON), tried in order; recent vLLM labels its preemptions
+    with ``reason``.
     """
     out: dict[str, float] = {}
     for name in names:
