@@ -122,3 +122,43 @@ def family(name: str, s: Shape = Shape()) -> tuple[list[str], dict]:
     if name == "runtime-oom-not-startup":
         return startup_lines(s) + [runtime_oom_line(s)], {}
     raise ValueError(f"unknown sizing scenario {name!r}; one of {FAMILIES + CONFOUNDERS}")
+
+
+def metrics_window(name: str, s: Shape = Shape(), points: int = 8, step_s: float = 15.0, labelled: bool = True,
+                   start_ts: float = 1_777_629_600.0):
+    """The same family as a short metrics recording (what ``diagnose FILE`` / the agent see, no log).
+
+    ``vllm:cache_config_info`` carries the utilization, blocks and block size of :class:`Shape`; KV usage
+    ramps to the family's peak, preemption counters reach their totals (labelled by reason when
+    ``labelled``, else one unlabelled counter), running/waiting sit at their peaks, NVML used/total as the
+    run-time dict says. A start-up failure has no metrics (the engine never served): an empty window.
+    """
+    import numpy as np
+
+    from ..model import Sample, Window, make_labels
+    from ..signals import VLLM_PREEMPTIONS_BY_REASON, primary
+
+    _, rt = family(name, s)
+    if not rt:
+        return Window.from_samples([], source=f"sizing-scenario:{name}")
+    eng = make_labels({"engine": "0", "model_name": "m"})
+    gpu = make_labels({"gpu": "0"})
+    cc = make_labels({"engine": "0", "block_size": str(s.block_size), "gpu_memory_utilization": str(s.util),
+                      "num_gpu_blocks": str(s.kv_tokens // s.block_size)})
+    ramp = np.linspace(0.0, 1.0, points)
+    out = []
+    for i in range(points):
+        t = start_ts + i * step_s
+        out += [Sample(primary("cache_config_info"), cc, t, 1.0),
+                Sample(primary("kv_cache_usage_ratio"), eng, t, 0.3 + (rt["kv_usage_peak_ratio"] - 0.3) * ramp[i]),
+                Sample(primary("requests_running"), eng, t, rt["running_peak"]),
+                Sample(primary("requests_waiting"), eng, t, rt["waiting_peak"]),
+                Sample(primary("gpu_memory_used_bytes"), gpu, t, rt["device_used_peak_bytes"]),
+                Sample(primary("gpu_memory_total_bytes"), gpu, t, rt["device_total_bytes"])]
+        if labelled:
+            for reason, total in sorted(rt["preemptions_by_reason"].items()):
+                out.append(Sample(VLLM_PREEMPTIONS_BY_REASON[0], make_labels(dict(eng) | {"reason": reason}), t,
+                                  total * ramp[i]))
+        else:
+            out.append(Sample(primary("preemptions_total"), eng, t, rt["preemptions_total"] * ramp[i]))
+    return Window.from_samples(out, source=f"sizing-scenario:{name}")
