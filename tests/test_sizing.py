@@ -550,15 +550,11 @@ def test_cli_fills_what_the_log_does_not_print():
 
 
 def test_declarations_fit_the_registry():
-    """What the lead registers (docs/sizing.md#diagnoses): valid signal ids, playbook ids, actions that run."""
-    from fragscope.playbooks.registry import Diagnosis
-    from fragscope.sizing.playbooks import kv_pool_undersized_actions, startup_oom_actions
+    """The registered declarations (playbooks/window.py, playbooks/evidence.py): actions that run on the findings."""
+    from fragscope.playbooks import REGISTRY
 
-    pool = Diagnosis("kv-pool-undersized", KV_POOL_UNDERSIZED, source="log", alerting=False,
-                     requires=("kv_cache_usage_ratio", "gpu_memory_used_bytes", "gpu_memory_total_bytes"),
-                     corroborates=("preemptions_total", "requests_waiting", "request_prompt_tokens",
-                                   "request_generation_tokens"), actions=kv_pool_undersized_actions)
-    oom = Diagnosis("startup-oom", STARTUP_OOM, source="log", alerting=False, actions=startup_oom_actions)
+    pool, oom = REGISTRY["kv-pool-undersized"], REGISTRY["startup-oom"]
+    assert pool.source == "window" and pool.also_from == ("log",) and oom.source == "log"
     f = detect_kv_pool_undersized(load("vllm_v0_tp_prose_blocks.log"), RUNTIME_FULL)[0]
     assert any("--gpu-memory-utilization 0.94" in a for a in pool.actions(f.context, {}))
     g = detect_startup_oom(load("vllm_v0_graph_capture_oom.log"))[0]
