@@ -8,10 +8,42 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
+import re
 
 KiB = 1024
 MiB = 1024 * 1024
 GiB = 1024 * 1024 * 1024
+
+
+_SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]i?b?|b)?\s*$", re.I)
+_BINARY = {"": 1, "b": 1, "k": KiB, "m": MiB, "g": GiB, "t": GiB * 1024}
+
+
+def parse_size(v, *, decimal_si: bool = True, allow_zero: bool = False) -> int:
+    """``1073741824`` / ``"512MB"`` / ``"1GiB"`` / ``" 80 GiB "`` -> bytes (int). Raises ValueError.
+
+    ``KiB``/``MiB``/``GiB``/``TiB`` (and ``Ki``...) are binary. ``kB``/``MB``/``GB``/``TB`` (and bare
+    ``k``/``M``/``G``) are decimal when ``decimal_si`` (the agent's configuration, as Kubernetes reads
+    them), binary otherwise (the CLI's ``--device-memory 80GB``: GPU memory is quoted in GiB and called
+    GB, as the engines and nvidia-smi print it). Not finite, negative, zero (unless ``allow_zero``)
+    or 2**63 bytes and more: refused. A bool is not a size.
+    """
+    if isinstance(v, bool):
+        raise ValueError(f"expected a size like 512MB or 1GiB, got {v!r}")
+    if isinstance(v, (int, float)):
+        n = float(v)
+    else:
+        m = _SIZE_RE.match(str(v))
+        if not m:
+            raise ValueError(f"expected a size like 512MB or 1GiB, got {v!r}")
+        unit = (m.group(2) or "").lower()
+        scale = _BINARY[unit[:1]]
+        if decimal_si and unit[:1] in "kmgt" and unit and "i" not in unit:
+            scale = 1000 ** ("kmgt".index(unit[0]) + 1)
+        n = float(m.group(1)) * scale  # 400 digits read as inf: refused below
+    if not math.isfinite(n) or n < 0 or (n == 0 and not allow_zero) or n >= 2.0**63:
+        raise ValueError(f"must be a positive size below 8 EiB, got {v!r}")
+    return int(n)
 
 
 def _finite(x) -> bool:

@@ -13,6 +13,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from ..units import parse_size as _parse_size
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - 3.10
@@ -25,10 +27,6 @@ class ConfigError(ValueError):
 
 _DUR_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|h|d|w)?\s*$", re.I)
 _DUR_UNITS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0, None: 1.0}
-_SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]i?b?|b)?\s*$", re.I)
-_SIZE_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9, "t": 1e12, "tb": 1e12,
-               "ki": 1024, "kib": 1024, "mi": 1024**2, "mib": 1024**2, "gi": 1024**3, "gib": 1024**3,
-               "ti": 1024**4, "tib": 1024**4}
 
 
 def parse_duration(v: Any, what: str = "duration") -> float:
@@ -58,19 +56,11 @@ def _duration_or_off(v: Any, what: str = "duration") -> float:
 
 
 def parse_size(v: Any, what: str = "size") -> int:
-    """``1073741824`` / ``"512MB"`` / ``"1GiB"`` -> bytes (int, > 0)."""
-    if isinstance(v, bool):
-        raise ConfigError(f"{what}: expected a size like 512MB or 1GiB, got {v!r}")
-    if isinstance(v, (int, float)):
-        n = float(v)
-    else:
-        m = _SIZE_RE.match(str(v))
-        if not m:
-            raise ConfigError(f"{what}: expected a size like 512MB or 1GiB, got {v!r}")
-        n = float(m.group(1)) * _SIZE_UNITS[(m.group(2) or "").lower()]
-    if not math.isfinite(n) or n <= 0:
-        raise ConfigError(f"{what}: must be a positive size, got {v!r}")
-    return int(n)
+    """``1073741824`` / ``"512MB"`` / ``"1GiB"`` -> bytes (int, > 0): :func:`fragscope.units.parse_size`."""
+    try:
+        return _parse_size(v)
+    except ValueError:
+        raise ConfigError(f"{what}: expected a positive size like 512MB or 1GiB, got {v!r}") from None
 
 
 def parse_listen(v: str, what: str = "listen") -> tuple[str, int]:

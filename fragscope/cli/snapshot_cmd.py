@@ -6,30 +6,21 @@ from __future__ import annotations
 
 import math
 import os
-import re
 
 import click
 
 from .common import EXIT_OK, dumps_json, fail
+from ..units import parse_size as _parse_size
 from .render import fmt_value
 
 FORMATS = click.Choice(["human", "json"])
 FAIL_ON = click.Choice(["info", "warning", "critical", "never"])
 
-_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
 
 
 def parse_size(text: str) -> int:
-    """'80GiB', '81920MiB', '85899345920' -> bytes (binary units; 'GB' is read as GiB)."""
-    m = _SIZE_RE.match(text or "")
-    if not m:
-        raise ValueError(text)
-    unit = (m.group(2) or "").lower()[:1]
-    value = float(m.group(1)) * _UNITS[unit]  # 400 digits read as inf: refused below
-    if not math.isfinite(value) or value >= 2.0**63:
-        raise ValueError(text)
-    return int(value)
+    """'80GiB', '81920MiB', '85899345920' -> bytes (binary units; 'GB' is read as GiB): units.parse_size."""
+    return _parse_size(text or "", decimal_si=False, allow_zero=True)
 
 
 def _b(v) -> str:
