@@ -20,7 +20,7 @@ from .wordings import (_ANSI, _AVAIL_KV, _BLOCKS, _CFG, _ENGINE_V, _GRAPH, _GRAP
                        _SG_GRAPH_END, _SG_KV, _SG_LOAD_BEGIN, _SG_LOAD_END, _SG_MAX_TOTAL, _SG_POOL_END,
                        _SHORTFALL, _SUMMARY_DESIRED, _SUMMARY_FIT, _SUMMARY_FREE, _SUMMARY_FULL, _SUMMARY_INUSE,
                        _SUMMARY_PARTS, _V0_KV, _V0_KV_GMU, _V0_PROSE, _V0_PROSE_BUDGET, _V0_TABLE, _V0_TABLE_GMU,
-                       _VERSION, _WEIGHTS, _gate, _gib, _int, _size)
+                       _VERSION, _WEIGHTS, _gate, _gib, _int, _size, _sz)
 
 
 @dataclass
@@ -204,7 +204,7 @@ class StartupParser:
             for name, rx in rx_table.items():
                 m = rx.search(line)
                 if m:
-                    self._set(name, _size(m))
+                    self._set(name, _sz(m))
         if "kv_cache_size=" in line:
             m = _V0_KV_GMU.search(line)
             if m:
@@ -228,13 +228,13 @@ class StartupParser:
             a.engine = a.engine or "vllm"
         m = _BLOCKS.search(line)
         if m:
-            self._set("gpu_blocks", int(m.group(2)))
+            self._set("gpu_blocks", _int(m.group(2)))
             if m.group(3) is not None:
-                self._set("cpu_blocks", int(m.group(3)))
+                self._set("cpu_blocks", _int(m.group(3)))
             a.engine = a.engine or "vllm"
         m = _KV_TOKENS.search(line)
         if m:
-            self._set("kv_cache_tokens", _int(m.group(1)))
+            self._set("kv_cache_tokens", _int(m.group(2)))
             a.engine = a.engine or "vllm-v1"
         m = _MAX_CONC.search(line)
         if m:
@@ -242,7 +242,7 @@ class StartupParser:
             self._set("max_concurrency", float(m.group(2).replace(",", "")))
         m = _AVAIL_KV.search(line)
         if m:
-            self._set("kv_cache_bytes", _size(m))
+            self._set("kv_cache_bytes", _sz(m))
             a.engine = a.engine or "vllm-v1"
         m = _GRAPH.search(line)
         if m:
@@ -366,11 +366,11 @@ class StartupParser:
         m = _KV_INSUFF.search(line)
         if m:
             f = {"kind": "kv-insufficient", "phase": "kv-allocation", "line": self.line_no,
-                 "max_model_len": int(m.group(1)), "needed_bytes": _gib(m.group(2)),
+                 "max_model_len": _int(m.group(1)), "needed_bytes": _gib(m.group(2)),
                  "available_bytes": _gib(m.group(3))}
             e = _KV_INSUFF_EST.search(line)
             if e:
-                f["estimated_max_model_len"] = int(e.group(1))
+                f["estimated_max_model_len"] = _int(e.group(1))
             a.failure = f
             return
         if "out of memory" in line:

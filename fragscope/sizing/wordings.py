@@ -1,13 +1,19 @@
 """The wordings the start-up parser reads: one regular expression per engine line, and the line gate.
 
 vLLM V0 / V1 and SGLang, with the release each wording comes from (docs/sizing.md has the table).
-Sizes go through :func:`fragscope.collectors.enginelog.parse_size` (binary units: the engines print "GB" for GiB).
+The wordings the log collector also reads (capacity, blocks, the memory profile, graph capture, start-up
+failures) come from :mod:`fragscope.collectors.enginelog.patterns`, their one source; the ones only sizing
+needs are here. Sizes go through :func:`fragscope.collectors.enginelog.parse_size` (binary units: the
+engines print "GB" for GiB).
 """
 from __future__ import annotations
 
 import re
 
 from ..collectors.enginelog import parse_size
+from ..collectors.enginelog.patterns import (_AVAIL_KV, _BLOCKS, _GRAPH, _KV_INSUFF, _KV_INSUFF_EST,  # noqa: F401
+                                             _KV_TOKENS, _MAX_CONC, _SHORTFALL, _WEIGHTS, PROFILE_KEYVALUE,
+                                             PROFILE_PROSE, signed_size)
 from ..units import GiB as GIB
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -21,6 +27,11 @@ def _size(m: re.Match, i: int = 1) -> float:
     neg = num.startswith("-")
     v = parse_size(num.lstrip("-"), m.group(i + 1))
     return -v if neg else v
+
+
+def _sz(m: re.Match, i: int = 1) -> float:
+    """A size from a shared wording (collectors.enginelog.patterns), signed where vLLM can print it below 0."""
+    return signed_size(m, i)
 
 
 def _int(s: str) -> int:
@@ -45,25 +56,9 @@ _V0_TABLE = {  # "INFO ... worker.py:243] total_gpu_memory     79.22GiB" under "
     "kv_cache_bytes": re.compile(r"available_kv_cache_memory\s+" + _SIZE),
 }
 _V0_TABLE_GMU = re.compile(r"\bgpu_memory_utilization\s+([\d.]+)\s*$")
-_V0_KV = {  # "Memory profiling results: total_gpu_memory=63.43GiB initial_memory_usage=... kv_cache_size=..."
-    "total_gpu_memory_bytes": re.compile(r"total_gpu_memory=" + _SIZE),
-    "peak_torch_memory_bytes": re.compile(r"peak_torch_memory=" + _SIZE),
-    "non_torch_memory_bytes": re.compile(r"non_torch_memory=" + _SIZE),
-    "kv_cache_bytes": re.compile(r"kv_cache_size=" + _SIZE),
-}
+_V0_KV = {k: rx for k, rx in PROFILE_KEYVALUE if k != "initial_memory_usage_bytes"}
 _V0_KV_GMU = re.compile(r"gpu_memory_utilization=([\d.]+)")
-_V0_PROSE = {
-    "weights_bytes": re.compile(r"model weights take " + _SIZE),
-    "non_torch_memory_bytes": re.compile(r"non_torch_memory takes " + _SIZE),
-    "activation_peak_bytes": re.compile(r"PyTorch activation peak memory takes " + _SIZE),
-    "kv_cache_bytes": re.compile(r"the rest of the memory reserved for KV Cache is " + _SIZE),
-}
-_WEIGHTS = re.compile(r"(?:Loading model weights took|Model loading took) " + _SIZE)
-_BLOCKS = re.compile(r"# (GPU|CUDA|NPU|XPU|HPU|TPU) blocks: (\d+)(?:, # CPU blocks: (\d+))?", re.IGNORECASE)
-_KV_TOKENS = re.compile(r"\b(?:GPU|NPU|XPU|HPU|TPU|CPU) KV cache size: ([\d,]+) tokens")
-_MAX_CONC = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.,]+)x")
-_AVAIL_KV = re.compile(r"Available KV cache memory: " + _SIZE)
-_GRAPH = re.compile(r"Graph capturing finished in ([\d.]+) secs?(?:, took " + _SIZE + r")?")
+_V0_PROSE = {k: rx for k, rx in PROFILE_PROSE if k != "total_gpu_memory_bytes"}  # the total: _V0_PROSE_BUDGET
 _GRAPH_EST = re.compile(r"Estimated CUDA graph memory: " + _SIZE)
 _GRAPH_POOL = re.compile(r"CUDA graph pool memory: " + _SIZE + r" \(actual\), " + _SIZE + r" \(estimated\)")
 _GRAPH_PROFILING_ON = re.compile(r"current --gpu-memory-utilization=([\d.]+) is equivalent to "
@@ -82,14 +77,9 @@ _SUMMARY_PARTS = {
 _SUMMARY_FIT = re.compile(r"`--kv-cache-memory(?:-bytes)?=(\d+)`[^`]*?to fit into requested memory")
 _SUMMARY_FULL = re.compile(r"`--kv-cache-memory(?:-bytes)?=(\d+)`[^`]*?to fully utilize gpu memory")
 _SUMMARY_INUSE = re.compile(r"Current kv cache memory in use is ([\d.,]+) GiB")
-# failures at start-up
-_SHORTFALL = re.compile(r"Free memory on device(?: \S+)? \(([\d.,]+)/([\d.,]+) GiB\) on startup is less than desired "
-                        r"GPU memory utilization \(([\d.]+), ([\d.,]+) GiB\)")
+# failures at start-up (_SHORTFALL, _KV_INSUFF, _KV_INSUFF_EST: collectors.enginelog.patterns)
 _NO_CACHE = re.compile(r"No available memory for the cache blocks|Not enough memory\. Please try to increase "
                        r"--mem-fraction-static")
-_KV_INSUFF = re.compile(r"max seq len \((\d+)\), \(?([\d.]+) GiB\)? KV cache is needed, which is larger than the "
-                        r"available KV cache memory \(([\d.]+) GiB\)")
-_KV_INSUFF_EST = re.compile(r"estimated maximum model length is (\d+)")
 # V0 (2023-24): "The model's max seq len (4096) is larger than the maximum number of tokens that can be stored
 # in KV cache (3664)."
 _KV_INSUFF_OLD = re.compile(r"max seq len \((\d+)\) is larger than the maximum number of tokens that can be stored "

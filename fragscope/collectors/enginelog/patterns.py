@@ -16,6 +16,9 @@ from typing import Callable
 from .events import GIB, INT, NUM, SIZE, BadNumber, parse_size, to_float, to_int
 
 Fields = dict
+# A size vLLM can print below zero (the KV pool when nothing is left: "Available KV cache memory: -0.5 GiB"):
+# three groups, sign ("" or "-"), number, unit.
+SSIZE = r"(-?)" + SIZE
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,9 +44,17 @@ def _opt_size(fields: Fields, key: str, rx: re.Pattern, msg: str) -> None:
     g = rx.search(msg)
     if g:
         try:
-            fields[key] = parse_size(g.group(1), g.group(2))
+            fields[key] = signed_size(g)
         except BadNumber:
             pass
+
+
+def signed_size(m: re.Match, i: int = 1) -> float:
+    """Bytes from a SIZE match at group ``i``; a SSIZE wording (three groups: sign, number, unit) keeps its sign."""
+    if m.re.groups - i + 1 == 3 and m.group(i) in ("", "-"):
+        v = parse_size(m.group(i + 1), m.group(i + 2))
+        return -v if m.group(i) == "-" else v
+    return parse_size(m.group(i), m.group(i + 1))
 
 
 def _ratio_pct(s: str) -> float:
@@ -194,27 +205,35 @@ def _oom_runtime(m: re.Match, msg: str):
 
 
 # --- startup capacity ------------------------------------------------------------------------
-_KV_TOKENS = re.compile(r"\b(GPU|CPU|XPU|TPU|HPU|NPU) KV cache size: " + INT + " tokens")
+# The one source of the start-up wordings both readers share: this collector and the sizing parser
+# (fragscope/sizing/wordings.py imports them; group layouts are part of that contract).
+_KV_TOKENS = re.compile(r"\b(GPU|CPU|XPU|TPU|HPU|NPU) KV cache size: " + INT + " tokens")  # 1 device, 2 tokens
 _MAX_CONC = re.compile(r"Maximum concurrency for " + INT + " tokens per request: " +
-                       r"(\d{1,3}(?:,\d{3}){1,4}(?:\.\d{1,6})?|\d{1,12}(?:\.\d{1,6})?)x")
-_BLOCKS = re.compile(r"# (GPU|NPU|XPU|TPU|HPU) blocks: " + INT + r", # CPU blocks: " + INT)
-_AVAIL_KV = re.compile(r"Available KV cache memory: " + SIZE)
+                       r"(\d{1,3}(?:,\d{3}){1,4}(?:\.\d{1,6})?|\d{1,12}(?:\.\d{1,6})?)x")  # 1 tokens, 2 times
+# V0 "# GPU blocks: 2627, # CPU blocks: 327"; the CPU count is absent in some releases and the Ray/XPU
+# executors print "# cuda blocks" (1 device, 2 blocks, 3 CPU blocks or None)
+_BLOCKS = re.compile(r"# (GPU|CUDA|NPU|XPU|TPU|HPU) blocks: " + INT + r"(?:, # CPU blocks: " + INT + r")?",
+                     re.IGNORECASE)
+_AVAIL_KV = re.compile(r"Available KV cache memory: " + SSIZE)
 _WEIGHTS = re.compile(r"(?:Loading model weights took|Model loading took) " + SIZE)
-_GRAPH = re.compile(r"Graph capturing finished in " + NUM + r" secs?")
-_GRAPH_SIZE = re.compile(r"Graph capturing finished in [\d.]{1,20} secs?, took " + SIZE)
-_PROFILE = (  # V0 worker.py "Memory profiling results: total_gpu_memory=63.43GiB ... gpu_memory_utilization=0.90"
+_GRAPH = re.compile(r"Graph capturing finished in " + NUM + r" secs?(?:, took " + SIZE + r")?")  # 1 s, 2-3 size
+# V0 worker.py "Memory profiling results: total_gpu_memory=63.43GiB ... gpu_memory_utilization=0.90"
+PROFILE_KEYVALUE = (
     ("total_gpu_memory_bytes", re.compile(r"total_gpu_memory=" + SIZE)),
     ("initial_memory_usage_bytes", re.compile(r"initial_memory_usage=" + SIZE)),
     ("peak_torch_memory_bytes", re.compile(r"peak_torch_memory=" + SIZE)),
     ("non_torch_memory_bytes", re.compile(r"non_torch_memory=" + SIZE)),
-    ("kv_cache_bytes", re.compile(r"kv_cache_size=" + SIZE)),
-    # later V0 (0.6.4+) wording of the same profile, one or several lines
+    ("kv_cache_bytes", re.compile(r"kv_cache_size=" + SSIZE)),
+)
+# later V0 (0.6.4+) and V1 wording of the same profile, one or several lines
+PROFILE_PROSE = (
     ("total_gpu_memory_bytes", re.compile(r"total_gpu_memory \(" + SIZE + r"\)")),
     ("weights_bytes", re.compile(r"model weights take " + SIZE)),
     ("non_torch_memory_bytes", re.compile(r"non_torch_memory takes " + SIZE)),
     ("activation_peak_bytes", re.compile(r"PyTorch activation peak memory takes " + SIZE)),
-    ("kv_cache_bytes", re.compile(r"(?:the rest of the memory reserved for KV Cache is|reserved for KV Cache is) " + SIZE)),
+    ("kv_cache_bytes", re.compile(r"(?:the rest of the memory reserved for KV Cache is|reserved for KV Cache is) " + SSIZE)),
 )
+_PROFILE = PROFILE_KEYVALUE + PROFILE_PROSE
 _PROFILE_ANY = re.compile(r"Memory profiling results|model weights take|reserved for KV Cache|non_torch_memory takes")
 _GMU = re.compile(r"gpu_memory_utilization(?:=| \()" + NUM)
 _CONFIG = (("block_size", re.compile(r"\bblock_size=" + INT), to_int),
@@ -240,16 +259,20 @@ def _max_conc(m, msg):
 
 
 def _blocks(m, msg):
-    return {"gpu_blocks": to_int(m.group(2)), "cpu_blocks": to_int(m.group(3))}, ""
+    return {"gpu_blocks": to_int(m.group(2)), "cpu_blocks": None if m.group(3) is None else to_int(m.group(3))}, ""
 
 
 def _size_field(key):
-    return lambda m, msg: ({key: parse_size(m.group(1), m.group(2))}, "")
+    return lambda m, msg: ({key: signed_size(m)}, "")
 
 
 def _graph(m, msg):
     f: Fields = {"seconds": to_float(m.group(1))}
-    _opt_size(f, "cuda_graph_bytes", _GRAPH_SIZE, msg)
+    if m.group(2) is not None:
+        try:
+            f["cuda_graph_bytes"] = parse_size(m.group(2), m.group(3))
+        except BadNumber:
+            pass
     return f, ""
 
 
