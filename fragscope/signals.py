@@ -97,6 +97,9 @@ SIGNALS: dict[str, Signal] = {s.id: s for s in [
     # --- more engines (SGLang, TGI, Triton, TensorRT-LLM; docs/engines.md) ---------------------------
     Signal("kv_cache_capacity_tokens", "gauge", "engine", "tokens",
            (_s("sglang:max_total_num_tokens", note="SGLang: the KV pool's size"),)),
+    Signal("kv_cache_pool_bytes", "gauge", "engine", "bytes",
+           (_s("fragscope_log_kv_cache_bytes", note="engine log: the last start-up's KV pool (sizing)"),),
+           "what the engine allocated for KV blocks; with the pool's tokens, its bytes per token"),
     Signal("kv_cache_used_tokens", "gauge", "engine", "tokens",
            (_s("sglang:num_used_tokens", note="SGLang"),)),
     Signal("e2e_request_latency_seconds", "histogram", "engine", "seconds",

@@ -154,3 +154,44 @@ def test_family_confounders_from_metrics_stay_quiet(name):
 def test_a_server_that_never_started_has_no_metrics_to_judge(name):
     rep = diagnose(S.metrics_window(name))
     assert not rep.findings and any(i.id == "kv-pool-undersized" for i in rep.inconclusive)
+
+
+# --- the agent's engine-log collector feeds the start-up accounting ----------------------------------
+def test_log_collector_publishes_the_pool_and_its_accounting(tmp_path):
+    from fragscope.collectors.logs import LogCollector
+    from fragscope.sizing import judge_accounting
+
+    lines, _ = S.family("pool-too-small")
+    path = tmp_path / "engine.log"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    c = LogCollector(str(path), from_start=True)
+    r = c.collect(1000.0)
+    got = {s.name: s.value for s in r.samples}
+    assert got["fragscope_log_kv_cache_bytes"] == pytest.approx(S.Shape().kv_gib * GIB)  # 53.96 GiB, as logged
+    acc = c.accounting()
+    assert acc.kv_cache_tokens == S.Shape().kv_tokens and acc.gpu_memory_utilization == 0.9
+    (inc,) = judge_accounting(acc)  # started; without run-time evidence the pool cannot be judged: said so
+    assert isinstance(inc, Inconclusive) and inc.id == "kv-pool-undersized" and any("NVML" in m for m in inc.missing)
+    c.close()
+
+    lines, _ = S.family("startup-oom-graphs")
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    c = LogCollector(str(path), from_start=True)
+    r = c.collect(1000.0)
+    assert "fragscope_log_kv_cache_bytes" not in {s.name for s in r.samples}  # it never started
+    (f,) = judge_accounting(c.accounting())
+    assert f.id == "startup-oom" and "--gpu-memory-utilization 0.87" in f.summary  # test_sizing_scenarios' value
+    c.close()
+
+
+def test_the_logs_pool_size_turns_the_growth_into_tokens():
+    # metrics + the log's 8 GiB pool for 65,536 tokens (128 KiB/token): 72 GiB budget, 73 GiB used -> 0.96;
+    # pool 8 GiB + 4.8 GiB = 12.8 GiB / 128 KiB = 104,857 tokens
+    w = window()
+    extra = [Sample("fragscope_log_kv_cache_bytes", make_labels({}), 1_777_629_600.0 + 15 * i, 8.0 * GIB)
+             for i in range(8)]
+    w = Window.from_samples([*extra, *(Sample(s.name, s.key.labels, float(t), float(v))
+                                       for s in w for t, v in zip(s.ts, s.values))], source="test")
+    (f,) = found(diagnose(w))
+    assert "--gpu-memory-utilization 0.96 (now 0.9)" in f.summary and "104,857 KV tokens" in f.summary
+    assert not f.missing

@@ -36,8 +36,9 @@ M_RUNNING = "fragscope_log_requests_running"
 M_WAITING = "fragscope_log_requests_waiting"
 M_KV_USAGE = "fragscope_log_kv_cache_usage_ratio"
 M_GEN_TPS = "fragscope_log_generation_tokens_per_second"
+M_KV_BYTES = "fragscope_log_kv_cache_bytes"  # the KV pool's size from the last start-up (sizing, docs/sizing.md)
 SIGNAL_NAMES = (M_PREEMPTIONS, M_KV_CAPACITY, M_KV_BLOCKS, M_OOMS, M_OOM_UNALLOC, M_RUNNING, M_WAITING,
-                M_KV_USAGE, M_GEN_TPS)
+                M_KV_USAGE, M_GEN_TPS, M_KV_BYTES)
 
 
 class LogCollector:
@@ -68,6 +69,14 @@ class LogCollector:
         self._down_logged = False
         self.events_read = 0
         self.bytes_read = 0
+        from ..sizing.startup import StartupParser  # the start-up accounting (sizing reads this module's patterns)
+
+        self.startup = StartupParser()
+
+    def accounting(self):
+        """The last start-up's memory accounting read so far (sizing.StartupAccounting), for
+        ``sizing.judge_accounting``: startup-oom and kv-pool-undersized with the log's own figures."""
+        return self.startup.result()
 
     def read_new_lines(self) -> list[str]:
         """Lines appended since the last call (:meth:`FileTail.read_new_lines`). Raises OSError."""
@@ -110,6 +119,7 @@ class LogCollector:
         new_oom = False
         stats_engines: set[str] = set()
         for line in lines:
+            self.startup.feed(line)
             for ev in self.parser.feed(line):
                 self.events_read += 1
                 st.apply(ev)
@@ -131,6 +141,9 @@ class LogCollector:
             out.append(Sample(M_KV_CAPACITY, self.labels, now, st.capacity_tokens))
         if st.capacity_blocks is not None:
             out.append(Sample(M_KV_BLOCKS, self.labels, now, st.capacity_blocks))
+        kvb = self.startup.acc.kv_cache_bytes
+        if kvb is not None and kvb > 0 and self.startup.acc.failure is None:
+            out.append(Sample(M_KV_BYTES, self.labels, now, float(kvb)))
         if new_oom:
             for gpu, v in st.oom_unalloc.items():
                 out.append(Sample(M_OOM_UNALLOC, self._lab(gpu=gpu), now, v))

@@ -15,6 +15,8 @@ counts), running/waiting, request lengths. The arithmetic is :func:`fragscope.si
 """
 from __future__ import annotations
 
+import numpy as np
+
 from ..model import Finding, Inconclusive
 from ..signals import any_of, primary
 from ..sizing.arith import SizingConfig, _pool_pressure
@@ -26,7 +28,7 @@ from .frame import Frame
 
 REQUIRES = ("kv_cache_usage_ratio", "preemptions_total|preemptions_by_reason_total", "cache_config_info",
             "gpu_memory_used_bytes", "gpu_memory_total_bytes")
-CORROBORATES = ("preemptions_kv_full_total", "requests_waiting", "requests_running", "request_prompt_tokens",
+CORROBORATES = ("kv_cache_pool_bytes", "preemptions_kv_full_total", "requests_waiting", "requests_running", "request_prompt_tokens",
                 "request_generation_tokens", "torch_reserved_bytes")
 Config = SizingConfig  # margin, "full" KV usage, minimum step: documented in docs/sizing.md
 
@@ -49,6 +51,11 @@ def detect(f: Frame, cfg: SizingConfig = SizingConfig()) -> list[Finding] | Inco
                             f"{pressure}, yet KV usage peaked at {(kv_peak or 0) * 100:.0f} % in the samples: "
                             "preempted for lack of blocks, or by priority, cannot be told")
     acc = accounting_from_cache_config(f.config, f.engine_generation)
+    pool = f.engine.get("kv_cache_pool_bytes")  # the engine log's start-up figure (the agent following the log)
+    if pool is not None and acc.kv_cache_memory_bytes_setting is None:
+        last = pool[np.isfinite(pool)]
+        if last.size and last[-1] > 0:
+            acc.kv_cache_bytes = float(last[-1])
     missing = []
     if acc.gpu_memory_utilization is None and acc.kv_cache_memory_bytes_setting is None:
         missing.append(primary("cache_config_info") + "{gpu_memory_utilization}")

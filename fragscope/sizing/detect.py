@@ -149,10 +149,17 @@ def judge_log(lines, runtime: dict | None = None, cfg: SizingConfig = SizingConf
     acc = parse_startup(lines)
     rt = runtime_from_log_events(parse_log(lines), since_line=acc.first_line)
     rt.update(runtime or {})
+    return acc, judge_accounting(acc, rt, cfg)
+
+
+def judge_accounting(acc, runtime: dict | None = None, cfg: SizingConfig = SizingConfig()) -> list:
+    """Both diagnoses from a start-up accounting already parsed (``judge_log``, the agent's followed log):
+    [Finding | Inconclusive, ...]; a diagnosis that found nothing adds nothing."""
+    acc = _acc(acc)
     out: list = []
     judged = [detect_startup_oom(acc, cfg)]
     if acc.failure is None:  # a server that never started has no pool to judge
-        judged.append(detect_kv_pool_undersized(acc, rt, cfg))
+        judged.append(detect_kv_pool_undersized(acc, runtime or {}, cfg))
     for res in judged:
         out.extend(res if isinstance(res, list) else [res])
-    return acc, out
+    return out

@@ -138,6 +138,14 @@ class StartupParser:
         elif self.acc.startups == 0:
             self.acc.startups = 1
 
+    def result(self) -> StartupAccounting:
+        """The accounting so far, completed (derived fields); the parser can go on reading (a followed log)."""
+        import copy
+
+        q = copy.copy(self)
+        q.acc = copy.deepcopy(self.acc)
+        return _finish(q)
+
     def feed(self, raw: str) -> None:
         self.line_no += 1
         if not _gate(raw):
@@ -407,6 +415,10 @@ def parse_startup(lines: Iterable[str]) -> StartupAccounting:
     p = StartupParser()
     for line in lines:
         p.feed(line)
+    return p.result()
+
+
+def _finish(p: StartupParser) -> StartupAccounting:
     acc = p.acc
     if acc.activation_peak_bytes is None and acc.peak_torch_memory_bytes is not None and acc.weights_bytes is not None:
         # older V0 prints the torch peak including the weights: the activation part is the difference
