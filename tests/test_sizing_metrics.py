@@ -181,6 +181,10 @@ def test_log_collector_publishes_the_pool_and_its_accounting(tmp_path):
     assert "fragscope_log_kv_cache_bytes" not in {s.name for s in r.samples}  # it never started
     (f,) = judge_accounting(c.accounting())
     assert f.id == "startup-oom" and "--gpu-memory-utilization 0.87" in f.summary  # test_sizing_scenarios' value
+    from fragscope.sizing import startup_findings
+
+    (g,) = startup_findings([object(), c])  # what the agent's judging round would add (docs/sizing.md)
+    assert g.summary == f.summary
     c.close()
 
 

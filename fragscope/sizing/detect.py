@@ -163,3 +163,18 @@ def judge_accounting(acc, runtime: dict | None = None, cfg: SizingConfig = Sizin
     for res in judged:
         out.extend(res if isinstance(res, list) else [res])
     return out
+
+
+def startup_findings(sources, cfg: SizingConfig = SizingConfig()) -> list[Finding]:
+    """``startup-oom`` findings from every source that follows an engine log (objects with ``accounting()``,
+    e.g. the agent's :class:`fragscope.collectors.logs.LogCollector`); others are skipped. For the agent's
+    judging round: a server that never started exports no metrics, so only its log can say why."""
+    out: list[Finding] = []
+    for src in sources:
+        get = getattr(src, "accounting", None)
+        if get is None:
+            continue
+        res = detect_startup_oom(get(), cfg)
+        if isinstance(res, list):
+            out.extend(res)
+    return out
