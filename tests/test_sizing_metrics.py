@@ -199,3 +199,29 @@ def test_the_logs_pool_size_turns_the_growth_into_tokens():
     (f,) = found(diagnose(w))
     assert "--gpu-memory-utilization 0.96 (now 0.9)" in f.summary and "104,857 KV tokens" in f.summary
     assert not f.missing
+
+
+def test_kv_pressure_quotes_the_sized_value_and_fragmentation_comes_first():
+    """Two findings never give two values for one flag: kv-cache-pressure quotes kv-pool-undersized's
+    computed utilization; with allocator fragmentation also found, the sizing advice says to fix it first."""
+    from fragscope.model import Finding, Report, Severity
+    from fragscope.playbooks import attach_playbooks
+
+    def finding(fid, ctx):
+        return Finding(id=fid, severity=Severity.WARNING, confidence=0.9, summary="s", evidence=[],
+                       context=ctx)
+
+    rec = {"settings": {"--gpu-memory-utilization": 0.96}, "cases": []}
+    rep = Report(window=(0.0, 1.0), findings=[
+        finding("kv-cache-pressure", {"running": 100.0, "_config": {"gpu_memory_utilization": "0.9"}}),
+        finding("kv-pool-undersized", {"recommendation": rec})])
+    attach_playbooks(rep)
+    kv = next(f for f in rep.findings if f.id == "kv-cache-pressure")
+    acts = " | ".join(kv.playbook["actions"])
+    assert "--gpu-memory-utilization 0.96 (now 0.90)" in acts and "0.93" not in acts
+    rep.findings.append(finding("allocator-fragmentation", {}))
+    for f in rep.findings:
+        f.playbook = None
+    attach_playbooks(rep)
+    pool = next(f for f in rep.findings if f.id == "kv-pool-undersized")
+    assert pool.playbook["actions"][0].startswith("First fix the allocator fragmentation")

@@ -48,14 +48,29 @@ def _dedupe(items: list[str]) -> list[str]:
     return [x for x in items if not (x in seen or seen.add(x))]
 
 
+def _peers(report: Report) -> dict:
+    """What each finding's actions may need to know of the others in the same report: the ids found,
+    and the settings a sizing finding computed (so kv-cache-pressure quotes the value kv-pool-undersized
+    worked out instead of a rule of thumb, and no two findings give two values for one flag)."""
+    settings: dict = {}
+    for f in report.findings:
+        rec = f.context.get("recommendation") if isinstance(f.context, dict) else None
+        if isinstance(rec, dict) and isinstance(rec.get("settings"), dict):
+            for k, v in rec["settings"].items():
+                settings.setdefault(k, (v, f.id))
+    return {"ids": frozenset(f.id for f in report.findings), "settings": settings}
+
+
 def attach_playbooks(report: Report) -> Report:
     """Give each finding its built playbook, computed actions from its context included."""
+    peers = _peers(report)
     for f in report.findings:
         pb = f.playbook if isinstance(f.playbook, dict) else {}
         if "immediate" in pb or "options" in pb:
             continue  # already built (a snapshot's own playbook)
         ctx = dict(f.context)
         ctx.update(pb.get("context", {}))  # detectors that still pass context through ``playbook``
+        ctx["_peers"] = peers
         config = ctx.pop("_config", {})
         f.playbook = build_playbook(f.id, ctx, config)
         f.playbook["actions"] = _dedupe(f.playbook["actions"])

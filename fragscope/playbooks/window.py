@@ -84,8 +84,17 @@ def _kv_actions(ctx: dict, config: dict) -> list[str]:
     if running:
         acts.append(f"Cap --max-num-seqs at ~{max(1, int(running * 0.8))} (80 % of the {running:.0f} sequences "
                     f"running at the edge) or add replicas.")
+    peers = ctx.get("_peers") or {}
+    sized = {k: v for k, v in (peers.get("settings") or {}).items()
+             if k in ("--gpu-memory-utilization", "--kv-cache-memory-bytes")}
     kvb = _f(config.get("kv_cache_memory_bytes"))
-    if kvb:
+    if sized:
+        # kv-pool-undersized measured the headroom: its value, not a rule of thumb (docs/sizing.md)
+        flag, (value, by) = next(iter(sized.items()))
+        was = f" (now {gmu:.2f})" if flag == "--gpu-memory-utilization" and gmu is not None else ""
+        acts.append(f"Give the KV pool the GPU's unused headroom: {flag} {value}{was}, the value {by} computed "
+                    "from the measured peaks.")
+    elif kvb:
         # --kv-cache-memory-bytes overrides gpu_memory_utilization for the KV pool (vLLM >= 0.11)
         acts.append(f"If NVML shows free memory and the allocator is healthy: raise --kv-cache-memory-bytes "
                     f"{kvb / MiB:.0f} MiB → {kvb * 1.25 / MiB:.0f} MiB (it overrides "

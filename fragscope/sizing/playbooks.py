@@ -69,7 +69,13 @@ PLAYBOOKS = {p.id: p for p in (KV_POOL_UNDERSIZED, STARTUP_OOM)}
 
 
 def kv_pool_undersized_actions(ctx: dict, config: dict) -> list[str]:
-    return computed_actions(KV_POOL_UNDERSIZED_ID, ctx)
+    acts = computed_actions(KV_POOL_UNDERSIZED_ID, ctx)
+    if "allocator-fragmentation" in ((ctx.get("_peers") or {}).get("ids") or ()):
+        # the allocator grows outside the utilization budget: the free memory measured now is what the
+        # fragmented allocator left, and handing it to the KV pool leaves no room for its next segment
+        acts.insert(0, "First fix the allocator fragmentation found here (restart, expandable_segments), then "
+                       "re-measure: while it lasts, giving its headroom to the KV pool makes an OOM likelier.")
+    return acts
 
 
 def startup_oom_actions(ctx: dict, config: dict) -> list[str]:
