@@ -1,0 +1,338 @@
+"""The streaming line parser: Prometheus text (0.0.4) and OpenMetrics lines -> columns per series.
+
+``parse_lines`` serves live scrapes (no timestamps: the scrape time is used), recordings (timestamps in
+seconds, OpenMetrics, or milliseconds, Prometheus text) and pastes of scrapes (``scrapes=True``). One
+cache entry per distinct series line head; recordings' well-formed lines take a fast path (one
+``rsplit`` and a dict hit; bench/bench_ingest.py, figures in docs/performance.md).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from ..model import Sample, SeriesKey, Window
+from ..signals import DCGM_BLANK_THRESHOLD, normalise_name
+from .exposition_paste import (_NUM_TAIL, _PASTE_START, _could_continue, _depaste, _is_debris, _join_wrapped,
+                               _unescape_html)
+from .exposition_syntax import (_MS_THRESHOLD, _NAME_RE, _US_THRESHOLD, ENV_MAX_POINTS, ENV_MAX_SERIES,
+                                ParseError, _bad_bound, _big_timestamp, _family_type, _valid_sample, parse_labels)
+from .scrapes import GENERIC_PREFIXES, SegmentTracker, bulk_window
+
+# A run of this many lines without a sample (blank lines, comments, junk) is not metrics text: a gzip
+# bomb of newlines stops here (~0.3 s) instead of at the decompression cap.
+MAX_LINES_WITHOUT_SAMPLE = 1_000_000
+# Give up when this many of the first lines are not metrics text (e.g. an HTML page, a binary).
+_EARLY_BAD_LIMIT = 20
+# ...or when more than this share of all sample lines are unparsable.
+_BAD_RATIO_LIMIT = 0.05
+# Scrapes (pastes): up to this many unparsable lines are skipped whatever their share (prose around
+# a paste in a bug report: "When I run this command, I get the following results:").
+_PASTE_BAD_LINES = 3
+# A sample wrapped over more than this many lines is not rejoined.
+_MAX_PIECES = 64
+
+
+@dataclass
+class Parsed:
+    """Columns per series plus metadata gathered while parsing."""
+
+    cols: dict[SeriesKey, tuple[list[float], list[float]]] = field(default_factory=dict)
+    types: dict[str, str] = field(default_factory=dict)  # sample name -> family type
+    lines: int = 0
+    samples: int = 0
+    bad_lines: int = 0
+    first_bad: str | None = None
+    saw_eof: bool = False
+    saw_timestamps: bool = False
+    openmetrics: bool = False
+    openmetrics_ts: bool = False  # some timestamp was in seconds (the OpenMetrics convention)
+    notes: list[str] = field(default_factory=list)
+    saw_meta: bool = False  # a # HELP / # TYPE / # UNIT / # EOF line
+    scrape_mode: bool = False  # samples without timestamps, read as scrapes (parse_lines(scrapes=True))
+    segments: SegmentTracker | None = None  # the scrapes found (scrape mode)
+    junk_lines: int = 0  # paste debris skipped: fences, the curl command, ellipses
+    joined_lines: int = 0  # samples a wrapped paste had split over two lines
+    bad_bounds: int = 0  # bucket / quantile series dropped: le or quantile not a number
+    ts_units: set = field(default_factory=set)  # "microseconds", "nanoseconds" when converted
+    ignored_timestamps: int = 0  # scrape mode: samples whose own timestamp was ignored
+    truncated: bool = False  # the text ended inside a sample line
+
+    def to_window(self, source: str = "") -> Window:
+        w = bulk_window(self.cols, source=source, types=self.types)
+        w.notes.extend(self.notes)
+        if w.dropped_points:
+            w.notes.append(f"{w.dropped_points} points dropped (NaN/Inf values or duplicate timestamps)")
+        return w
+
+    def samples_list(self) -> list[Sample]:
+        out = []
+        for key, (ts, vs) in self.cols.items():
+            for t, v in zip(ts, vs):
+                out.append(Sample(key.name, key.labels, t, v))
+        return out
+
+
+def parse_lines(lines: Iterable[str], default_ts: float | None = None, source: str = "input",
+                keep_created: bool = False, key_cache: dict | None = None, *, scrapes: bool = False,
+                max_series: int | None = None, max_points: int | None = None,
+                max_lines_without_sample: int = MAX_LINES_WITHOUT_SAMPLE) -> Parsed:
+    """Parse exposition text line by line.
+
+    ``default_ts`` (unix seconds) applies to samples without a timestamp; when it is None such
+    samples are an error (a recording must carry timestamps), unless ``scrapes``: then the first
+    sample decides: with a timestamp the file is a recording (as above), without one it is one or
+    more scrapes, each sample's time is its scrape's index (``Parsed.segments`` tells the scrapes
+    apart; scrapes.build_window makes the window). ``key_cache``, a dict the caller keeps between
+    scrapes, remembers each series line's parsed name and labels: a collector that scrapes the same
+    ~600 series every second then skips the label parsing (~60 % of the cost). ``max_series`` and
+    ``max_points`` stop the parse with a ParseError naming the cap, as does a run of
+    ``max_lines_without_sample`` lines without a sample.
+    """
+    p = Parsed()
+    family_types: dict[str, str] = {}
+    cache: dict[str, tuple | None] = {}
+    cols = p.cols
+    types = p.types
+    bad = 0
+    early_ok = 0
+    lineno = 0
+    # 0: not known yet; 1: recording (own timestamps); 2: scrapes without timestamps; 3: live scrape
+    mode = 0 if scrapes else (1 if default_ts is None else 3)
+    seg = SegmentTracker() if scrapes else None
+    p.segments = seg
+    pending: str | None = None  # an incomplete sample line (a paste wrapped by a browser or terminal)
+    pending_no = 0
+    pieces = 0
+    last = None  # scrape mode: (entry, value text) of the last sample, for a value cut by a wrap
+    after_comment = 0  # lines after a # HELP that may continue its text (a wrapped paste)
+    since_sample = 0
+    series_cap = max_series if max_series is not None else -1
+    points_cap = max_points if max_points is not None else -1
+    for line in lines:
+        lineno += 1
+        since_sample += 1
+        if since_sample > max_lines_without_sample:
+            raise ParseError(f"{source}: {max_lines_without_sample:,} lines in a row without a sample "
+                             f"(line {lineno}): not metrics text")
+        if not line or line == "\n":
+            continue
+        if line[0] in _PASTE_START:
+            line = _depaste(line)
+            if line is None:
+                p.junk_lines += 1
+                continue
+            if line == "\n":
+                continue
+        if mode != 1 and "&" in line:
+            line = _unescape_html(line)  # a paste copied from HTML source: &quot; &gt; &amp;
+        if pending is not None:
+            joined = _join_wrapped(pending, line)
+            if joined is not None:
+                line = joined
+                p.joined_lines += 1
+                pending = None
+            elif pieces < _MAX_PIECES and line[0] != "#" and not _valid_sample(line):
+                pending = pending.rstrip("\r\n") + line.strip(" \t\r\n")  # a third piece, and so on
+                pieces += 1
+                continue
+            else:
+                bad += 1
+                if p.first_bad is None:
+                    p.first_bad = f"line {pending_no}: incomplete sample: {pending.strip()[:80]!r}"
+                pending = None
+        if mode != 1 and line[0] in "HT" and line.startswith(("HELP ", "TYPE ")):
+            line = "# " + line  # a paste where markdown ate the "# " (a heading inside a quote)
+        if line[0] == "#":
+            if mode != 1:  # free text: a wrap continues it on the next lines (~300 characters at 80 columns)
+                after_comment = 3 if line.startswith("# HELP") else 0
+            if line.startswith("# EOF") or line.startswith("#EOF"):
+                p.saw_eof = True
+                p.openmetrics = True
+                p.saw_meta = True
+                if mode == 2:
+                    seg.eof()
+                continue
+            parts = line[1:].split(None, 3)
+            if len(parts) >= 3 and parts[0] == "TYPE":
+                fam = normalise_name(parts[1])
+                family_types[fam] = parts[2].strip().lower()
+                early_ok += 1
+                p.saw_meta = True
+                if seg is not None and mode != 1:
+                    seg.meta("TYPE", fam)
+            elif parts and parts[0] in ("HELP", "UNIT"):
+                early_ok += 1
+                p.saw_meta = True
+                if seg is not None and mode != 1 and parts[0] == "HELP" and len(parts) >= 2:
+                    seg.meta("HELP", normalise_name(parts[1]))
+            elif line.startswith("#HELP") or line.startswith("#TYPE"):  # old Triton: no space
+                seg_ = line[5:].split(None, 2)
+                if line.startswith("#TYPE") and len(seg_) >= 2:
+                    family_types[normalise_name(seg_[0])] = seg_[1].strip().lower()
+                early_ok += 1
+                p.saw_meta = True
+            continue
+        if p.saw_eof and mode != 2:
+            continue  # nothing is allowed after # EOF; ignore trailing garbage quietly
+        if after_comment:
+            continues_comment, cont_left, after_comment = True, after_comment - 1, 0
+        else:
+            continues_comment, cont_left = False, 0
+        # --- a sample line ------------------------------------------------------------------
+        brace = line.find("{")
+        try:
+            if brace >= 0:
+                close = line.rfind("}")
+                if close < brace:
+                    if mode != 1 and _could_continue(line):
+                        pending, pending_no, pieces = line, lineno, 2
+                        continue
+                    raise ValueError("unbalanced braces")
+                head = line[: close + 1]
+                rest = line[close + 1:].split()
+            else:
+                parts = line.split()
+                head = parts[0]
+                rest = parts[1:]
+            if not rest or len(rest) > 3:
+                if not rest and mode != 1 and continues_comment and len(parts) <= 1:
+                    p.junk_lines += 1  # the rest of a # HELP line that a wrap moved to its own line
+                    after_comment = cont_left
+                    continue
+                if not rest and mode != 1 and _could_continue(line):
+                    pending, pending_no, pieces = line, lineno, 2
+                    continue
+                raise ValueError("expected 'name value [timestamp]'")
+            entry = cache.get(head, False)
+            if entry is False:
+                known = key_cache.get(head) if key_cache is not None else None
+                if known is not None:
+                    name, labels = known
+                else:
+                    if brace >= 0:
+                        name = head[:brace].strip()
+                        labels = parse_labels(head[brace + 1: -1])
+                    else:
+                        name = head
+                        labels = ()
+                    if not _NAME_RE.match(name):
+                        raise ValueError(f"bad metric name {name[:60]!r}")
+                    name = normalise_name(name)
+                    if key_cache is not None:
+                        if len(key_cache) > 50_000:  # label churn (e.g. request ids): stay bounded
+                            key_cache.clear()
+                        key_cache[head] = (name, labels)
+                t = _family_type(types, family_types, name)
+                if not keep_created and name.endswith("_created") and t in ("counter", "histogram", "summary", "gaugehistogram"):
+                    entry = None
+                elif labels and (t == "summary" or name.endswith("_bucket")) and _bad_bound(name, labels):
+                    entry = None
+                    p.bad_bounds += 1
+                else:
+                    key = SeriesKey(name, labels)
+                    col = cols.get(key)
+                    if col is None:
+                        if len(cols) == series_cap:
+                            raise ParseError(
+                                f"{source}: more than {series_cap:,} series (line {lineno}): the cap on series "
+                                f"per input; raise it with {ENV_MAX_SERIES}=N if the file is genuine")
+                        col = cols[key] = ([], [])
+                    entry = (key, col[0], col[1], name.startswith(GENERIC_PREFIXES))
+                cache[head] = entry
+            value = float(rest[0])
+            has_ts = len(rest) >= 2 and not rest[1].startswith("#")
+            if mode == 0:
+                mode = 1 if has_ts else 2
+                if mode == 1:
+                    p.segments = seg = None
+            if mode == 2:
+                if has_ts:
+                    p.ignored_timestamps += 1
+                ts = 0.0  # set below, once the series is known
+            elif has_ts:
+                ts = float(rest[1])
+                if ts > _MS_THRESHOLD:
+                    if ts < _US_THRESHOLD:
+                        ts /= 1000.0
+                    else:
+                        ts = _big_timestamp(ts, p.ts_units)
+                elif ts >= 0.0:
+                    p.openmetrics_ts = True
+                else:
+                    raise ValueError("timestamp before 1970 or not a number")
+                p.saw_timestamps = True
+            else:
+                if default_ts is None:
+                    raise ParseError(f"{source}: line {lineno}: sample without a timestamp in a recording "
+                                     "(record with timestamps, or diagnose a live endpoint)")
+                ts = default_ts
+        except ParseError:
+            raise
+        except (ValueError, IndexError) as e:
+            if mode == 2 and last is not None and _NUM_TAIL.match(line):
+                # a wrap cut the last sample's value: "...} 1.7740114" + "61287601e+09"
+                try:
+                    fixed = float(last[1] + line.strip())
+                except ValueError:
+                    pass
+                else:
+                    last[0][2][-1] = fixed
+                    p.joined_lines += 1
+                    last = None
+                    continue
+            if mode != 1 and (continues_comment or _is_debris(line)):
+                p.junk_lines += 1
+                after_comment = cont_left if continues_comment else 0
+                continue
+            bad += 1
+            if p.first_bad is None:
+                p.first_bad = f"line {lineno}: {e}: {line.strip()[:80]!r}"
+            if early_ok == 0 and bad >= _EARLY_BAD_LIMIT:
+                raise ParseError(f"{source}: not Prometheus/OpenMetrics text ({p.first_bad})") from None
+            continue
+        early_ok += 1
+        since_sample = 0
+        if entry is None:
+            continue
+        if entry[0].name.startswith("DCGM_") and value > DCGM_BLANK_THRESHOLD:
+            continue  # DCGM blank sentinel: not available, not a value
+        if mode == 2:
+            ts = seg.sample(head, entry[0], entry[3], value)
+            last = (entry, rest[0]) if len(rest) == 1 else None
+        entry[1].append(ts)
+        entry[2].append(value)
+        p.samples += 1
+        if p.samples == points_cap:
+            raise ParseError(f"{source}: {points_cap:,} points reached (line {lineno}): the cap on points per "
+                             f"input; raise it with {ENV_MAX_POINTS}=N if the file is genuine")
+    if pending is not None:  # the text ends inside a sample: a paste or a download cut short
+        p.notes.append(f"the text ends inside a sample (line {pending_no}: {pending.strip()[:60]!r}): "
+                       "cut short; that sample is not read")
+        p.truncated = True
+    p.lines = lineno
+    p.bad_lines = bad
+    p.scrape_mode = mode == 2
+    if p.samples == 0:
+        if bad:
+            raise ParseError(f"{source}: not Prometheus/OpenMetrics text ({p.first_bad})")
+        raise ParseError(f"{source}: no samples (empty or comments only)")
+    # A paste (scrapes) may carry a few lines of prose around the data ("here is the output:").
+    allowed = _BAD_RATIO_LIMIT * (p.samples + bad)
+    if p.scrape_mode:
+        allowed = max(allowed, _PASTE_BAD_LINES)
+    if bad and bad > allowed:
+        raise ParseError(f"{source}: {bad} of {p.samples + bad} sample lines unparsable ({p.first_bad})")
+    if bad:
+        p.notes.append(f"{bad} unparsable lines skipped (first: {p.first_bad})")
+    if p.bad_bounds:
+        p.notes.append(f"{p.bad_bounds} histogram bucket / summary quantile series with a bound that is missing or "
+                       "not a number (le=\"NaN\", le=\"\", ...) dropped")
+    if p.ts_units:
+        p.notes.append("timestamps in " + " and ".join(sorted(p.ts_units)) + " (by magnitude) converted to seconds")
+    if p.joined_lines:
+        p.notes.append(f"{p.joined_lines} sample lines split over two lines (a wrapped paste) joined")
+    if p.ignored_timestamps:
+        p.notes.append(f"{p.ignored_timestamps} samples carried their own timestamp in a file read as scrapes "
+                       "(its first sample had none): those timestamps were ignored")
+    return p
+

@@ -1,0 +1,71 @@
+"""Paste repair for /metrics text copied into bug reports: markdown quotes and fences, shell prompts,
+HTML entities, lines a browser or terminal wrapped. Used by the line parser in scrape mode only.
+"""
+from __future__ import annotations
+
+import html
+import re
+
+from .exposition_syntax import _NAME_START, _valid_sample
+
+# First characters of lines that need cleaning before parsing: indentation, markdown quotes and
+# fences, shell prompts, non-breaking spaces, a byte-order mark, HTML tags around code blocks.
+_PASTE_START = frozenset(" \t>`~$\u00a0\ufeff<")
+_FENCE = ("```", "~~~")
+_HTML_TAG = re.compile(r"^</?(?:details|summary|pre|code|p|br|div|span|b|i)\b[^>]*>.*$", re.I)
+_COMMAND = re.compile(r"(?:^|\s)(?:curl|wget|http|kubectl|docker|oc|grep)\s|^\S*[$#%]\s|^\$\s*$")
+_ELLIPSIS = re.compile(r"^\s*(?:\.{2,}|\u2026|\[(?:\.{3}|\u2026|snip|truncated)[^\]]*\])\s*$", re.I)
+_NUM_TAIL = re.compile(r"^\s*[0-9.eE+\-]+\s*$")
+_ENTITY = re.compile(r"&(?:quot|gt|lt|amp|apos|#\d{1,7}|#[xX][0-9a-fA-F]{1,6});")
+
+
+def _depaste(line: str) -> str | None:
+    """A line with paste debris around it cleaned, or None when the whole line is debris."""
+    s = line.replace("\u00a0", " ").lstrip(" \t\ufeff")
+    while s[:1] == ">":  # markdown quote, possibly nested
+        s = s[1:].lstrip(" \t")
+    if not s.strip():
+        return "\n"
+    if s.startswith(_FENCE) or _HTML_TAG.match(s.strip()):
+        return None
+    if s[0] == "`":  # inline code around a paste: "`# HELP ..."
+        s = s.lstrip("`")
+    if s[0] == "$" and (len(s) < 2 or s[1] in " \t\n"):
+        return None  # a shell prompt line: "$ curl ... /metrics"
+    return s
+
+
+def _is_debris(line: str) -> bool:
+    """A line of a paste that is not data and not worth an error: the command that made the scrape,
+    an ellipsis where the reporter cut it, markdown or HTML around the code block."""
+    s = line.strip()
+    if not s:
+        return True
+    return bool(_COMMAND.search(s) or _ELLIPSIS.match(s) or _HTML_TAG.match(s) or s.startswith(_FENCE))
+
+
+def _unescape_html(line: str) -> str:
+    """Complete entities only (``&quot;``, not ``&quot`` which html.unescape also decodes): a wrap
+    may cut an entity in two, and the join must see it whole."""
+    if _ENTITY.search(line) is None:
+        return line
+    return _ENTITY.sub(lambda m: html.unescape(m.group(0)), line)
+
+
+def _could_continue(line: str) -> bool:
+    """An incomplete sample (a name or label set cut by a wrap): the next line may finish it."""
+    s = line.strip()
+    return bool(s) and len(s) < 4096 and bool(_NAME_START.match(s))
+
+
+def _join_wrapped(first: str, second: str) -> str | None:
+    """``first`` (incomplete) joined with ``second`` when that makes one valid sample line."""
+    a = first.rstrip("\r\n")
+    b = second.lstrip(" \t")
+    for sep in ("", " "):
+        cand = a + sep + b
+        if "&" in cand:
+            cand = _unescape_html(cand)  # an entity the wrap cut in two: "&quot" + ";"
+        if _valid_sample(cand):
+            return cand
+    return None
