@@ -108,12 +108,45 @@ def parse_lines(lines: Iterable[str], default_ts: float | None = None, source: s
     since_sample = 0
     series_cap = max_series if max_series is not None else -1
     points_cap = max_points if max_points is not None else -1
+    samples = 0
+    # Recordings: a line "HEAD VALUE TIMESTAMP" whose head is a series already seen takes the fast path
+    # below (one rsplit, one dict hit, two floats); anything else (a new series, a comment, a timestamp
+    # that needs more than the millisecond conversion, a bad line) falls through to the full parser.
+    fast = mode == 1
+    om_ts = False  # a fast-path timestamp was in seconds (Parsed.openmetrics_ts)
     for line in lines:
         lineno += 1
         since_sample += 1
         if since_sample > max_lines_without_sample:
             raise ParseError(f"{source}: {max_lines_without_sample:,} lines in a row without a sample "
                              f"(line {lineno}): not metrics text")
+        if fast:
+            parts = line.rsplit(None, 2)
+            # A cached head is exactly what the full parser takes as the head (the text up to the last
+            # "}", or the first word): the two floats below parse only if neither holds a "}" or space.
+            if len(parts) == 3 and (entry := cache.get(parts[0], False)) is not False:
+                try:
+                    value = float(parts[1])
+                    ts = float(parts[2])
+                except ValueError:
+                    ts = -1.0  # the full parser says what is wrong
+                if ts > _MS_THRESHOLD:
+                    ts = ts / 1000.0 if ts < _US_THRESHOLD else -1.0
+                elif ts >= 0.0:
+                    om_ts = True
+                if ts >= 0.0:
+                    early_ok += 1
+                    since_sample = 0
+                    if entry is None or (entry[4] and value > DCGM_BLANK_THRESHOLD):
+                        continue
+                    entry[1].append(ts)
+                    entry[2].append(value)
+                    samples += 1
+                    if samples == points_cap:
+                        raise ParseError(f"{source}: {points_cap:,} points reached (line {lineno}): the cap on "
+                                         f"points per input; raise it with {ENV_MAX_POINTS}=N if the file is "
+                                         "genuine")
+                    continue
         if not line or line == "\n":
             continue
         if line[0] in _PASTE_START:
@@ -147,6 +180,7 @@ def parse_lines(lines: Iterable[str], default_ts: float | None = None, source: s
                 after_comment = 3 if line.startswith("# HELP") else 0
             if line.startswith("# EOF") or line.startswith("#EOF"):
                 p.saw_eof = True
+                fast = False
                 p.openmetrics = True
                 p.saw_meta = True
                 if mode == 2:
@@ -237,7 +271,7 @@ def parse_lines(lines: Iterable[str], default_ts: float | None = None, source: s
                                 f"{source}: more than {series_cap:,} series (line {lineno}): the cap on series "
                                 f"per input; raise it with {ENV_MAX_SERIES}=N if the file is genuine")
                         col = cols[key] = ([], [])
-                    entry = (key, col[0], col[1], name.startswith(GENERIC_PREFIXES))
+                    entry = (key, col[0], col[1], name.startswith(GENERIC_PREFIXES), name.startswith("DCGM_"))
                 cache[head] = entry
             value = float(rest[0])
             has_ts = len(rest) >= 2 and not rest[1].startswith("#")
@@ -245,6 +279,7 @@ def parse_lines(lines: Iterable[str], default_ts: float | None = None, source: s
                 mode = 1 if has_ts else 2
                 if mode == 1:
                     p.segments = seg = None
+                    fast = True
             if mode == 2:
                 if has_ts:
                     p.ignored_timestamps += 1
@@ -294,15 +329,15 @@ def parse_lines(lines: Iterable[str], default_ts: float | None = None, source: s
         since_sample = 0
         if entry is None:
             continue
-        if entry[0].name.startswith("DCGM_") and value > DCGM_BLANK_THRESHOLD:
+        if entry[4] and value > DCGM_BLANK_THRESHOLD:
             continue  # DCGM blank sentinel: not available, not a value
         if mode == 2:
             ts = seg.sample(head, entry[0], entry[3], value)
             last = (entry, rest[0]) if len(rest) == 1 else None
         entry[1].append(ts)
         entry[2].append(value)
-        p.samples += 1
-        if p.samples == points_cap:
+        samples += 1
+        if samples == points_cap:
             raise ParseError(f"{source}: {points_cap:,} points reached (line {lineno}): the cap on points per "
                              f"input; raise it with {ENV_MAX_POINTS}=N if the file is genuine")
     if pending is not None:  # the text ends inside a sample: a paste or a download cut short
@@ -310,6 +345,8 @@ def parse_lines(lines: Iterable[str], default_ts: float | None = None, source: s
                        "cut short; that sample is not read")
         p.truncated = True
     p.lines = lineno
+    p.openmetrics_ts = p.openmetrics_ts or om_ts
+    p.samples = samples
     p.bad_lines = bad
     p.scrape_mode = mode == 2
     if p.samples == 0:
