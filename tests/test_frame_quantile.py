@@ -41,7 +41,7 @@ def test_matches_reference_on_random_histograms():
             got, want = histogram_quantile(q, les, counts), _reference(q, les, counts)
             np.testing.assert_array_equal(got, want)  # exact, NaN where NaN
         finite = np.isfinite(histogram_quantile(0.5, les, counts)).sum()
-        assert finite > 250 if np.isfinite(les).any() else finite == 0  # only +Inf: no bound to report
+        assert finite > 200 if np.isfinite(les).any() else finite == 0  # only +Inf: no bound to report
 
 
 def test_hand_checked_figures():
