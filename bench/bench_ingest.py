@@ -8,7 +8,8 @@ Prints, for one generated OpenMetrics file with every signal (~165k lines, ~19 M
   promtool    tsdb create-blocks-from openmetrics FILE DIR (Debian package prometheus; skipped if absent)
   prometheus_client text_string_to_metric_families on the Prometheus-text twin of the file (ms timestamps;
               its OpenMetrics parser rejects multi-point histograms, so it gets the text format)
-and the ratios. Target: fragscope no slower than promtool.
+and the ratios, with the load average before and after (the machine may be shared: compare figures of one
+run). Target (issue 15): fragscope ingest + diagnose <= 0.5x promtool's backfill.
 
 ``--churn N``: the short-lived-series case (issue 12: N series of 2 points each, one after the other over
 a long span, e.g. one series per request id). Runs N and 2N series, each in a fresh process (so peak RSS
@@ -139,6 +140,7 @@ def main() -> int:
     write_prometheus_text(s, prom)
     with open(om, "rb") as fh:
         lines = sum(1 for _ in fh)
+    print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs; best of {a.repeat}")
     print(f"recording: {a.kind}, 8 h at 15 s: {lines:,} lines, {os.path.getsize(om) / 1e6:.1f} MB "
           f"(generated in {time.perf_counter() - t:.2f} s) -> {om}")
 
@@ -172,7 +174,8 @@ def main() -> int:
         t_prom, _ = best_of(backfill, a.repeat)
         print(f"promtool tsdb create-blocks-from:    {t_prom:7.3f} s")
         print(f"ratio fragscope (ingest+diagnose) / promtool: {t_all / t_prom:.2f}  "
-              f"({'faster' if t_all <= t_prom else 'SLOWER'} than promtool; target <= 1.0)")
+              f"({'faster' if t_all <= t_prom else 'SLOWER'} than promtool; target <= 0.5: "
+              f"{'met' if t_all <= 0.5 * t_prom else 'not met'})")
     else:
         print("promtool: not installed (apt-get install prometheus); ratio not measured")
 
@@ -191,6 +194,7 @@ def main() -> int:
             print(f"ratio prometheus_client / fragscope read_recording: {t_pc / t_read:.1f}x")
         except Exception as e:
             print(f"prometheus_client text parser: cannot read it ({type(e).__name__}: {e})")
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
     if not a.keep:
         shutil.rmtree(work, ignore_errors=True)
     return 0
