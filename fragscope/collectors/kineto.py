@@ -172,6 +172,7 @@ def _from_events(events: list, source: str, doc: dict) -> Timeline:
     c_dur: list = []
     c_corr: list[int] = []
     c_name: list[int] = []
+    marker_of: dict[str, str | None] = {}
     c_ev: list[dict] = []  # host calls' events, for their locations
     name_ids: dict[str, int] = {}
     steps: list[tuple] = []
@@ -254,7 +255,9 @@ def _from_events(events: list, source: str, doc: dict) -> Timeline:
                 if name.startswith("ProfilerStep#") and cat not in _NOT_STEP_CATS:
                     steps.append((ts, dur))
                 elif cat in _MARK_CATS:
-                    m = workload_marker(name)
+                    m = marker_of.get(name, 0)
+                    if m == 0:  # (names repeat: one test per distinct name)
+                        m = marker_of[name] = workload_marker(name)
                     if m is not None:
                         marks[m] = marks.get(m, 0) + 1
                         ex = mark_names.setdefault(m, [])
