@@ -60,7 +60,9 @@ def _reject_constant(name: str):
 def _gc_paused():
     """No cyclic garbage collection while a trace's objects are built (none of them form cycles): the
     collector otherwise walks the growing event list again and again (json.loads of 200k events: 0.86 s
-    with it, 0.52 s without, here; bench/bench_trace.py)."""
+    with it, 0.52 s without, here; bench/bench_trace.py). The switch is process-wide: in the agent, a
+    capture's read pauses cyclic collection for its other threads too, for that long (reference counting
+    still frees everything acyclic); the previous state is restored, errors included."""
     was = gc.isenabled()
     gc.disable()
     try:
