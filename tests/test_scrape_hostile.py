@@ -227,9 +227,21 @@ def test_sqlite_export_names_diagnose_trace(tmp_path):
         read_recording(p)
 
 
-def test_cli_wrong_kind_is_one_line_exit_2(tmp_path):
+def test_cli_other_kind_is_read_by_its_own_command(tmp_path):
+    """`diagnose FILE` given a log, a trace or a snapshot answers as `diagnose logs|trace|snapshot FILE`
+    would (same stdout and exit code), with one note on stderr naming the command; its input errors stay
+    one line; options only metrics recordings have are refused."""
+    for sub, name in (("logs", os.path.join(DATA, "logs", "vllm_v1_oom.log")),
+                      ("trace", os.path.join(DATA, "trace", "hta_alexnet_critical_path.json.gz")),
+                      ("snapshot", os.path.join(DATA, "snapshot", "fragmented_oom.pickle"))):
+        direct, routed = cli(sub, name, "--format", "json"), cli(name, "--format", "json")
+        assert routed.returncode == direct.returncode and routed.stdout == direct.stdout, sub
+        assert routed.stderr.strip().splitlines() == [line for line in direct.stderr.strip().splitlines()] + [
+            f"diagnose: {name}: {routed.stderr.split(name + ': ', 1)[1].split(';', 1)[0]}; read as: diagnose {sub} {name}"]
     p = _w(tmp_path, "trace.json", json.dumps({"traceEvents": [{"ph": "X", "name": "k", "ts": 1, "dur": 1}]}))
-    _one_line_error(cli(p), "diagnose trace", p)
+    _one_line_error(cli(p), "no GPU activity", p)  # the trace reader's own error, alone
+    _one_line_error(cli(os.path.join(DATA, "logs", "vllm_v1_oom.log"), "--since", "5m"), "diagnose logs",
+                    "--since applies to metrics recordings")
 
 
 def test_cli_single_scrape_end_to_end(tmp_path):

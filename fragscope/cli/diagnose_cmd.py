@@ -16,6 +16,14 @@ FORMATS = click.Choice(["human", "json"])
 FAIL_ON = click.Choice(["info", "warning", "critical", "never"])
 
 
+class _OtherKind(Exception):
+    """FILE is something another ``diagnose`` subcommand reads (an engine log, a trace, a snapshot)."""
+
+    def __init__(self, reader: str, message: str) -> None:
+        super().__init__(message)
+        self.reader = reader
+
+
 def _read_file(path: str, scrape_interval: str | None):
     from ..collectors.exposition import ParseError, read_recording
 
@@ -25,9 +33,34 @@ def _read_file(path: str, scrape_interval: str | None):
     try:
         return read_recording(path, **kwargs)
     except ParseError as e:
+        if e.reader:
+            raise _OtherKind(e.reader, str(e)) from None
         fail(str(e))
     except OSError as e:
         fail(f"{path}: {e.strerror or e}")
+
+
+def _reroute(ctx: click.Context, other: _OtherKind, file: str, fmt: str, fail_on: str, html: str | None,
+             refused: list[str]) -> int:
+    """Whatever the on-call holds gets its answer: a log, a trace or a snapshot given to ``diagnose FILE``
+    is read by its own subcommand (one note on stderr says so; stdout stays the report)."""
+    if refused:
+        fail(f"{other} ({' and '.join(refused)} appl{'y' if len(refused) > 1 else 'ies'} to metrics recordings)")
+    from .logs_cmd import logs_cmd
+    from .snapshot_cmd import snapshot_cmd
+    from .trace_cmd import trace_cmd
+
+    cmd = {"logs": logs_cmd, "trace": trace_cmd, "snapshot": snapshot_cmd}[other.reader]
+    what = str(other).split(": ", 1)[-1].split(", not metrics text", 1)[0]
+    kwargs = {"file": file, "fmt": fmt, "fail_on": fail_on}
+    if html:
+        if not any(p.name == "html" for p in cmd.params):
+            fail(f"--html: diagnose {other.reader} has no HTML report")
+        kwargs["html"] = html
+    rc = ctx.invoke(cmd, **kwargs)
+    # after the report, so that an input error stays the one line the subcommand printed
+    click.echo(f"diagnose: {file}: {what}; read as: diagnose {other.reader} {file}", err=True)
+    return rc
 
 
 def _diagnose_file(path: str, since: str | None = None, scrape_interval: str | None = None):
@@ -90,7 +123,11 @@ def run_cmd(ctx: click.Context, file: str | None, fmt: str, fail_on: str, html: 
         if opts.get("duration") or opts.get("interval"):
             fail("--duration and --interval sample a live source; a FILE is read as recorded (--since "
                  "keeps its last DURATION)")
-        window, report = _diagnose_file(file, opts.get("since"), scrape_interval)
+        try:
+            window, report = _diagnose_file(file, opts.get("since"), scrape_interval)
+        except _OtherKind as other:
+            refused = [f for f, v in (("--since", opts.get("since")), ("--scrape-interval", scrape_interval)) if v]
+            return _reroute(ctx, other, file, fmt, fail_on, html, refused)
     else:
         if scrape_interval:
             fail("--scrape-interval applies to a scrape FILE without timestamps")

@@ -22,7 +22,8 @@ from .exposition_parse import Parsed, parse_lines
 from .exposition_syntax import (ENV_MAX_POINTS, ENV_MAX_SERIES, MAX_POINTS, MAX_SERIES, ParseError,
                                 parse_labels)
 from .inputs import (ENV_MAX_DECOMPRESSED, MAX_DECOMPRESSED_BYTES, MAX_FILE_BYTES, SNIFF_BYTES, GunzipCapped,
-                     InputError, check_regular, describe_binary, describe_text, env_int, iter_lines, open_binary)
+                     InputError, check_regular, describe_binary, describe_text, env_int, iter_lines, open_binary,
+                     reader_of)
 from .scrapes import build_window
 
 __all__ = ["ParseError", "Parsed", "parse_labels", "parse_lines", "parse_text", "scrape_samples", "read_recording",
@@ -93,7 +94,7 @@ def _read(path: str, interval: float | None, scrape_time: float | None, max_seri
         raw = io.BufferedReader(GunzipCapped(fh, cap, path), 1 << 16) if gz else fh
         what = describe_binary(raw.peek(16)[:16])
         if what:
-            raise ParseError(f"{path}: {what.replace('FILE', path)}")
+            raise ParseError(f"{path}: {what.replace('FILE', path)}", reader_of(what))
         text = io.TextIOWrapper(raw, encoding="utf-8", errors="strict", newline=None)
         try:
             p = parse_lines(iter_lines(text), default_ts=None, source=path, scrapes=True,
@@ -106,7 +107,7 @@ def _read(path: str, interval: float | None, scrape_time: float | None, max_seri
             if any(m in str(e) for m in _SNIFF_AFTER):
                 what = describe_text(_head_text(path, gz, cap))
                 if what:
-                    raise ParseError(f"{path}: {what.replace('FILE', path)}") from None
+                    raise ParseError(f"{path}: {what.replace('FILE', path)}", reader_of(what)) from None
             raise
         except EOFError:
             raise ParseError(f"{path}: truncated gzip stream") from None

@@ -11,7 +11,15 @@ from ..model import Labels
 
 
 class ParseError(ValueError):
-    """Input is not Prometheus/OpenMetrics text; the message is one line naming the problem."""
+    """Input is not Prometheus/OpenMetrics text; the message is one line naming the problem.
+
+    ``reader``: when the input is another kind fragscope reads (an engine log, a trace, a memory
+    snapshot), the ``diagnose`` subcommand that reads it ("logs", "trace", "snapshot"); else None.
+    """
+
+    def __init__(self, message: str, reader: str | None = None) -> None:
+        super().__init__(message)
+        self.reader = reader
 
 
 _LABEL_RE = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')

@@ -217,6 +217,15 @@ _LOG_WORDS = re.compile(r"KV cache|preempted|Avg prompt throughput|Decode batch|
                         r"Started server process|Loading model|vLLM|sglang", re.I)
 
 
+_READER = re.compile(r"(?:read it|read a [\w ]+?) with: diagnose (logs|trace|snapshot) FILE")
+
+
+def reader_of(description: str | None) -> str | None:
+    """The ``diagnose`` subcommand a :func:`describe_binary` / :func:`describe_text` answer names, if any."""
+    m = _READER.search(description or "")
+    return m.group(1) if m else None
+
+
 def describe_binary(head: bytes) -> str | None:
     """What a file that is not text is, by its first bytes, and the command that reads it."""
     if head.startswith(b"SQLite format 3\x00"):
