@@ -78,6 +78,18 @@ def diagnose(window: Window) -> Report:
     return attach_playbooks(run_detectors(window))
 
 
+def judge_present(window: Window) -> list[Finding]:
+    """The findings of the short-window path alone (level evidence, and the detectors that judge short
+    windows themselves), merged across GPUs: what :func:`run_detectors` finds in a window shorter than
+    ``MIN_SPAN_S``, without the signal summary, notes or playbooks. The agent's watch pass asks this of its
+    last 2 minutes every few seconds (agent/loops.py); the summary was a fifth of its cost."""
+    if not len(window) or not math.isfinite(window.start):
+        return []
+    report = Report(window=(window.start, window.end), source=window.source)
+    _run_all(report, build_frame(window), short=True)
+    return rank_findings(_merge_gpus(report.findings))
+
+
 def _run_all(report: Report, frame: Frame, short: bool = False) -> None:
     span = frame.end - frame.start
     for d in REGISTRY.window():

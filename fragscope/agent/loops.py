@@ -87,9 +87,10 @@ def collector_loop(agent: Any, h: CollectorHealth, obj: Any) -> None:
         h.latest = res.samples
         h.missing = res.missing
         if res.samples:
-            state.ring.add(s for s in res.samples if is_signal(s.name))
+            sig = [s for s in res.samples if is_signal(s.name)]
+            state.ring.add(sig)
             if state.store is not None:
-                state.store.append(res.samples)
+                state.store.append(res.samples if state.store.keep_all else sig)
         state.bump()
         h.cpu_seconds += time.thread_time() - c0
         wait = interval if err is None else h.backoff
@@ -149,15 +150,23 @@ WATCH_SPAN_S = 120.0
 
 def watch_once(agent: Any) -> bool:
     """A cheap look at the present: the last 2 minutes of the ring judged on level evidence alone
-    (pipeline's short-window path). True when it shows a warning or critical finding that the last full
-    run did not report: the caller then runs the detectors at once."""
+    (pipeline's short-window path, without its signal summary or playbooks). True when it shows a
+    warning or critical finding that the last full run did not report: the caller then runs the
+    detectors at once. When no sample reached the ring since the last look (every collector stalled),
+    the last look's findings stand: nothing is rebuilt."""
     st = agent.state
-    now = time.time()
     c0 = time.thread_time()
     try:
-        from ..pipeline import diagnose
+        ver = st.ring.version
+        cached = getattr(agent, "_watch_seen", None)
+        if cached is not None and cached[0] == ver:
+            quick = cached[1]
+        else:
+            from ..pipeline import judge_present
 
-        quick = diagnose(st.ring.window_at(now, source="fragscope agent (watch)", span=WATCH_SPAN_S))
+            w = st.ring.window_at(time.time(), source="fragscope agent (watch)", span=WATCH_SPAN_S)
+            quick = {(f.id, f.severity.value) for f in judge_present(w) if f.severity.rank >= 1}
+            agent._watch_seen = (ver, quick)
     except Exception:  # noqa: BLE001 - the full run reports detector errors
         return False
     finally:
@@ -165,7 +174,7 @@ def watch_once(agent: Any) -> bool:
     known = {(f.id, f.severity.value) for f in st.report.findings} if st.report else set()
     # what a brought-forward run did not confirm is not asked about again until the next scheduled run
     known |= getattr(agent, "_watch_unconfirmed", set())
-    new = {(f.id, f.severity.value) for f in quick.findings if f.severity.rank >= 1} - known
+    new = quick - known
     agent._watch_pending = new
     return bool(new)
 

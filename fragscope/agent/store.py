@@ -9,6 +9,7 @@ full") marks the store degraded, drops the oldest data and keeps the agent runni
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -100,6 +101,7 @@ def infer_types(keys: Iterable[SeriesKey]) -> dict[str, str]:
     return out
 
 
+@functools.lru_cache(maxsize=8192)  # asked for every sample of every tick; a scrape repeats its names
 def is_signal(name: str) -> bool:
     """Whether a sample feeds a detector or the exporter (``store.keep = "signals"``)."""
     if name.startswith("fragscope_"):
