@@ -405,7 +405,10 @@ class _Handler(BaseHTTPRequestHandler):
             "clock": {"jumps": st.clock_jumps, "last_jump_seconds": st.last_clock_jump_seconds},
             "detector": {"runs": st.detector.runs, "errors": st.detector.errors, "last_run": st.detector.last_run,
                          "duration_seconds": st.detector.last_duration, "error": st.detector.last_error,
-                         "cpu_seconds": round(st.detector.cpu_seconds, 4)},
+                         "cpu_seconds": round(st.detector.cpu_seconds, 4),
+                         "watch_cpu_seconds": round(st.detector.watch_cpu_seconds, 4),
+                         "watch_runs": st.detector.watch_runs, "watch_skipped": st.detector.watch_skipped},
+            "housekeeping": {"cpu_seconds": round(st.housekeeping_cpu_seconds, 4)},
             "notes": st.notes})
 
 

@@ -161,7 +161,9 @@ def watch_once(agent: Any) -> bool:
         cached = getattr(agent, "_watch_seen", None)
         if cached is not None and cached[0] == ver:
             quick = cached[1]
+            st.detector.watch_skipped += 1
         else:
+            st.detector.watch_runs += 1
             from ..pipeline import judge_present
 
             w = st.ring.window_at(time.time(), source="fragscope agent (watch)", span=WATCH_SPAN_S)
@@ -170,7 +172,9 @@ def watch_once(agent: Any) -> bool:
     except Exception:  # noqa: BLE001 - the full run reports detector errors
         return False
     finally:
-        st.detector.cpu_seconds += time.thread_time() - c0
+        used = time.thread_time() - c0
+        st.detector.cpu_seconds += used
+        st.detector.watch_cpu_seconds += used
     known = {(f.id, f.severity.value) for f in st.report.findings} if st.report else set()
     # what a brought-forward run did not confirm is not asked about again until the next scheduled run
     known |= getattr(agent, "_watch_unconfirmed", set())
@@ -261,6 +265,7 @@ def housekeeping_loop(agent: Any) -> None:
     trimmer = memory.Trimmer()  # RSS back down after a large body or query (agent/memory.py)
     while not agent._stop.wait(max(0.0, agent.on_grid(time.monotonic() + 0.5 * period, period)
                                    - time.monotonic())):
+        c0 = time.thread_time()
         mono = time.monotonic()
         st.heartbeat = mono
         if not st.first_round_done and all(h.runs_total > 0 or h.up is False for h in st.collectors.values()):
@@ -281,6 +286,7 @@ def housekeeping_loop(agent: Any) -> None:
             if mono >= next_maint:
                 st.store.maintain()
                 next_maint = mono + 60.0
+        st.housekeeping_cpu_seconds += time.thread_time() - c0
 
 
 def finding_key(f: Any) -> tuple:

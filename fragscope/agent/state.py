@@ -55,7 +55,10 @@ class DetectorHealth:
     last_run: float | None = None
     last_duration: float | None = None
     last_error: str | None = None
-    cpu_seconds: float = 0.0
+    cpu_seconds: float = 0.0  # full runs and watch passes
+    watch_cpu_seconds: float = 0.0  # the watch passes' part of cpu_seconds
+    watch_runs: int = 0  # watch passes that judged the present (skipped ones not counted)
+    watch_skipped: int = 0  # watch passes skipped: no sample reached the ring since the last one
 
 
 @dataclass
@@ -77,6 +80,7 @@ class AgentState:
     notes: list[str] = field(default_factory=list)
     clock_jumps: int = 0
     last_clock_jump_seconds: float | None = None
+    housekeeping_cpu_seconds: float = 0.0  # history flushes, retention, watchdog, memory trim
 
     def bump(self) -> None:
         self.version += 1
