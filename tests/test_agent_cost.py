@@ -144,6 +144,28 @@ def test_judge_present_is_the_short_window_pipeline():
     assert judge_present(Window({}, math.nan, math.nan)) == []
 
 
+def test_watch_window_without_bucket_series_judges_the_same_on_every_scenario():
+    """The watch pass leaves out histograms' finite buckets (loops.watch_keeps): the present-state path
+    must find the same (id, severity, subject, confidence) with and without them, on every scenario kind
+    over the last 2 minutes. If a level detector starts reading quantiles, this fails."""
+    from fragscope.scenarios import KINDS, Scenario, to_window
+
+    findings = dropped = 0
+    for kind in KINDS:  # 30 min at the ring's 5 s step, the pathology from minute 5 (0.7 s for all kinds)
+        w, _ = to_window(Scenario(kind, seed=1, duration_s=1800, step_s=5, onset_s=300))
+        for span in (loops.WATCH_SPAN_S,):
+            part = w.between(w.end - span, w.end)
+            kept = Window({k: s for k, s in part.series.items() if loops.watch_keeps(k)}, part.start, part.end,
+                          part.source)
+            dropped += len(part.series) - len(kept.series)
+            full = [(f.id, f.severity.value, f.subject, f.confidence) for f in judge_present(part)]
+            assert [(f.id, f.severity.value, f.subject, f.confidence) for f in judge_present(kept)] == full, kind
+            findings += len(full)
+    assert findings >= 6 and dropped > 0  # the comparison saw findings, and buckets were left out
+    assert loops.watch_keeps(SeriesKey("vllm:time_to_first_token_seconds_bucket", (("le", "+Inf"),)))
+    assert not loops.watch_keeps(SeriesKey("vllm:time_to_first_token_seconds_bucket", (("le", "0.5"),)))
+
+
 def test_watch_pass_skips_when_no_sample_arrived(monkeypatch):
     import fragscope.pipeline as pipeline
 

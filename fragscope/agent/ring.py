@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import Iterable
+from typing import Callable, Iterable
 
 import numpy as np
 
@@ -83,8 +83,10 @@ class Ring:
                     e[_STEP] = math.floor(e[_TS][n - 1] / step)
             self.version += 1
 
-    def window_at(self, now: float, source: str, span: float | None = None) -> Window:
-        """The ring's samples from ``now - span`` (default: the whole detection window) on.
+    def window_at(self, now: float, source: str, span: float | None = None,
+                  keep: Callable[[SeriesKey], bool] | None = None) -> Window:
+        """The ring's samples from ``now - span`` (default: the whole detection window) on, of the
+        series ``keep`` accepts (default: all).
 
         Built straight into :class:`~fragscope.model.Series`: the ring's times are strictly increasing
         by construction (one point per step, older ones refused), so only non-finite values are dropped
@@ -95,7 +97,7 @@ class Ring:
         start, end = math.inf, -math.inf
         with self._lock:
             for ts, vs, n, _, typ, key in self._d.values():
-                if not n:
+                if not n or (keep is not None and not keep(key)):
                     continue
                 i = int(np.searchsorted(ts[:n], lo)) if ts[0] < lo else 0
                 if i >= n:
