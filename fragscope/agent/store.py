@@ -397,14 +397,7 @@ class Store:
         """Series whose name is in ``names`` (a family name matches its _bucket/_count/_sum/_total
         samples; None: all) over [start, end] unix seconds. ``step`` keeps the last point of each
         step. Raises TooManyPoints past ``max_points``."""
-        wanted: set[str] | None = None
-        if names:
-            wanted = set()
-            for n in names:
-                wanted.add(n)
-                wanted.update(n + s for s in _FAMILY_SUFFIXES)
-        lo, hi = int(math.floor(start * 1000)), int(math.ceil(end * 1000))
-        step_ms = int(step * 1000) if step and step > 0 else 0
+        wanted, lo, hi, step_ms = _query_bounds(names, start, end, step)
         cols: dict[SeriesKey, tuple[np.ndarray, np.ndarray]] = {}
         types: dict[str, str] = {}
         total = 0
@@ -412,14 +405,7 @@ class Store:
             for sid, name, labels, typ in self.series_list_unlocked():
                 if wanted is not None and name not in wanted:
                     continue
-                if step_ms:
-                    # SQLite: a bare column next to max() comes from the row holding the max.
-                    cur = self._r.execute(
-                        "SELECT max(t), v FROM points WHERE sid=? AND t>=? AND t<=? GROUP BY t/? ORDER BY 1",
-                        (sid, lo, hi, step_ms))
-                else:
-                    cur = self._r.execute("SELECT t, v FROM points WHERE sid=? AND t>=? AND t<=? ORDER BY t",
-                                          (sid, lo, hi))
+                cur = _points(self._r, sid, lo, hi, step_ms)
                 # in blocks straight into numpy (16 bytes a point), never a list of row tuples (~110
                 # bytes a point), and stopped as soon as the bound is passed
                 parts = []
@@ -470,6 +456,28 @@ class Store:
 
 
 # ---------------------------------------------------------------------------------------------
+def _query_bounds(names: Sequence[str] | None, start: float, end: float,
+                  step: float | None) -> tuple[set[str] | None, int, int, int]:
+    """(wanted sample names or None for all, start ms, end ms, step ms or 0) of a history query."""
+    wanted: set[str] | None = None
+    if names:
+        wanted = set()
+        for n in names:
+            wanted.add(n)
+            wanted.update(n + s for s in _FAMILY_SUFFIXES)
+    step_ms = int(step * 1000) if step and step > 0 else 0
+    return wanted, int(math.floor(start * 1000)), int(math.ceil(end * 1000)), step_ms
+
+
+def _points(c: sqlite3.Connection, sid: int, lo: int, hi: int, step_ms: int) -> sqlite3.Cursor:
+    """A cursor over (t ms, v) of one series in [lo, hi], the last point of each step when step_ms."""
+    if step_ms:
+        # SQLite: a bare column next to max() comes from the row holding the max.
+        return c.execute("SELECT max(t), v FROM points WHERE sid=? AND t>=? AND t<=? GROUP BY t/? ORDER BY 1",
+                         (sid, lo, hi, step_ms))
+    return c.execute("SELECT t, v FROM points WHERE sid=? AND t>=? AND t<=? ORDER BY t", (sid, lo, hi))
+
+
 _SCAN_CACHE_KIB = 512  # SQLite page cache of a scan's own connection (the default is 2 MiB)
 
 
@@ -484,14 +492,7 @@ class HistoryScan:
 
     def __init__(self, store: Store, names: Sequence[str] | None, start: float, end: float,
                  step: float | None, max_points: int | None) -> None:
-        wanted: set[str] | None = None
-        if names:
-            wanted = set()
-            for n in names:
-                wanted.add(n)
-                wanted.update(n + s for s in _FAMILY_SUFFIXES)
-        self.lo, self.hi = int(math.floor(start * 1000)), int(math.ceil(end * 1000))
-        self.step_ms = int(step * 1000) if step and step > 0 else 0
+        wanted, self.lo, self.hi, self.step_ms = _query_bounds(names, start, end, step)
         try:
             self._c = sqlite3.connect(store.path, timeout=5.0, check_same_thread=False, isolation_level=None)
         except sqlite3.Error as e:
@@ -529,13 +530,7 @@ class HistoryScan:
 
     def column(self, sid: int, which: str):
         """The series' times (``"t"``, unix seconds) or values (``"v"``) in order, as numpy blocks."""
-        if self.step_ms:
-            # SQLite: a bare column next to max() comes from the row holding the max.
-            cur = self._c.execute("SELECT max(t), v FROM points WHERE sid=? AND t>=? AND t<=? GROUP BY t/? "
-                                  "ORDER BY 1", (sid, self.lo, self.hi, self.step_ms))
-        else:
-            cur = self._c.execute("SELECT t, v FROM points WHERE sid=? AND t>=? AND t<=? ORDER BY t",
-                                  (sid, self.lo, self.hi))
+        cur = _points(self._c, sid, self.lo, self.hi, self.step_ms)
         i = 0 if which == "t" else 1
         try:
             while True:

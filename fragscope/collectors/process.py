@@ -99,31 +99,24 @@ def read_cgroup_cpu(root: str = "/sys/fs/cgroup", proc_cgroup: str = "/proc/self
     return out
 
 
+# cpu.stat key -> (result key, divisor to base units)
+_V2_STAT = (("throttled_usec", "throttled_s", 1e6), ("nr_throttled", "throttled_periods", 1),
+            ("nr_periods", "periods", 1), ("usage_usec", "usage_s", 1e6))
+_V1_STAT = (("throttled_time", "throttled_s", 1e9), ("nr_throttled", "throttled_periods", 1),
+            ("nr_periods", "periods", 1))
+
+
+def _pick(kv: dict[str, float], table) -> dict:
+    return {out: kv[key] / div for key, out, div in table if key in kv}
+
+
 def _v2_counters(stat: str) -> dict:
-    kv = _kv(stat)
-    out = {}
-    if "throttled_usec" in kv:
-        out["throttled_s"] = kv["throttled_usec"] / 1e6
-    if "nr_throttled" in kv:
-        out["throttled_periods"] = kv["nr_throttled"]
-    if "nr_periods" in kv:
-        out["periods"] = kv["nr_periods"]
-    if "usage_usec" in kv:
-        out["usage_s"] = kv["usage_usec"] / 1e6
-    return out
+    return _pick(_kv(stat), _V2_STAT)
 
 
 def _v1_counters(d: str) -> dict:
-    out = {}
     stat = _read(os.path.join(d, "cpu.stat"))
-    if stat is not None:
-        kv = _kv(stat)
-        if "throttled_time" in kv:
-            out["throttled_s"] = kv["throttled_time"] / 1e9
-        if "nr_throttled" in kv:
-            out["throttled_periods"] = kv["nr_throttled"]
-        if "nr_periods" in kv:
-            out["periods"] = kv["nr_periods"]
+    out = _pick(_kv(stat), _V1_STAT) if stat is not None else {}
     usage = _read(os.path.join(d, "cpuacct.usage"))
     if usage and usage.strip().isdigit():
         out["usage_s"] = int(usage.strip()) / 1e9
