@@ -40,6 +40,20 @@ HEAVY_CONCURRENCY = 1
 HEAVY_WAIT_S = 3.0
 
 
+# A streamed history response holds a read snapshot of the history (the WAL cannot be checkpointed past it):
+# a client that reads it slower than this is cut off (200k points stream in well under a second locally).
+STREAM_MAX_S = 120.0
+
+
+def _within(pieces, seconds: float):
+    """The pieces, cut off with TimeoutError once ``seconds`` have passed since the first."""
+    deadline = time.monotonic() + seconds
+    for p in pieces:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"history response not read within {seconds:g} s; cut off")
+        yield p
+
+
 class BadRequest(ValueError):
     pass
 
@@ -344,7 +358,8 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send_window(self._query(names, start, end, step), start, end)
         scan = st.store.scan(names, start, end, step=step or None, max_points=self.cfg.api_max_points)
         try:
-            self._send_stream(200, iter_scan_json(scan, start, end, "fragscope agent history"), "application/json")
+            self._send_stream(200, _within(iter_scan_json(scan, start, end, "fragscope agent history"),
+                                           STREAM_MAX_S), "application/json")
         finally:
             scan.close()  # also when the body was never formatted (HEAD)
         return scan.total
