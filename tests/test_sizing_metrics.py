@@ -225,3 +225,25 @@ def test_kv_pressure_quotes_the_sized_value_and_fragmentation_comes_first():
     attach_playbooks(rep)
     pool = next(f for f in rep.findings if f.id == "kv-pool-undersized")
     assert pool.playbook["actions"][0].startswith("First fix the allocator fragmentation")
+
+
+def test_agent_round_adds_startup_oom_from_the_followed_log(tmp_path):
+    """The agent's judging round (agent/loops.add_startup_findings): a start-up OOM in the log it follows
+    becomes a finding with its playbook beside the metrics findings; a start-up that went through adds none."""
+    from fragscope.agent.loops import add_startup_findings
+    from fragscope.collectors.logs import LogCollector
+    from fragscope.model import Report
+
+    path = tmp_path / "engine.log"
+    for family, expect in (("startup-oom-graphs", ["startup-oom"]), ("pool-too-small", [])):
+        lines, _ = S.family(family)
+        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        c = LogCollector(str(path), from_start=True)
+        c.collect(1000.0)
+        rep = Report(window=(0.0, 1.0))
+        add_startup_findings(rep, [object(), c])
+        assert [f.id for f in rep.findings] == expect, family
+        for f in rep.findings:
+            assert "--gpu-memory-utilization 0.87" in f.summary
+            assert f.playbook and f.playbook["actions"], "attached with its computed actions"
+        c.close()

@@ -101,6 +101,21 @@ def collector_loop(agent: Any, h: CollectorHealth, obj: Any) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+def add_startup_findings(report: Any, sources: list) -> None:
+    """A server that never came up exports no metrics: only the engine log the agent follows can say
+    why (startup-oom, with the utilization that would have started). Added to the judging round's report
+    with its playbook; nothing when no source follows a log or the last start-up went through."""
+    from ..sizing.detect import startup_findings
+
+    found = startup_findings(sources)
+    if found:
+        from ..model import rank_findings
+        from ..playbooks import attach_playbooks
+
+        report.findings = rank_findings(list(report.findings) + found)
+        attach_playbooks(report)
+
+
 def detect_once(agent: Any) -> None:
     st = agent.state
     now = time.time()
@@ -114,6 +129,7 @@ def detect_once(agent: Any) -> None:
             from ..pipeline import diagnose
 
             report = diagnose(w)
+        add_startup_findings(report, [obj for _, obj in agent._collectors])
         # a source that is down explains what the detectors could not judge (agent/health.py)
         explain_down(report, down_collectors(st.collectors.values()), now)
         if agent._capture is not None:
