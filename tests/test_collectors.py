@@ -17,7 +17,8 @@ import psutil
 import pytest
 
 from fragscope.collectors.dcgm import DcgmCollector, is_blank, parse_dcgm_metrics
-from fragscope.collectors.http import FetchError, LogOnce, http_get
+from fragscope.collectors.http import FetchError, http_get
+from fragscope.collectors.logonce import LogOnce
 from fragscope.collectors.nvml import (NvmlCollector, PynvmlBackend, RecordedBackend,
                                        translate_error)
 from fragscope.collectors.process import ProcessCollector, read_cgroup_cpu

@@ -5,12 +5,10 @@ that returns the body as text or raises :class:`FetchError` with a one-line mess
 time (a total deadline, not only requests' per-read timeout, so a server that trickles bytes
 cannot hold a collector) and in size (the decoded body, so a gzip bomb is cut off too).
 
-Also here: :class:`LogOnce`, the "log once, not every tick" helper every collector uses.
 
 """
 from __future__ import annotations
 
-import logging
 import time
 from typing import Callable
 
@@ -262,34 +260,3 @@ def _short_conn_error(e: Exception) -> str:
     if "remote end closed" in low or "remotedisconnected" in low:
         return "server closed the connection"
     return _one_line(s, 100)
-
-
-class LogOnce:
-    """Log a collector's trouble once per state change, not every tick.
-
-    ``problem(msg)`` logs at WARNING when the message (its first ``key_len`` characters) differs
-    from the last one; ``ok()`` logs one INFO line when the source recovers.
-    """
-
-    def __init__(self, logger: logging.Logger, what: str, key_len: int = 80) -> None:
-        self.log = logger
-        self.what = what
-        self.key_len = key_len
-        self._last: str | None = None
-        self.count = 0  # problems logged (tests read it)
-
-    def problem(self, msg: str, level: int = logging.WARNING) -> None:
-        key = msg[: self.key_len]
-        if key != self._last:
-            self._last = key
-            self.count += 1
-            self.log.log(level, "%s: %s", self.what, msg)
-
-    def ok(self) -> None:
-        if self._last is not None:
-            self._last = None
-            self.log.info("%s: recovered", self.what)
-
-    @property
-    def in_trouble(self) -> bool:
-        return self._last is not None

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 
 from ..model import CollectResult, Missing, Reason, Sample, make_labels
-from .http import LogOnce
+from .logonce import LogOnce
 from .nvml_backend import (GPU_SIGNALS, MIB, THROTTLE_REASONS, MemInfo, NotAvailable, NvmlBackend,  # noqa: F401
                            translate_error)
 from .nvml_pynvml import PynvmlBackend

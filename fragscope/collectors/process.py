@@ -14,7 +14,7 @@ from typing import Sequence
 import psutil
 
 from ..model import CollectResult, Missing, Reason, Sample, make_labels
-from .http import LogOnce
+from .logonce import LogOnce
 
 log = logging.getLogger(__name__)
 

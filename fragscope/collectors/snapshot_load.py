@@ -26,7 +26,6 @@ import json
 import os
 import pickle
 import pickletools
-import stat
 import threading
 import zlib
 

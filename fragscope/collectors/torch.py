@@ -11,7 +11,7 @@ import os
 
 from ..model import CollectResult, Missing, Reason, Sample, make_labels
 from ..probe.core import FILE_PREFIX, FILE_SUFFIX, MAX_RECORD_BYTES, RecordError, parse_record
-from .http import LogOnce
+from .logonce import LogOnce
 
 log = logging.getLogger(__name__)
 

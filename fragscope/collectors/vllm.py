@@ -14,7 +14,8 @@ import re
 from ..model import CollectResult, Missing, Reason, Sample, make_labels
 from ..signals import SIGNALS, normalise_name
 from .exposition import ParseError, scrape_samples
-from .http import DEFAULT_MAX_BYTES, Fetch, FetchError, LogOnce, http_get
+from .http import DEFAULT_MAX_BYTES, Fetch, FetchError, http_get
+from .logonce import LogOnce
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from ..model import Evidence, Finding, Inconclusive, Severity
 from ..signals import any_of
 from ..units import GiB, MiB
 from .playbooks import KV_POOL_UNDERSIZED_ID, STARTUP_OOM_ID
-from .recommend import MEMORY_ELSEWHERE, POOL_TOO_SMALL, STARTUP_OOM, SizingConfig, recommend
+from .recommend import POOL_TOO_SMALL, SizingConfig, recommend
 from .startup import StartupAccounting
 
 REQUIRES_POOL = ("startup_accounting", "kv_cache_usage_ratio", "preemptions_total", "gpu_memory_used_bytes",
@@ -111,7 +111,6 @@ def detect_startup_oom(accounting, cfg: SizingConfig = SizingConfig()) -> list[F
         return Inconclusive(STARTUP_OOM_ID, ["engine start-up log around the OOM"],
                             "an OOM without start-up lines: start-up or run time cannot be told")
     rec = recommend(acc, None, cfg)
-    cases = [c for c in rec.cases if c["case"] in (STARTUP_OOM, MEMORY_ELSEWHERE)]
     f = acc.failure
     what = {"oom": f"out of memory during {f.get('phase') or 'start-up'}",
             "no-kv-memory": "no memory left for the KV cache blocks",

@@ -64,7 +64,7 @@ def summarize_runtime(*, device_total_bytes=None, device_used_bytes=None, proces
         if reasons:
             out["preemptions_by_reason"] = reasons
             out.setdefault("preemptions_total", float(sum(reasons.values())))
-    r, w = _arr(running), _arr(waiting)
+    r = _arr(running)
     if running is not None and waiting is not None:
         ra = np.asarray(running, dtype=float).ravel()
         wa = np.asarray(waiting, dtype=float).ravel()

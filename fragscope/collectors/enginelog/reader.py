@@ -10,7 +10,6 @@ from __future__ import annotations
 from ..safefile import NotRegularFile, fdopen_observed, open_regular_fd
 
 import gzip
-import os
 import re
 import stat
 import zlib
