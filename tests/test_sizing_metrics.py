@@ -247,3 +247,12 @@ def test_agent_round_adds_startup_oom_from_the_followed_log(tmp_path):
             assert "--gpu-memory-utilization 0.87" in f.summary
             assert f.playbook and f.playbook["actions"], "attached with its computed actions"
         c.close()
+
+
+def test_full_pool_with_a_queue_but_no_preemption_is_not_sized_from_metrics():
+    """KV near full with requests waiting and not one preemption is how any saturated server looks (the
+    batch cap or compute may bind, or one sample spiked): no kv-pool-undersized from metrics; the same
+    pod with preemptions gets it."""
+    assert not found(diagnose(window(preempt_per_scrape=0.0, waiting=200.0)))
+    assert not found(diagnose(window(by_reason={"kv_full": 0.0}, waiting=200.0)))
+    assert found(diagnose(window(preempt_per_scrape=1.0, waiting=200.0)))

@@ -43,6 +43,12 @@ def detect(f: Frame, cfg: SizingConfig = SizingConfig()) -> list[Finding] | Inco
                             "one: preemptions are needed")
     if not pressure:
         return []  # the pool never ran full under demand (or only priority preemptions): nothing to size
+    by_reason = rt.get("preemptions_by_reason") or {}
+    if not (by_reason.get("kv_full") if by_reason else rt.get("preemptions_total")):
+        # KV near full with a queue but no preemption: how a saturated server looks when the batch cap,
+        # compute or one sample's spike binds as well as when the pool does; only a preemption proves the
+        # scheduler ran out of blocks (capacity-saturation judges the queue). `fragscope size` still sizes it.
+        return []
     kv_peak = rt.get("kv_usage_peak_ratio")
     if not rt.get("preemptions_by_reason") and (kv_peak is None or kv_peak < cfg.full_kv_usage):
         # unlabelled preemptions while no sample saw the pool full: priority preemptions (V1 priority
