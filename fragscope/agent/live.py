@@ -169,13 +169,20 @@ def _short(msg: str, url: str) -> str:
 def parse_page(text: str, ts: float, kinds: list[str], source: str, caches: dict) -> list[Sample]:
     """The samples of one scrape that the detectors read, by page kind (pure but for ``caches``).
     Raises exposition.ParseError."""
-    from ..collectors.exposition import scrape_samples
+    from ..collectors.exposition import LineCache, scrape_samples
+
+    def lines(kind: str) -> LineCache:
+        c = caches.get(kind + "_lines")
+        if c is None:
+            c = caches[kind + "_lines"] = LineCache()
+        return c
 
     out: list[Sample] = []
     if any(k.startswith("vllm") for k in kinds):
         from ..collectors.vllm import parse_vllm_metrics
 
-        out += parse_vllm_metrics(text, ts, source=source, key_cache=caches.setdefault("vllm", {}))
+        out += parse_vllm_metrics(text, ts, source=source, key_cache=caches.setdefault("vllm", {}),
+                                  lines=lines("vllm"))
     if "sglang" in kinds:
         out += [s for s in scrape_samples(text, ts, source, caches.setdefault("sglang", {}))
                 if s.name.startswith("sglang:")]
@@ -187,7 +194,8 @@ def parse_page(text: str, ts: float, kinds: list[str], source: str, caches: dict
     if "dcgm" in kinds:
         from ..collectors.dcgm import parse_dcgm_metrics
 
-        out += parse_dcgm_metrics(text, ts, source=source, key_cache=caches.setdefault("dcgm", {}))
+        out += parse_dcgm_metrics(text, ts, source=source, key_cache=caches.setdefault("dcgm", {}),
+                                  lines=lines("dcgm"))
     return out
 
 

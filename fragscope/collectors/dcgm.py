@@ -12,7 +12,7 @@ import re
 
 from ..model import CollectResult, Missing, Reason, Sample
 from ..signals import SIGNALS
-from .exposition import ParseError, scrape_samples
+from .exposition import LineCache, ParseError, scrape_samples
 from .http import DEFAULT_MAX_BYTES, Fetch, FetchError, http_get
 from .logonce import LogOnce
 
@@ -61,18 +61,15 @@ def is_blank(value: float, name: str = "") -> bool:
     return _INT32_BLANK <= value <= 0x7FFFFFFF and not name.endswith(("_VIOLATION", "_COUNT"))
 
 
-def parse_dcgm_metrics(text: str, ts: float, source: str = "dcgm", key_cache: dict | None = None) -> list[Sample]:
-    """A dcgm-exporter body -> kept samples stamped ``ts`` (pure). Raises ParseError."""
-    # only the kept fields' lines are parsed, found by a regex (no list of every line): bounded work
-    # and memory on a hostile body (collectors/vllm.py does the same)
-    kept = [m.group() for m in _FIELD_LINE.finditer(text) if m.group(1) in KEEP]
-    if not kept:  # nothing of ours: parse a bounded head, to reject garbage with the parser's message
-        head = text[:_HEAD_BYTES]
-        if len(text) > _HEAD_BYTES and "\n" in head:
-            head = head[: head.rindex("\n") + 1]
-        scraped = [s for s in scrape_samples(head, ts, source) if s.name in KEEP]
-    else:
-        scraped = scrape_samples("".join(kept), ts, source, key_cache)
+def parse_dcgm_metrics(text: str, ts: float, source: str = "dcgm", key_cache: dict | None = None,
+                       lines: LineCache | None = None) -> list[Sample]:
+    """A dcgm-exporter body -> kept samples stamped ``ts`` (pure but for the caches). Raises ParseError.
+
+    ``lines`` (kept by the caller between scrapes): a page whose lines were all seen before is read with
+    one dict hit and one float a line, as in collectors/vllm.py."""
+    scraped = lines.scrape(_FIELD_LINE, text, ts) if lines is not None else None
+    if scraped is None:
+        scraped = _parse(text, ts, source, key_cache, lines)
     out = []
     for s in scraped:
         if s.name not in KEEP or is_blank(s.value, s.name):
@@ -82,6 +79,23 @@ def parse_dcgm_metrics(text: str, ts: float, source: str = "dcgm", key_cache: di
             labels = tuple((k, v) for k, v in labels if k not in DROP_LABELS)
         out.append(Sample(s.name, labels, s.ts, s.value))
     return out
+
+
+def _parse(text: str, ts: float, source: str, key_cache: dict | None, lines: LineCache | None) -> list[Sample]:
+    # only the kept fields' lines are parsed, found by a regex (no list of every line): bounded work
+    # and memory on a hostile body (collectors/vllm.py does the same)
+    kept = []
+    for m in _FIELD_LINE.finditer(text):
+        if m.group(1) in KEEP:
+            kept.append(m.group())
+        elif lines is not None:
+            lines.drop(m.group())
+    if not kept:  # nothing of ours: parse a bounded head, to reject garbage with the parser's message
+        head = text[:_HEAD_BYTES]
+        if len(text) > _HEAD_BYTES and "\n" in head:
+            head = head[: head.rindex("\n") + 1]
+        return [s for s in scrape_samples(head, ts, source) if s.name in KEEP]
+    return scrape_samples("".join(kept), ts, source, key_cache, lines)
 
 
 class DcgmCollector:
@@ -97,6 +111,7 @@ class DcgmCollector:
         self.fetch = fetch
         self._log = LogOnce(log, f"dcgm {url}")
         self._keys: dict = {}  # parsed series lines, reused scrape after scrape
+        self._lines = LineCache()  # the page's lines as parsed: the fast path of the next scrapes
 
     def _down(self, now: float, reason: Reason | str, msg: str) -> CollectResult:
         self._log.problem(msg)
@@ -109,7 +124,7 @@ class DcgmCollector:
             except FetchError as e:
                 return self._down(now, e.reason, str(e))
             try:
-                samples = parse_dcgm_metrics(text, now, source=self.url, key_cache=self._keys)
+                samples = parse_dcgm_metrics(text, now, source=self.url, key_cache=self._keys, lines=self._lines)
             except ParseError as e:
                 return self._down(now, Reason.PARSE_ERROR, str(e))
             if not samples:

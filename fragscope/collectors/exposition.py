@@ -18,7 +18,7 @@ import math
 
 from ..model import Sample, Window
 from ..signals import SIGNALS
-from .exposition_parse import Parsed, parse_lines
+from .exposition_parse import LineCache, Parsed, parse_lines
 from .exposition_syntax import (ENV_MAX_POINTS, ENV_MAX_SERIES, MAX_POINTS, MAX_SERIES, ParseError,
                                 parse_labels)
 from .inputs import (ENV_MAX_DECOMPRESSED, MAX_DECOMPRESSED_BYTES, MAX_FILE_BYTES, SNIFF_BYTES, GunzipCapped,
@@ -26,7 +26,7 @@ from .inputs import (ENV_MAX_DECOMPRESSED, MAX_DECOMPRESSED_BYTES, MAX_FILE_BYTE
                      reader_of)
 from .scrapes import build_window
 
-__all__ = ["ParseError", "Parsed", "parse_labels", "parse_lines", "parse_text", "scrape_samples", "read_recording",
+__all__ = ["ParseError", "LineCache", "Parsed", "parse_labels", "parse_lines", "parse_text", "scrape_samples", "read_recording",
            "MAX_SERIES", "MAX_POINTS", "ENV_MAX_SERIES", "ENV_MAX_POINTS"]
 
 # A run of this many lines without a sample (blank lines, comments, junk) is not metrics text: a gzip
@@ -35,13 +35,16 @@ _MAX_LINES_WITHOUT_SAMPLE = 1_000_000
 
 
 def parse_text(text: str, default_ts: float | None, source: str = "scrape",
-               key_cache: dict | None = None) -> Parsed:
-    return parse_lines(io.StringIO(text), default_ts=default_ts, source=source, key_cache=key_cache)
+               key_cache: dict | None = None, line_cache: LineCache | None = None) -> Parsed:
+    return parse_lines(io.StringIO(text), default_ts=default_ts, source=source, key_cache=key_cache,
+                       line_cache=line_cache)
 
 
-def scrape_samples(text: str, ts: float, source: str = "scrape", key_cache: dict | None = None) -> list[Sample]:
-    """A live scrape (no timestamps expected) -> samples stamped ``ts``."""
-    return parse_text(text, ts, source, key_cache).samples_list()
+def scrape_samples(text: str, ts: float, source: str = "scrape", key_cache: dict | None = None,
+                   line_cache: LineCache | None = None) -> list[Sample]:
+    """A live scrape (no timestamps expected) -> samples stamped ``ts``. ``line_cache`` learns the
+    series lines' heads for :meth:`LineCache.scrape` (the collectors' fast path)."""
+    return parse_text(text, ts, source, key_cache, line_cache).samples_list()
 
 
 # ---------------------------------------------------------------------------------------------

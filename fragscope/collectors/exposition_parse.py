@@ -72,10 +72,100 @@ class Parsed:
         return out
 
 
+# Live scrapes: a collector's LineCache maps a series line's head (the text before its value) to what the
+# parser made of that head, so that the next scrape of the same page reads each line with one rsplit, one
+# dict hit and one float (LineCache.scrape). The parser's outcome for a head (name, labels, dropped) depends
+# on the head alone once no # TYPE line is in play, which is why it learns only then.
+_DROP = ("", (), 0, False)  # a head whose lines are not read (not kept by the collector, a bad bound)
+
+
+class LineCache:
+    """What the parser made of each series line of a collector's pages, for :meth:`scrape`.
+
+    Bounded: at most ``max_heads`` heads (a hostile page whose labels change every scrape refills it, at
+    most that many entries, ~250 bytes each); a page with more distinct lines than that is never learnt.
+    Only for the sample lines a collector picks out of its pages by a name-prefix regex: the caller passes
+    the same regex to :meth:`scrape`, and falls back to the full parser whenever it returns None.
+    """
+
+    __slots__ = ("heads", "series", "max_heads", "scrapes")
+
+    def __init__(self, max_heads: int = 8192) -> None:
+        self.heads: dict[str, tuple] = {}  # head -> series entry (name, labels, [last scrape], dcgm) or _DROP
+        self.series: dict[tuple, tuple] = {}  # (name, labels) -> its entry, shared by heads naming the same series
+        self.max_heads = max_heads
+        self.scrapes = 0
+
+    def learn(self, head: str, key: SeriesKey | None) -> None:
+        """``head`` as the full parser took it (mode 3, no # TYPE line seen) and the series it names (None:
+        dropped). Only heads a raw line can be read back by (:meth:`scrape`) are kept: not starting like a
+        paste or a comment, no ``&`` (the parser unescapes HTML in such lines)."""
+        if head[0] in _PASTE_START or head[0] == "#" or "&" in head or head.startswith(("HELP ", "TYPE ")):
+            return
+        if len(self.heads) >= self.max_heads:
+            self.clear()
+        if key is None:
+            self.heads[head] = _DROP
+            return
+        sk = (key.name, key.labels)
+        e = self.series.get(sk)
+        if e is None:
+            e = self.series[sk] = (key.name, key.labels, [0], key.name.startswith("DCGM_"))
+        self.heads[head] = e
+
+    def drop(self, line: str) -> None:
+        """A line whose series the collector does not keep, by its name alone (the name is in the head)."""
+        parts = line.rsplit(None, 1)
+        if len(parts) == 2:
+            if len(self.heads) >= self.max_heads:
+                self.clear()
+            self.heads[parts[0]] = _DROP
+
+    def clear(self) -> None:
+        self.heads.clear()
+        self.series.clear()
+
+    def scrape(self, pattern, text: str, ts: float) -> list[Sample] | None:
+        """The samples of the lines ``pattern`` finds in ``text``, read through the learnt heads; exactly
+        what the full parser gives for those lines (same samples, same order), or None when it cannot
+        tell (a line not seen before, a value that is not a number, a series twice in one scrape, nothing
+        kept): then the caller runs the full parser.
+
+        Why it is the same: a learnt head is what the parser takes as the head (the text up to its last
+        ``}``, or its one word), and a value that ``float`` reads holds no ``}``, space or ``&``: the parser
+        takes such a line's head and single value exactly so, and its outcome depends on the head alone."""
+        heads = self.heads
+        self.scrapes += 1
+        now = self.scrapes
+        out: list[Sample] = []
+        for m in pattern.finditer(text):
+            parts = m.group().rsplit(None, 1)
+            if len(parts) != 2:
+                return None
+            e = heads.get(parts[0])
+            if e is None:
+                return None
+            if e is _DROP:
+                continue
+            try:
+                value = float(parts[1])
+            except ValueError:
+                return None
+            if e[3] and value > DCGM_BLANK_THRESHOLD:
+                continue  # DCGM blank sentinel, as the parser drops it
+            seen = e[2]
+            if seen[0] == now:
+                return None  # the parser groups a repeated series' points together
+            seen[0] = now
+            out.append(Sample(e[0], e[1], ts, value))
+        return out or None
+
+
 def parse_lines(lines: Iterable[str], default_ts: float | None = None, source: str = "input",
                 keep_created: bool = False, key_cache: dict | None = None, *, scrapes: bool = False,
                 max_series: int | None = None, max_points: int | None = None,
-                max_lines_without_sample: int = MAX_LINES_WITHOUT_SAMPLE) -> Parsed:
+                max_lines_without_sample: int = MAX_LINES_WITHOUT_SAMPLE,
+                line_cache: LineCache | None = None) -> Parsed:
     """Parse exposition text line by line.
 
     ``default_ts`` (unix seconds) applies to samples without a timestamp; when it is None such
@@ -86,7 +176,8 @@ def parse_lines(lines: Iterable[str], default_ts: float | None = None, source: s
     scrapes, remembers each series line's parsed name and labels: a collector that scrapes the same
     ~600 series every second then skips the label parsing (~60 % of the cost). ``max_series`` and
     ``max_points`` stop the parse with a ParseError naming the cap, as does a run of
-    ``max_lines_without_sample`` lines without a sample.
+    ``max_lines_without_sample`` lines without a sample. ``line_cache`` (live scrapes only) learns each
+    new series head for :meth:`LineCache.scrape`.
     """
     p = Parsed()
     family_types: dict[str, str] = {}
@@ -113,6 +204,7 @@ def parse_lines(lines: Iterable[str], default_ts: float | None = None, source: s
     # below (one rsplit, one dict hit, two floats); anything else (a new series, a comment, a timestamp
     # that needs more than the millisecond conversion, a bad line) falls through to the full parser.
     fast = mode == 1
+    learn = line_cache if mode == 3 else None
     om_ts = False  # a fast-path timestamp was in seconds (Parsed.openmetrics_ts)
     for line in lines:
         lineno += 1
@@ -273,6 +365,8 @@ def parse_lines(lines: Iterable[str], default_ts: float | None = None, source: s
                         col = cols[key] = ([], [])
                     entry = (key, col[0], col[1], name.startswith(GENERIC_PREFIXES), name.startswith("DCGM_"))
                 cache[head] = entry
+                if learn is not None and not family_types:
+                    learn.learn(head, entry[0] if entry is not None else None)
             value = float(rest[0])
             has_ts = len(rest) >= 2 and not rest[1].startswith("#")
             if mode == 0:
