@@ -82,8 +82,9 @@ _DROP = ("", (), 0, False)  # a head whose lines are not read (not kept by the c
 class LineCache:
     """What the parser made of each series line of a collector's pages, for :meth:`scrape`.
 
-    Bounded: at most ``max_heads`` heads (a hostile page whose labels change every scrape refills it, at
-    most that many entries, ~250 bytes each); a page with more distinct lines than that is never learnt.
+    Bounded: at most ``max_heads`` heads, ~250 bytes each; when full it starts again (a hostile page whose
+    labels change every scrape refills it; a page with more distinct lines than that gains nothing from it
+    and costs one dict store a line, on top of the full parse it takes anyway).
     Only for the sample lines a collector picks out of its pages by a name-prefix regex: the caller passes
     the same regex to :meth:`scrape`, and falls back to the full parser whenever it returns None.
     """
