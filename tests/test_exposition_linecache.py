@@ -137,3 +137,31 @@ def test_bounded_under_labels_that_change_every_scrape():
         got = parse_vllm_metrics(page, float(k), key_cache=keys, lines=lines)
         assert len(got) == 10 and got[3].value == 3.0
         assert len(lines.heads) <= 64 and len(lines.series) <= 64
+
+
+def test_random_changes_equal_the_full_parser():
+    """300 pages, each a random change of a learnt page (labels with spaces, braces and quotes, values
+    that are not numbers, timestamps, duplicated and reordered lines, blanks): the collector's answer with
+    its caches is the full parser's answer without them, every time."""
+    import random
+
+    rnd = random.Random(15)
+    heads = ['vllm:num_requests_running{engine="0",model_name="a b"}',
+             'vllm:num_requests_waiting{engine="0",model_name="x}y"}',
+             'vllm:kv_cache_usage_perc{engine="0",model_name="q\\"r"}',
+             'ray_vllm:num_preemptions_total{engine="0",model_name="m"}',
+             "vllm:num_requests_running",
+             'vllm:request_params_n_bucket{engine="0",le="1.0"}',
+             'vllm:e2e_request_latency_seconds_bucket{engine="0",le="nan"}']
+    values = ["1", "2.5", "NaN", "+Inf", "-3e2", "1_0", "x", "", "0x1", "7 1700000000000", "4 # {a=\"b\"} 1"]
+    lines, keys = LineCache(max_heads=32), {}
+    for _ in range(300):
+        page = []
+        for h in rnd.sample(heads, rnd.randint(1, len(heads))):
+            page.append(f"{h}{rnd.choice([' ', '  ', chr(9), ''])}{rnd.choice(values[:5] if rnd.random() < .8 else values)}")
+        if rnd.random() < 0.1:
+            page.append(rnd.choice(page))
+        text = "\n".join(page) + rnd.choice(["\n", "", "\r\n"])
+        assert _outcome(parse_vllm_metrics, text, 1.0, key_cache=keys, lines=lines) == \
+            _outcome(parse_vllm_metrics, text, 1.0), text
+        assert len(lines.heads) <= 32
