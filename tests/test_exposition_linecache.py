@@ -11,7 +11,7 @@ import pytest
 
 from fragscope.collectors.dcgm import _FIELD_LINE, parse_dcgm_metrics
 from fragscope.collectors.exposition import LineCache, ParseError
-from fragscope.collectors.vllm import _ENGINE_LINE, parse_vllm_metrics
+from fragscope.collectors.vllm import _ENGINE_LINE, _FIRST_LINE, _NEXT_LINE, parse_vllm_metrics
 
 HERE = os.path.dirname(__file__)
 VLLM = [os.path.join(HERE, "data", "agent", f) for f in
@@ -52,7 +52,7 @@ def test_recorded_pages_scrape_after_scrape_equal_the_full_parser(path, parse, p
         assert got == parse(page, 100.0 + k, source="s")  # no cache at all
         assert got, path
     # from the second scrape on the page is read by the fast path alone (it answers, not None)
-    assert lines.scrape(pattern, _bump(text, 9), 1.0) is not None
+    assert lines.scrape(pattern.finditer(_bump(text, 9)), 1.0) is not None
 
 
 _BASE = ('vllm:num_requests_running{engine="0",model_name="m"} 3.0\n'
@@ -104,12 +104,12 @@ def test_changed_pages_equal_the_full_parser(case):
 def test_fast_path_hands_over_what_it_cannot_read_alone():
     lines = LineCache()
     parse_vllm_metrics(_BASE, 1.0, lines=lines)
-    assert lines.scrape(_ENGINE_LINE, _BASE, 2.0) is not None
+    assert lines.scrape(_ENGINE_LINE.finditer(_BASE), 2.0) is not None
     for case in ("new series", "series twice", "timestamp added", "value not a number", "no space before the value",
                  "html escape in a label", "only dropped lines"):
-        assert lines.scrape(_ENGINE_LINE, _CHANGED[case], 2.0) is None, case
+        assert lines.scrape(_ENGINE_LINE.finditer(_CHANGED[case]), 2.0) is None, case
     # kept lines' samples in page order; a family the collector does not keep skipped
-    got = lines.scrape(_ENGINE_LINE, _BASE, 3.0)
+    got = lines.scrape(_ENGINE_LINE.finditer(_BASE), 3.0)
     assert [(s.name, s.value) for s in got][:2] == [("vllm:num_requests_running", 3.0),
                                                     ("vllm:num_requests_waiting", 1.0)]
     assert len(got) == 7 and all(s.name != "vllm:request_params_n_bucket" for s in got)
@@ -122,7 +122,7 @@ def test_dcgm_blank_and_dropped_labels_through_the_fast_path():
     lines = LineCache()
     assert parse_dcgm_metrics(page, 1.0, lines=lines) == parse_dcgm_metrics(page, 1.0)
     blank = page.replace(" 1000\n", f" {2**31 - 2}\n").replace(" 50\n", " 9.3e18\n")
-    fast = lines.scrape(_FIELD_LINE, blank, 2.0)
+    fast = lines.scrape(_FIELD_LINE.finditer(blank), 2.0)
     assert fast is not None and [s.name for s in fast] == ["DCGM_FI_DEV_FB_USED"]  # the parser's int64 blank
     got = parse_dcgm_metrics(blank, 2.0, lines=lines)
     assert got == parse_dcgm_metrics(blank, 2.0) == []  # both blanks dropped, int32 one by is_blank
@@ -165,3 +165,13 @@ def test_random_changes_equal_the_full_parser():
         assert _outcome(parse_vllm_metrics, text, 1.0, key_cache=keys, lines=lines) == \
             _outcome(parse_vllm_metrics, text, 1.0), text
         assert len(lines.heads) <= 32
+
+
+@pytest.mark.parametrize("text", [_BASE, "\n" + _BASE, _BASE.replace("\n", "\r\n"), "x\nvllm:a 1\nxvllm:b 2\nray_vllm:c 3",
+                                  "vllm:a 1", "", "\n\n", " vllm:a 1\n#vllm:b 2\n"]
+                         + [_read(p) for p in VLLM])
+def test_fast_line_finder_finds_the_full_paths_lines(text):
+    """The fast path's two patterns find exactly the lines the full path's one finds (ends aside)."""
+    first = _FIRST_LINE.match(text)
+    fast = ([first.group(1)] if first else []) + [m.group(1) for m in _NEXT_LINE.finditer(text)]
+    assert fast == [m.group().rstrip("\n") for m in _ENGINE_LINE.finditer(text)]

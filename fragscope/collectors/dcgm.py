@@ -67,7 +67,7 @@ def parse_dcgm_metrics(text: str, ts: float, source: str = "dcgm", key_cache: di
 
     ``lines`` (kept by the caller between scrapes): a page whose lines were all seen before is read with
     one dict hit and one float a line, as in collectors/vllm.py."""
-    scraped = lines.scrape(_FIELD_LINE, text, ts) if lines is not None else None
+    scraped = lines.scrape(_FIELD_LINE.finditer(text), ts) if lines is not None else None
     if scraped is None:
         scraped = _parse(text, ts, source, key_cache, lines)
     out = []

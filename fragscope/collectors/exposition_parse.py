@@ -85,8 +85,8 @@ class LineCache:
     Bounded: at most ``max_heads`` heads, ~250 bytes each; when full it starts again (a hostile page whose
     labels change every scrape refills it; a page with more distinct lines than that gains nothing from it
     and costs one dict store a line, on top of the full parse it takes anyway).
-    Only for the sample lines a collector picks out of its pages by a name-prefix regex: the caller passes
-    the same regex to :meth:`scrape`, and falls back to the full parser whenever it returns None.
+    Only for the sample lines a collector picks out of its pages by a name-prefix regex: the caller hands
+    :meth:`scrape` those same lines, and falls back to the full parser whenever it returns None.
     """
 
     __slots__ = ("heads", "series", "max_heads", "scrapes")
@@ -126,8 +126,9 @@ class LineCache:
         self.heads.clear()
         self.series.clear()
 
-    def scrape(self, pattern, text: str, ts: float) -> list[Sample] | None:
-        """The samples of the lines ``pattern`` finds in ``text``, read through the learnt heads; exactly
+    def scrape(self, matches: Iterable, ts: float, group: int = 0) -> list[Sample] | None:
+        """The samples of the lines ``matches`` hold (``re.Match`` objects, each line as its ``group``; the
+        lines the collector's full path reads, in page order), read through the learnt heads; exactly
         what the full parser gives for those lines (same samples, same order), or None when it cannot
         tell (a line not seen before, a value that is not a number, a series twice in one scrape, nothing
         kept): then the caller runs the full parser.
@@ -139,8 +140,8 @@ class LineCache:
         self.scrapes += 1
         now = self.scrapes
         out: list[Sample] = []
-        for m in pattern.finditer(text):
-            parts = m.group().rsplit(None, 1)
+        for m in matches:
+            parts = m.group(group).rsplit(None, 1)
             if len(parts) != 2:
                 return None
             e = heads.get(parts[0])

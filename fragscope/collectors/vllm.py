@@ -8,6 +8,7 @@ the detectors use, plus a few documented extras, are kept, to bound what the age
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import re
 
@@ -21,6 +22,10 @@ log = logging.getLogger(__name__)
 
 _HIST = ("_bucket", "_sum", "_count")
 _ENGINE_LINE = re.compile(r"^(?:ray_)?vllm:[^\n]*\n?", re.M)
+# The same lines for the fast path, found twice as fast: a pattern that starts with a literal "\n" lets the
+# regex engine jump from newline to newline (the first line, which has none before it, is matched apart).
+_FIRST_LINE = re.compile(r"((?:ray_)?vllm:[^\n]*)")
+_NEXT_LINE = re.compile(r"\n((?:ray_)?vllm:[^\n]*)")
 _HEAD_BYTES = 64 * 1024  # of a page without vllm: lines, parsed only for the parser's error message
 
 
@@ -87,7 +92,9 @@ def parse_vllm_metrics(text: str, ts: float, source: str = "vllm", key_cache: di
     Raises exposition.ParseError (one line) when the text is not Prometheus/OpenMetrics.
     """
     if lines is not None:
-        fast = lines.scrape(_ENGINE_LINE, text, ts)
+        first = _FIRST_LINE.match(text)
+        found = _NEXT_LINE.finditer(text)
+        fast = lines.scrape(itertools.chain((first,), found) if first else found, ts, 1)
         if fast is not None:
             return fast
     # Pre-filter lines by family before parsing: a vLLM scrape has ~600 lines, a third of them
