@@ -12,7 +12,7 @@ import re
 
 from ..model import CollectResult, Missing, Reason, Sample
 from ..signals import SIGNALS
-from .exposition import LineCache, ParseError, scrape_samples
+from .exposition import LineCache, ParseError, scrape_kept
 from .http import DEFAULT_MAX_BYTES, Fetch, FetchError, http_get
 from .logonce import LogOnce
 
@@ -42,7 +42,6 @@ EXTRA_FIELDS = (
 KEEP = frozenset([s.metric for sig in SIGNALS.values() for s in sig.sources if s.metric.startswith("DCGM_")]
                  + list(EXTRA_FIELDS))
 _FIELD_LINE = re.compile(r"^(DCGM_[A-Za-z0-9_]*)[{\s][^\n]*\n?", re.M)
-_HEAD_BYTES = 64 * 1024
 DROP_LABELS = frozenset({"Hostname", "DCGM_FI_DRIVER_VERSION", "pci_bus_id", "device"})
 CORE = ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_SM_CLOCK",
         "DCGM_FI_DEV_GPU_TEMP")
@@ -90,12 +89,7 @@ def _parse(text: str, ts: float, source: str, key_cache: dict | None, lines: Lin
             kept.append(m.group())
         elif lines is not None:
             lines.drop(m.group())
-    if not kept:  # nothing of ours: parse a bounded head, to reject garbage with the parser's message
-        head = text[:_HEAD_BYTES]
-        if len(text) > _HEAD_BYTES and "\n" in head:
-            head = head[: head.rindex("\n") + 1]
-        return [s for s in scrape_samples(head, ts, source) if s.name in KEEP]
-    return scrape_samples("".join(kept), ts, source, key_cache, lines)
+    return scrape_kept(kept, text, ts, source, KEEP, key_cache, lines)
 
 
 class DcgmCollector:

@@ -26,7 +26,8 @@ from .inputs import (ENV_MAX_DECOMPRESSED, MAX_DECOMPRESSED_BYTES, MAX_FILE_BYTE
                      reader_of)
 from .scrapes import build_window
 
-__all__ = ["ParseError", "LineCache", "Parsed", "parse_labels", "parse_lines", "parse_text", "scrape_samples", "read_recording",
+__all__ = ["ParseError", "LineCache", "Parsed", "parse_labels", "parse_lines", "parse_text", "scrape_samples",
+           "scrape_kept", "read_recording",
            "MAX_SERIES", "MAX_POINTS", "ENV_MAX_SERIES", "ENV_MAX_POINTS"]
 
 # A run of this many lines without a sample (blank lines, comments, junk) is not metrics text: a gzip
@@ -45,6 +46,22 @@ def scrape_samples(text: str, ts: float, source: str = "scrape", key_cache: dict
     """A live scrape (no timestamps expected) -> samples stamped ``ts``. ``line_cache`` learns the
     series lines' heads for :meth:`LineCache.scrape` (the collectors' fast path)."""
     return parse_text(text, ts, source, key_cache, line_cache).samples_list()
+
+
+_HEAD_BYTES = 64 * 1024  # of a page without a line a collector keeps, parsed only for the parser's error message
+
+
+def scrape_kept(kept: list[str], text: str, ts: float, source: str, keep: frozenset[str],
+                key_cache: dict | None = None, line_cache: LineCache | None = None) -> list[Sample]:
+    """The samples of the lines a collector picked out of ``text`` (``kept``, each ending with its newline).
+    With none, a bounded head of the page is parsed instead, so that garbage is rejected with the parser's
+    one-line message (and a page of other metrics gives no sample)."""
+    if not kept:
+        head = text[:_HEAD_BYTES]
+        if len(text) > _HEAD_BYTES and "\n" in head:
+            head = head[: head.rindex("\n") + 1]
+        return [s for s in scrape_samples(head, ts, source) if s.name in keep]
+    return scrape_samples("".join(kept), ts, source, key_cache, line_cache)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import re
 
 from ..model import CollectResult, Missing, Reason, Sample, make_labels
 from ..signals import SIGNALS, normalise_name
-from .exposition import LineCache, ParseError, scrape_samples
+from .exposition import LineCache, ParseError, scrape_kept
 from .http import DEFAULT_MAX_BYTES, Fetch, FetchError, http_get
 from .logonce import LogOnce
 
@@ -26,7 +26,6 @@ _ENGINE_LINE = re.compile(r"^(?:ray_)?vllm:[^\n]*\n?", re.M)
 # regex engine jump from newline to newline (the first line, which has none before it, is matched apart).
 _FIRST_LINE = re.compile(r"((?:ray_)?vllm:[^\n]*)")
 _NEXT_LINE = re.compile(r"\n((?:ray_)?vllm:[^\n]*)")
-_HEAD_BYTES = 64 * 1024  # of a page without vllm: lines, parsed only for the parser's error message
 
 
 def _signal_sources(prefix: str) -> list[tuple[str, str]]:
@@ -115,12 +114,7 @@ def parse_vllm_metrics(text: str, ts: float, source: str = "vllm", key_cache: di
         from .engines import engine_samples
 
         return engine_samples(text, ts, source, key_cache)
-    if not kept:  # nothing of ours: parse a bounded head, to reject garbage with the parser's message
-        head = text[:_HEAD_BYTES]
-        if len(text) > _HEAD_BYTES and "\n" in head:
-            head = head[: head.rindex("\n") + 1]
-        return [s for s in scrape_samples(head, ts, source) if s.name in KEEP]
-    return scrape_samples("".join(kept), ts, source, key_cache, lines)
+    return scrape_kept(kept, text, ts, source, KEEP, key_cache, lines)
 
 
 class VllmCollector:
