@@ -67,3 +67,28 @@ def test_first_window_rates_equal_the_loop(start, w):
     want = _first_rates_plain(s, grid, 3.0, w)
     np.testing.assert_array_equal(got, want)
     assert np.isfinite(got).sum() > 20
+
+
+@pytest.mark.parametrize("how", ["sum", "mean", "max", "min"])
+def test_agg_of_spans_equals_the_stacked_rows(how):
+    """_Agg (one series kept as sampled, accumulation from the second on) against full-grid rows stacked
+    and reduced with numpy's NaN-aware functions: same values, NaN where no series has one."""
+    from fragscope.detectors.frame_sampling import _Agg
+
+    n = 12
+    spans = [(0, np.array([1.0, np.nan, 3.0, 4.0])), (2, np.array([5.0, 6.0, np.nan])), (9, np.array([2.0, 7.0]))]
+    assert np.isnan(_Agg(n, how).result()).all()  # nothing added: no data anywhere
+    for k in (1, 2, 3):
+        agg = _Agg(n, how)
+        rows = np.full((k, n), np.nan)
+        for i, (lo, v) in enumerate(spans[:k]):
+            agg.add(lo, v)
+            rows[i, lo:lo + v.size] = v
+        with np.errstate(all="ignore"):
+            import warnings
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                want = {"sum": np.nansum, "mean": np.nanmean, "max": np.nanmax, "min": np.nanmin}[how](rows, axis=0)
+        want[np.isnan(rows).all(axis=0)] = np.nan
+        np.testing.assert_array_equal(agg.result(), want)

@@ -57,17 +57,14 @@ def _histogram(f: Frame, sig_id: str, metric: str, by_name: dict[str, list[Serie
         except ValueError:
             continue
     # window averages from _sum / _count
-    tot_sum = tot_cnt = 0.0
-    for s in by_name.get(metric + "_sum", []):
-        c, _ = counter_increases(s.values)
-        tot_sum += float(c[-1]) if c.size else 0.0
-    for s in by_name.get(metric + "_count", []):
-        c, _ = counter_increases(s.values)
-        tot_cnt += float(c[-1]) if c.size else 0.0
-    if tot_cnt == 0 and all(len(s) == 1 for s in by_name.get(metric + "_count", [])):
+    sum_ser, cnt_ser = by_name.get(metric + "_sum", []), by_name.get(metric + "_count", [])
+    incs = [counter_increases(s.values) for s in sum_ser], [counter_increases(s.values) for s in cnt_ser]
+    tot_sum = sum((float(c[-1]) for c, _ in incs[0] if c.size), 0.0)
+    tot_cnt = sum((float(c[-1]) for c, _ in incs[1] if c.size), 0.0)
+    if tot_cnt == 0 and all(len(s) == 1 for s in cnt_ser):
         # one scrape: the lifetime average since the engine started (sum / count as exported)
-        tot_sum = sum(float(s.values[-1]) for s in by_name.get(metric + "_sum", []) if len(s))
-        tot_cnt = sum(float(s.values[-1]) for s in by_name.get(metric + "_count", []) if len(s))
+        tot_sum = sum(float(s.values[-1]) for s in sum_ser if len(s))
+        tot_cnt = sum(float(s.values[-1]) for s in cnt_ser if len(s))
         if tot_cnt > 0:
             f.hist_lifetime.add(sig_id)
     if tot_cnt > 0:
@@ -75,11 +72,11 @@ def _histogram(f: Frame, sig_id: str, metric: str, by_name: dict[str, list[Serie
         f.hist_count[sig_id] = tot_cnt
     # rolling mean per request (rate(_sum) / rate(_count)), e.g. prompt length over time
     sums, cnts = _Agg(grid.size, "sum"), _Agg(grid.size, "sum")
-    for s in by_name.get(metric + "_sum", []):
-        lo, r, _, _ = _counter_span(s, grid, lookback, w)
+    for s, inc in zip(sum_ser, incs[0]):
+        lo, r, _, _ = _counter_span(s, grid, lookback, w, inc)
         sums.add(lo, r)
-    for s in by_name.get(metric + "_count", []):
-        lo, r, _, _ = _counter_span(s, grid, lookback, w)
+    for s, inc in zip(cnt_ser, incs[1]):
+        lo, r, _, _ = _counter_span(s, grid, lookback, w, inc)
         cnts.add(lo, r)
     if sums.added and cnts.added:
         rs, rc = sums.result(), cnts.result()

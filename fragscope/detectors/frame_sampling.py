@@ -51,8 +51,8 @@ class _Agg:
     def __init__(self, n: int, how: str) -> None:
         self.how = how
         self.n = n
-        self.cnt = np.zeros(n, dtype=np.int64)
-        self.acc = np.full(n, {"max": -np.inf, "min": np.inf}.get(how, 0.0))
+        self.cnt: np.ndarray | None = None  # made when a second series comes: most signals have one
+        self.acc: np.ndarray | None = None
         self.first: tuple[int, np.ndarray] | None = None
         self.added = 0
 
@@ -60,6 +60,14 @@ class _Agg:
         self.added += 1
         if self.added == 1:
             self.first = (lo, vals)
+            return
+        if self.added == 2:  # the first series is accumulated now, in the order it came
+            self.cnt = np.zeros(self.n, dtype=np.int64)
+            self.acc = np.full(self.n, {"max": -np.inf, "min": np.inf}.get(self.how, 0.0))
+            self._acc(*self.first)
+        self._acc(lo, vals)
+
+    def _acc(self, lo: int, vals: np.ndarray) -> None:
         sl = slice(lo, lo + vals.size)
         ok = np.isfinite(vals)
         self.cnt[sl] += ok
@@ -72,6 +80,8 @@ class _Agg:
 
     def result(self) -> np.ndarray:
         out = np.full(self.n, np.nan)
+        if self.added == 0:
+            return out
         if self.added == 1:
             lo, vals = self.first
             out[lo:lo + vals.size] = vals
@@ -86,10 +96,10 @@ def _gauge_span(s: Series, grid: np.ndarray, lookback: float) -> tuple[int, np.n
     return lo, _sample_gauge(s, grid[lo:hi], lookback)
 
 
-def _counter_span(s: Series, grid: np.ndarray, lookback: float, w: int
-                  ) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
+def _counter_span(s: Series, grid: np.ndarray, lookback: float, w: int,
+                  inc: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
     lo, hi = _span(s, grid, lookback)
-    r, c, resets = _sample_counter(s, grid[lo:hi], lookback, w)
+    r, c, resets = _sample_counter(s, grid[lo:hi], lookback, w, inc)
     return lo, r, c, resets
 
 
@@ -119,10 +129,11 @@ def counter_increases(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.cumsum(d), reset
 
 
-def _sample_counter(s: Series, grid: np.ndarray, lookback: float, w: int
-                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Rate per second over ``w`` grid steps, the cumulative increase on the grid, reset times."""
-    cum, reset = counter_increases(s.values)
+def _sample_counter(s: Series, grid: np.ndarray, lookback: float, w: int,
+                    inc: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rate per second over ``w`` grid steps, the cumulative increase on the grid, reset times. ``inc``:
+    ``counter_increases(s.values)`` when the caller has it already."""
+    cum, reset = inc if inc is not None else counter_increases(s.values)
     idx = np.searchsorted(s.ts, grid, side="right") - 1
     ok = idx >= 0
     ii = np.where(ok, idx, 0)
