@@ -57,8 +57,11 @@ def _human(acc, rt: dict, rec) -> str:
     head = f"engine: {a.engine or 'unknown'}" + (f" {a.version}" if a.version else "")
     if a.failure:
         f = a.failure
-        head += f"; start-up FAILED: {f['kind']}" + (f" during {f['phase']}" if f.get("phase") else "") + \
-            f" (log line {f.get('line')})"
+        if f["kind"] == "oom" and not f.get("phase"):  # no start-up lines around it: not known to be start-up
+            head += f"; an OOM (log line {f.get('line')}), start-up or run time cannot be told"
+        else:
+            head += f"; start-up FAILED: {f['kind']}" + (f" during {f['phase']}" if f.get("phase") else "") + \
+                f" (log line {f.get('line')})"
     elif a.started:
         head += "; started" + (" and served traffic" if a.served else "")
     if a.startups > 1:

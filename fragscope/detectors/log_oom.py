@@ -22,6 +22,7 @@ import math
 import time
 from typing import Sequence
 
+from ..collectors.enginelog.oomproc import split_self as _split_self
 from ..model import Evidence, Finding, Severity
 
 GIB = 1024.0 ** 3
@@ -61,23 +62,6 @@ def _hms(ts: float | None) -> str:
     if ts is None:
         return "an unknown time"
     return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(ts))
-
-
-def _split_self(others: list[dict], reserved: float | None, used: float | None,
-                in_use_self: float | None) -> tuple[list[dict], int | None]:
-    """Separate this process from the ≥ 2.2 process list. Inside a container (another PID namespace)
-    PyTorch cannot recognise its own pid and lists itself as "Process P". When the listed processes
-    plus this process's pool exceed what is in use on the device, one of them is this process: the
-    smallest entry that holds at least the pool."""
-    if not others or in_use_self is not None or reserved is None or used is None:
-        return others, None
-    if sum(o["bytes"] for o in others) + reserved <= used * 1.01:
-        return others, None
-    cands = [o for o in others if o["bytes"] >= reserved * 0.99]
-    if not cands:
-        return others, None
-    me = min(cands, key=lambda o: o["bytes"])
-    return [o for o in others if o is not me], me["pid"]
 
 
 def oom_summary(ev, cfg) -> dict:

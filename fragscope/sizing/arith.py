@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
+from ..collectors.enginelog.oomproc import split_self
 from ..units import GiB as GIB, MiB as MIB
 from .startup import StartupAccounting
 
@@ -119,7 +120,12 @@ def _others_from_oom(o: dict) -> float | None:
     if not procs:
         return None
     this = o.get("process_in_use_bytes")
-    # PyTorch >= 2.2 lists every process on the device, this one included ("this process has")
+    # PyTorch >= 2.2 lists every process on the device, this one included ("this process has"); in a
+    # container it lists itself as "Process P": told apart the way the log detector does (oomproc)
+    pool = o.get("reserved_bytes") if o.get("reserved_bytes") is not None else o.get("allocated_bytes")
+    used = (o["total_bytes"] - o["free_bytes"]) if o.get("total_bytes") is not None and o.get("free_bytes") is not None \
+        else None
+    procs, _ = split_self(procs, pool, used, this)
     return float(sum(p["bytes"] for p in procs if this is None or abs(p["bytes"] - this) > MIB))
 
 

@@ -41,6 +41,14 @@ def _vllm_startup_failure(acc, f, total, budget, non_kv, bpt, cfg, rec) -> None:
     # an OOM while starting
     phase = f.get("phase") or "unknown"
     _elsewhere(acc, {}, total, cfg, rec)
+    if kind == "oom" and not f.get("phase"):
+        # an OOM message without the start-up lines around it (a pasted traceback): it may as well come from
+        # serving, and its cause (a memory cap, fragmentation, another process) is not the pool's size;
+        # detect_startup_oom says the same (inconclusive), and diagnose logs judges the OOM itself
+        rec.status = "inconclusive"
+        rec.missing.append("the engine's start-up log around the OOM (start-up or run time cannot be told from "
+                           "the OOM alone; diagnose logs FILE judges its cause)")
+        return
     if f.get("requested_bytes") is None or f.get("free_bytes") is None:
         rec.cases.append({"case": STARTUP_OOM, "evidence": f"out of memory during start-up ({phase}); the message "
                           f"carries no figures ({f.get('wording', 'CUDA error')})",
@@ -58,7 +66,8 @@ def _vllm_startup_failure(acc, f, total, budget, non_kv, bpt, cfg, rec) -> None:
     if base is None or u0 is None:
         rec.cases.append({"case": STARTUP_OOM, "evidence": f"out of memory during {phase}",
                           "change": f"shrink the KV pool by at least {g(shortfall + margin)}"})
-        rec.missing.append("the --gpu-memory-utilization in force")
+        if not any("gpu-memory-utilization in force" in m for m in rec.missing):  # _vllm may have said it
+            rec.missing.append("the --gpu-memory-utilization in force")
         return
     u = floor_step((base - shortfall - margin) / tot)
     A.append(f"utilization that would have started = (budget {g(base)} - shortfall {g(shortfall)} - margin "
@@ -160,7 +169,12 @@ def _vllm_runtime_oom(acc, o, total, budget, kv0, bpt, runtime, cfg, rec) -> Non
     if o.get("requested_bytes") is None or total is None or budget is None or u0 is None:
         rec.cases.append({"case": RUNTIME_OOM, "evidence": "out of memory while serving",
                           "change": "lower --gpu-memory-utilization; the amount cannot be computed"})
-        rec.missing.append("the OOM's figures, the GPU total and the utilization in force")
+        # name only what is absent (an OOM with all its figures is not "missing the OOM's figures")
+        lack = [w for w, v in (("the OOM's figures", o.get("requested_bytes")), ("the GPU total", total),
+                               ("the utilization in force", u0 if budget is None else budget)) if v is None]
+        if lack and not (lack == ["the utilization in force"] and any("gpu-memory-utilization in force" in m
+                                                                      for m in rec.missing)):
+            rec.missing.append(", ".join(lack))
         rec.status = "inconclusive"
         return
     shortfall = max(0.0, float(o["requested_bytes"]) - float(o.get("free_bytes", 0.0)))

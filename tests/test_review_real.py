@@ -1,0 +1,69 @@
+"""Problems found by running every entry point over the real samples (review of 2026-12-01).
+
+Each test names the input it was found on and asserts the right behaviour against a figure computed here
+from the input's own text, not with the module under test.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+
+from cli_helpers import cli
+
+DATA = pathlib.Path(__file__).resolve().parent / "data"
+GIB = 1024 ** 3
+
+
+def _size_json(path) -> dict:
+    r = cli("size", "--log", path, "--format", "json", prog="fragscope")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+# --- fragscope size: the failing process listed as "Process P" is not "another process" ----------------------
+def test_size_does_not_count_the_failing_process_as_another_one():
+    # vllm_v1_oom.log: "(EngineCore_DP0 pid=4121) ... Process 4121 has 78.12 GiB memory in use. Of the allocated
+    # memory 71.40 GiB is allocated by PyTorch, and 5.82 GiB is reserved by PyTorch but unallocated."
+    p = DATA / "logs" / "vllm_v1_oom.log"
+    text = p.read_text()
+    m = re.search(r"\(EngineCore_DP0 pid=(\d+)\).*Process (\d+) has ([\d.]+) GiB memory in use", text)
+    assert m and m.group(1) == m.group(2)  # the listed process is the engine core that failed
+    outside_pool = 79.19 - 1.06 - (71.40 + 5.82)  # total - free - reserved: ~0.91 GiB, not 78 GiB
+    assert outside_pool < 1.0
+    rec = _size_json(p)["recommendation"]
+    assert not [c for c in rec["cases"] if c["case"] == "memory-held-elsewhere"], rec["cases"]
+    # ... and it names only what is really missing (the OOM carries its figures)
+    assert not any("OOM's figures" in m for m in rec["missing"]), rec["missing"]
+
+
+def test_size_still_reports_a_real_other_process(tmp_path):
+    # the same OOM with a second, foreign process of 12.00 GiB on the device: that one is elsewhere
+    log = tmp_path / "two.log"
+    log.write_text(
+        "INFO 06-02 10:00:01 [core.py:1] Available KV cache memory: 40.00 GiB\n"
+        "INFO 06-02 10:00:02 [loggers.py:1] Engine 000: Avg prompt throughput: 1.0 tokens/s, Avg generation "
+        "throughput: 1.0 tokens/s, Running: 1 reqs, Waiting: 0 reqs, GPU KV cache usage: 1.0%, Prefix cache hit "
+        "rate: 0.0%\n"
+        "(EngineCore_DP0 pid=4121) ERROR 06-02 10:07:13 [core.py:586] torch.OutOfMemoryError: CUDA out of memory. "
+        "Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB of which 1.06 GiB is free. Process 4121 "
+        "has 66.12 GiB memory in use. Process 777 has 12.00 GiB memory in use. Of the allocated memory 59.40 GiB is "
+        "allocated by PyTorch, and 5.82 GiB is reserved by PyTorch but unallocated.\n")
+    rec = _size_json(log)["recommendation"]
+    (case,) = [c for c in rec["cases"] if c["case"] == "memory-held-elsewhere"]
+    assert "12.00 GiB" in case["evidence"], case
+
+
+def test_size_does_not_call_a_bare_oom_a_start_up_failure():
+    # torch_oom_le20_pytorch59778.log: one PyTorch OOM line, no engine line: 2.26 GiB asked with 3.03 GiB free
+    p = DATA / "logs" / "torch_oom_le20_pytorch59778.log"
+    asked, free = (float(x) for x in re.search(r"allocate ([\d.]+) GiB.*?([\d.]+) GiB free", p.read_text()).groups())
+    assert free > asked  # free memory covered the request: shrinking the KV pool is not the answer
+    d = _size_json(p)
+    rec = d["recommendation"]
+    assert rec["status"] == "inconclusive" and not rec["settings"], rec
+    assert not any("shrink the KV pool" in c["change"] for c in rec["cases"]), rec["cases"]
+    human = cli("size", "--log", p, prog="fragscope").stdout
+    assert "start-up FAILED" not in human and "start-up or run time cannot be told" in human
+    missing = [ln for ln in human.splitlines() if ln.startswith("to decide, capture:")]
+    assert len(missing) == len(set(missing)), missing  # each thing to capture said once
