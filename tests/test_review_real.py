@@ -67,3 +67,35 @@ def test_size_does_not_call_a_bare_oom_a_start_up_failure():
     assert "start-up FAILED" not in human and "start-up or run time cannot be told" in human
     missing = [ln for ln in human.splitlines() if ln.startswith("to decide, capture:")]
     assert len(missing) == len(set(missing)), missing  # each thing to capture said once
+
+
+# --- diagnose trace: seconds-long host stalls are not kernel-launch overhead ---------------------------------
+def test_trace_idle_held_by_long_stalls_is_not_launch_bound():
+    import gzip
+
+    p = DATA / "trace" / "hta_alexnet_critical_path.json.gz"
+    ev = [e for e in json.load(gzip.open(p))["traceEvents"]
+          if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    iv = sorted((e["ts"], e["ts"] + e.get("dur", 0)) for e in ev)
+    gaps, end = [], iv[0][1]
+    for a, b in iv[1:]:
+        if a > end:
+            gaps.append(a - end)
+        end = max(end, b)
+    idle = sum(gaps)
+    long_ = [g for g in gaps if g >= 500_000]  # trace µs
+    assert len(long_) == 4 and sum(long_) / idle > 0.95  # 10.03 + 1.04 + 0.82 + 0.82 s of 12.85 s
+    r = cli("trace", p, "--format", "json", "--fail-on", "warning")
+    d = json.loads(r.stdout)
+    assert not [f for f in d["findings"] if f["id"] == "launch-bound"], d["findings"]
+    (inc,) = [i for i in d["inconclusive"] if i["id"] == "launch-bound"]
+    assert "4 gap(s) of 500 ms or more" in inc["reason"]
+    assert r.returncode == 1  # allocator-stalls (warning) still stands
+
+
+def test_trace_many_short_gaps_stay_launch_bound():
+    # hta_step_based_gpu_user_annotation: 140 ops, longest gap 219 µs: per-launch overhead, as before
+    r = cli("trace", DATA / "trace" / "hta_step_based_gpu_user_annotation.json.gz", "--format", "json")
+    d = json.loads(r.stdout)
+    assert [f["id"] for f in d["findings"]] == ["launch-bound"]
+    assert d["devices"][0]["gap_seconds"]["max"] < 0.5

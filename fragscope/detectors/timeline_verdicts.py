@@ -24,9 +24,9 @@ def judge(a: dict, cfg: Config = Config()) -> tuple[list[Finding], list[Inconclu
     host = a["host"]
     wl = (a.get("workload") or {}).get("kind", "unknown")
     for d in a["devices"]:
-        before = len(findings)
+        before, said = len(findings), len(inconclusive)
         _judge_device(d, cfg, win, onset, host, wl, findings, inconclusive)
-        if len(findings) == before:
+        if len(findings) == before and len(inconclusive) == said:
             inc = _idle_inconclusive(d, cfg)
             if inc is not None:
                 inconclusive.append(inc)
@@ -54,6 +54,16 @@ def _idle_inconclusive(d: dict, cfg: Config) -> Inconclusive | None:
     return Inconclusive(LAUNCH_BOUND, ["host-side profile of the idle gaps (CPU ops, data loading, other processes)"],
                         f"GPU {d['device']}: idle {_pct(idle)} of {d['span_seconds']:.3g} s; {why}",
                         {"gpu": str(d["device"])})
+
+
+def _long_gap_share(d: dict, cfg: Config) -> float | None:
+    """A lower bound of the share of idle time in gaps >= ``long_gap_s``, when it is at least
+    ``wait_share_min`` (else None): the longest gap plus ``long_gap_s`` for each other long gap."""
+    n, gq, idle_s = d.get("long_gaps") or 0, d.get("gap_seconds"), d.get("idle_seconds")
+    if not n or not gq or gq.get("max") is None or not idle_s or gq["max"] < cfg.long_gap_s:
+        return None
+    share = min(1.0, (gq["max"] + (n - 1) * cfg.long_gap_s) / idle_s)
+    return share if share >= cfg.wait_share_min else None
 
 
 def _judge_device(d: dict, cfg: Config, win, onset, host: dict, wl: str, findings: list[Finding],
@@ -100,6 +110,19 @@ def _judge_device(d: dict, cfg: Config, win, onset, host: dict, wl: str, finding
             f"{'; ' + top if top else ''}).",
             onset=onset, evidence=ev, subject=subject))
     elif starved >= cfg.wait_share_min:
+        stall = _long_gap_share(d, cfg)
+        if stall is not None:
+            # Launch-bound means per-launch overhead (µs each) adds up; CUDA graphs remove it. When gaps of
+            # 500 ms or more (nsys gpu_gaps' program-level stalls) hold most of the idle time, the host was
+            # doing something else for seconds (data loading, host compute, a sleep, a checkpoint):
+            # no launch path explains that, and the CUDA-graph fix would not touch it.
+            # (hta_alexnet_critical_path: gaps of 10.03, 1.04, 0.82, 0.82 s are 99 % of 12.85 s idle.)
+            inconclusive.append(Inconclusive(
+                LAUNCH_BOUND, ["host-side profile of the long gaps (CPU ops, data loading, other processes)"],
+                f"GPU {d['device']}: idle {_pct(idle)} of {span:.3g} s, but {d['long_gaps']} gap(s) of 500 ms or "
+                f"more (the longest {d['gap_seconds']['max']:.3g} s) hold at least {_pct(stall)} of the idle time: "
+                "program-level stalls on the host, not kernel-launch overhead", subject))
+            return
         conf = 0.55
         ev = [ev_idle, Evidence("host_wait_ratio", hw, threshold=cfg.wait_share_min, unit="ratio", window=win,
                                 note="HTA: idle time where the next op's launch started after the previous "
