@@ -99,3 +99,24 @@ def test_trace_many_short_gaps_stay_launch_bound():
     d = json.loads(r.stdout)
     assert [f["id"] for f in d["findings"]] == ["launch-bound"]
     assert d["devices"][0]["gap_seconds"]["max"] < 0.5
+
+
+# --- diagnose FILE hands every engine log to diagnose logs ----------------------------------------------------
+def test_diagnose_file_hands_prefixed_and_bare_logs_to_diagnose_logs(tmp_path):
+    # SGLang lines start with "[2026-03-04 08:15:10 TP0]" / "[04:40:55 TP0]", torchrun's with "[rank0]:"; pasted
+    # excerpts start with the message itself. All were refused as "a JSON document (a config?)" or "not
+    # Prometheus text" before; each must give what diagnose logs gives.
+    for name in ("sglang_retractions.log", "sglang_issue1270_short_prefix.log", "torch_oom_ge22_vllm10828_wrapped.log",
+                 "torch_oom_le20_pytorch59778.log", "vllm_v0_untimed_preemption_LIMO29.log"):
+        p = DATA / "logs" / name
+        direct = cli("logs", p, "--format", "json", "--fail-on", "never")
+        routed = cli(p, "--format", "json", "--fail-on", "never")
+        assert direct.returncode == 0 and routed.returncode == 0, (name, routed.stderr)
+        a, b = json.loads(direct.stdout), json.loads(routed.stdout)
+        assert a["findings"] == b["findings"] and a["log"]["events"] == b["log"]["events"] > 0, name
+        assert "read as: diagnose logs" in routed.stderr
+    # ... while JSON arrays stay JSON (a Chrome trace written as a bare array, a config list)
+    arr = tmp_path / "a.json"
+    arr.write_text('[1, 2]\n')
+    r = cli(arr)
+    assert r.returncode == 2 and "JSON document" in r.stderr

@@ -243,7 +243,10 @@ def describe_text(head: str) -> str | None:
     """What a text file that failed to parse as metrics is (JSON of some kind, an engine log), with
     the command that reads it. ``head`` is the first SNIFF_BYTES characters."""
     s = head.lstrip("\ufeff \t\r\n")
-    if s[:1] in ("{", "["):
+    # "[2025-03-27 21:33:30 TP0] ..." (SGLang), "[16:43:29] ...", "[rank0]: ..." (torchrun) start with "[" too:
+    # a JSON array goes on with a value ({ [ " digit - t f n) or ends (])
+    if s[:1] == "{" or (s[:1] == "[" and re.match(r"\[\s*(?:[\[{\"\d\-\]]|true|false|null)", s)
+                        and not _LOG_LINE.match(s.split("\n", 1)[0].strip())):
         return _describe_json(s)
     if re.match(r"<(?:!doctype\s+html|html|head|body)\b", s[:200], re.I):
         return ("not Prometheus/OpenMetrics text: an HTML page (a login page, a proxy error, a dashboard?); "
@@ -252,10 +255,32 @@ def describe_text(head: str) -> str | None:
     if lines:
         logish = sum(1 for ln in lines if _LOG_LINE.match(ln.strip()))
         words = sum(1 for ln in lines if _LOG_WORDS.search(ln))
-        if logish >= max(2, len(lines) // 3) or (logish and words >= max(2, len(lines) // 3)):
+        if logish >= max(2, len(lines) // 3) or (logish and words >= max(2, len(lines) // 3)) \
+                or _engine_lines(lines):
             return ("an engine log (vLLM / SGLang lines), not metrics text; "
                     "read it with: diagnose logs FILE")
     return None
+
+
+# Start-up accounting lines that carry no prefix when pasted into a bug report (the sizing parser reads them)
+_STARTUP_WORDS = re.compile(r"Free memory on device \(|KV Cache is allocated\.|max_total_num_tokens=|"
+                            r"# GPU blocks: \d|Available KV cache memory: |server_args=ServerArgs\(|"
+                            r"is larger than the maximum number of tokens that can be stored in KV cache")
+
+
+def _engine_lines(lines: list[str]) -> bool:
+    """A paste without line prefixes (a traceback, a preemption warning, a start-up summary copied from a
+    bug report) is still an engine log when the engine-log parser finds an event in it or a start-up
+    accounting line is there. Only asked once the text failed to parse as metrics."""
+    if any(_STARTUP_WORDS.search(ln) for ln in lines):
+        return True
+    from .enginelog import LogParser  # the same layer; imported here so metrics reading does not load it
+
+    p = LogParser(0.0)
+    try:
+        return any(p.feed(ln) for ln in lines)
+    except Exception:  # noqa: BLE001 -- a sniff: a parser failure only means "not recognised"
+        return False
 
 
 def _describe_json(s: str) -> str:
