@@ -120,3 +120,27 @@ def test_diagnose_file_hands_prefixed_and_bare_logs_to_diagnose_logs(tmp_path):
     arr.write_text('[1, 2]\n')
     r = cli(arr)
     assert r.returncode == 2 and "JSON document" in r.stderr
+
+
+# --- diagnose logs: a start-up log the sizing parser reads states its KV pool -----------------------------------
+def test_logs_reports_the_kv_pool_of_an_sglang_start_up():
+    # "[2025-03-27 21:33:31 TP0] KV Cache is allocated. #tokens: 834615, K size: 54.12 GB, V size: 54.12 GB"
+    p = DATA / "sizing" / "sglang_gemma3_startup.log"
+    m = re.search(r"#tokens: (\d+), K size: ([\d.]+) GB, V size: ([\d.]+) GB", p.read_text())
+    tokens, kv_gib = int(m.group(1)), float(m.group(2)) + float(m.group(3))
+    r = cli("logs", p, "--format", "json")
+    d = json.loads(r.stdout)
+    cap = d["log"]["kv_capacity"]
+    assert cap is not None and cap["tokens"] == tokens == 834615
+    assert abs(cap["kv_cache_bytes"] / GIB - kv_gib) < 0.01
+    assert d["log"]["engines"] == ["sglang"]
+    assert not [i for i in d["inconclusive"] if i["id"] == "logs"], d["inconclusive"]  # not "0 engine lines"
+    human = cli("logs", p).stdout
+    assert "KV capacity: 834,615 tokens" in human and "startup lines missing" not in human
+
+
+def test_logs_kv_capacity_line_without_tokens_reads_cleanly():
+    # vllm_v0_maxlen_too_long.log: "# GPU blocks: 229" with no block size logged: no "(; line 2" fragment
+    human = cli("logs", DATA / "sizing" / "vllm_v0_maxlen_too_long.log", "--fail-on", "never").stdout
+    line = next(ln for ln in human.splitlines() if "KV capacity:" in ln)
+    assert "(;" not in line and "229 blocks" in line

@@ -52,6 +52,27 @@ def _has_startup_accounting(path: str, max_bytes: int) -> bool:
     return any(v not in (None, [], {}, "", 0) for k, v in d.items() if k not in ("first_line", "engine", "lines"))
 
 
+def _capacity_from_accounting(acc) -> dict:
+    """``log.kv_capacity`` (the keys of detectors.logs.kv_capacity_summary) from the start-up parser's accounting."""
+    tokens = acc.pool_tokens
+    if acc.kv_cache_tokens:
+        src, key = "logged", "kv_cache_tokens"
+    elif acc.gpu_blocks and acc.block_size:
+        src, key = "blocks x block_size", "gpu_blocks"
+    elif acc.max_total_num_tokens:
+        src, key = "logged (max_total_num_tokens)", "max_total_num_tokens"
+    else:
+        src, key = None, "kv_cache_bytes"
+    return {"tokens": tokens, "tokens_source": src, "blocks": acc.gpu_blocks, "cpu_blocks": acc.cpu_blocks,
+            "block_size": acc.block_size, "device": "gpu", "max_concurrency": acc.max_concurrency,
+            "max_concurrency_tokens_per_request": acc.max_concurrency_tokens_per_request,
+            "kv_cache_bytes": acc.kv_cache_bytes, "weights_bytes": acc.weights_bytes,
+            "cuda_graph_bytes": acc.cuda_graph_bytes, "non_torch_memory_bytes": acc.non_torch_memory_bytes,
+            "peak_torch_memory_bytes": acc.peak_torch_memory_bytes, "activation_peak_bytes": acc.activation_peak_bytes,
+            "total_gpu_memory_bytes": acc.total_gpu_memory_bytes, "gpu_memory_utilization": acc.gpu_memory_utilization,
+            "line": acc.lines.get(key) or None, "time": None, "text": None, "startups": max(1, acc.startups)}
+
+
 def _finite(ctx, param, value):
     # click's FloatRange lets NaN through (every comparison with NaN is false) and inf past a min-only range
     if value is not None and not math.isfinite(value):
@@ -144,8 +165,11 @@ def _print_summary(s: dict, out) -> None:
     w = out.write
     w(f"\nEngine log: {s['source']}  ({s['events']} events; {', '.join(s['engines']) or 'no engine lines'})\n")
     if cap:
-        src = cap["tokens_source"] or ""
-        w(f"  KV capacity: {fmt_value(cap['tokens'], 'tokens')} ({src}; line {cap['line']}, {fmt_ts(cap['time'])})")
+        where = "; ".join(x for x in (cap["tokens_source"] or ("tokens not logged (block size unknown)"
+                                                               if cap["blocks"] is not None else None),
+                                       f"line {cap['line']}" + (f", {fmt_ts(cap['time'])}" if cap["time"] else "")
+                                       if cap["line"] else None) if x)
+        w(f"  KV capacity: {fmt_value(cap['tokens'], 'tokens')}" + (f" ({where})" if where else ""))
         if cap["blocks"] is not None:
             w(f", {cap['blocks']} blocks")
         if cap["kv_cache_bytes"]:
@@ -234,17 +258,24 @@ def logs_cmd(file: str, fmt: str, fail_on: str, tz_offset: float, max_bytes: int
     from ..collectors.enginelog.reader import iter_file_lines
     from ..sizing import judge_log
 
+    acc = None
     try:
         acc, judged = judge_log(iter_file_lines(file, max_bytes=max_bytes))
     except (OSError, ValueError):  # read above already; a race or a decode problem leaves sizing out
         judged = []
+    if acc is not None and summary["kv_capacity"] is None and (acc.pool_tokens or acc.kv_cache_bytes):
+        # lines only the start-up parser reads (SGLang 'KV Cache is allocated. #tokens' / 'max_total_num_tokens=',
+        # V0's profile table): the pool is in this log, not "startup lines missing"
+        summary["kv_capacity"] = _capacity_from_accounting(acc)
+    if acc is not None and not summary["engines"] and acc.engine:
+        summary["engines"] = [acc.engine]
     sized = [x for x in judged if not isinstance(x, Inconclusive)]
     findings = list(findings) + sized
     report = Report(window=(start, end), findings=findings, source=file)
     from ..playbooks import attach_playbooks
 
     attach_playbooks(report)  # findings leave the log detector without a playbook
-    if not events:  # an engine log (headers seen) without any line fragscope reads
+    if not events and not (acc is not None and acc.has_accounting):  # an engine log without any line read
         report.inconclusive.append(Inconclusive(
             "logs", ["kv_cache_capacity_tokens", "preemptions_total", "kv_cache_usage_ratio"],
             f"{info.engine_lines} engine log line(s) in {file}, none with KV capacity, stats, preemption or OOM "
