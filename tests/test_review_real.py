@@ -144,3 +144,18 @@ def test_logs_kv_capacity_line_without_tokens_reads_cleanly():
     human = cli("logs", DATA / "sizing" / "vllm_v0_maxlen_too_long.log", "--fail-on", "never").stdout
     line = next(ln for ln in human.splitlines() if "KV capacity:" in ln)
     assert "(;" not in line and "229 blocks" in line
+
+
+# --- triton-batching: a config is not judged against another model's counters ----------------------------------
+def test_triton_batching_refuses_a_config_of_a_model_the_scrape_lacks():
+    cfg = DATA / "engines" / "triton_configs" / "densenet_onnx.pbtxt"
+    scrape = DATA / "engines" / "triton_old_aliyun_doc.prom"
+    named = re.search(r'^name: "([^"]+)"', cfg.read_text(), re.M).group(1)
+    models = set(re.findall(r'model="([^"]+)"', scrape.read_text()))
+    assert named == "densenet_onnx" and named not in models and models == {"resnet50_trt"}
+    r = cli("triton-batching", "--config", cfg, scrape)
+    assert r.returncode == 2 and "densenet_onnx" in r.stderr and "resnet50_trt" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    # naming the model on purpose still works
+    r = cli("triton-batching", "--config", cfg, "--model", "resnet50_trt", scrape, "--format", "json")
+    assert r.returncode == 0 and json.loads(r.stdout)["model"] == "resnet50_trt"

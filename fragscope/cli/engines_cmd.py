@@ -102,6 +102,12 @@ def triton_batching_cmd(scrapes: tuple[str, ...], url: str | None, config: str, 
     w = _scrapes_window(scrapes, url, interval, count=2)
     scrapes = (url,) if url else scrapes
     models = batching.models_in(w)
+    if model is None and cfg.name and cfg.name not in models:
+        # the config is another model's: judging its batching settings against these counters would mix two
+        # models (densenet_onnx's config against resnet50_trt's executions), so ask instead of guessing
+        fail(f"{config} configures model {cfg.name!r}, which the scrape does not have (it has "
+             f"{', '.join(models) or 'no Triton model counters'}); give --model NAME to judge this config against "
+             "another model's counters")
     name = model or (cfg.name if cfg.name in models else (models[0] if len(models) == 1 else None))
     if name is None:
         fail(f"which model? the scrape has {', '.join(models) or 'no Triton model counters'}; give --model")
