@@ -159,3 +159,12 @@ def test_triton_batching_refuses_a_config_of_a_model_the_scrape_lacks():
     # naming the model on purpose still works
     r = cli("triton-batching", "--config", cfg, "--model", "resnet50_trt", scrape, "--format", "json")
     assert r.returncode == 0 and json.loads(r.stdout)["model"] == "resnet50_trt"
+
+
+def test_oom_summary_does_not_print_small_sizes_as_zero_gib():
+    # vllm_v0_graph_capture_oom.log: "Tried to allocate 2.00 MiB. ... of which 448.00 KiB is free."
+    p = DATA / "sizing" / "vllm_v0_graph_capture_oom.log"
+    assert "Tried to allocate 2.00 MiB" in p.read_text() and "448.00 KiB is free" in p.read_text()
+    d = json.loads(cli("logs", p, "--format", "json", "--fail-on", "never").stdout)
+    (oom,) = [f for f in d["findings"] if f["id"].startswith("oom-")]
+    assert "0.00 GiB" not in oom["summary"] and "2.00 MiB" in oom["summary"] and "448.00 KiB" in oom["summary"]

@@ -55,7 +55,13 @@ def _fin(x) -> float | None:
 
 
 def _gib(x: float | None) -> str:
-    return "n/a" if x is None else f"{x / GIB:.2f} GiB"
+    """GiB with 2 decimals, as PyTorch prints them; below 0.01 GiB in MiB / KiB (a 2 MiB graph-capture
+    request is not "0.00 GiB")."""
+    if x is None:
+        return "n/a"
+    if abs(x) >= 0.01 * GIB or x == 0:
+        return f"{x / GIB:.2f} GiB"
+    return f"{x / 2 ** 20:.2f} MiB" if abs(x) >= 2 ** 20 else f"{x / 1024:.2f} KiB"
 
 
 def _hms(ts: float | None) -> str:
