@@ -168,3 +168,13 @@ def test_oom_summary_does_not_print_small_sizes_as_zero_gib():
     d = json.loads(cli("logs", p, "--format", "json", "--fail-on", "never").stdout)
     (oom,) = [f for f in d["findings"] if f["id"].startswith("oom-")]
     assert "0.00 GiB" not in oom["summary"] and "2.00 MiB" in oom["summary"] and "448.00 KiB" in oom["summary"]
+
+
+def test_fragmentation_evidence_does_not_agree_below_its_own_threshold():
+    # vllm_v1_oom.log: 5.82 GiB unallocated of 77.22 GiB reserved = 7.5 %, and 5.82 GiB >= the 0.94 GiB shortfall:
+    # the verdict rests on the bytes, so the ratio must not read "+ 7.5 % threshold 20.0 %" (agreeing below it)
+    d = json.loads(cli("logs", DATA / "logs" / "vllm_v1_oom.log", "--format", "json", "--fail-on", "never").stdout)
+    (f,) = [x for x in d["findings"] if x["id"] == "allocator-fragmentation"]
+    (r,) = [e for e in f["evidence"] if e["signal"] == "log_oom_fragmentation_ratio"]
+    assert abs(r["observed"] - 5.82 / (71.40 + 5.82)) < 1e-3
+    assert not (r["agrees"] and r["threshold"] is not None and r["observed"] < r["threshold"]), r

@@ -156,8 +156,13 @@ def _fragmentation_finding(gpu: str, items: list[dict], cfg) -> Finding:
           Evidence("log_oom_requested_bytes", req, unit="bytes"),
           Evidence("log_oom_free_bytes", free, unit="bytes")]
     if ratio is not None:
-        ev.append(Evidence("log_oom_fragmentation_ratio", ratio, threshold=cfg.frag_contributing_ratio,
-                           unit="ratio", note="reserved-but-unallocated / reserved"))
+        if caused:  # the unallocated bytes alone covered the shortfall: the ratio is context, not a test
+            ev.append(Evidence("log_oom_fragmentation_ratio", ratio, unit="ratio",
+                               note="reserved-but-unallocated / reserved"))
+        else:  # "contributed": judged by this ratio (vllm_v1_oom.log read "+ 7.5 % threshold 20.0 %" before)
+            ev.append(Evidence("log_oom_fragmentation_ratio", ratio, threshold=cfg.frag_contributing_ratio,
+                               unit="ratio", note="reserved-but-unallocated / reserved",
+                               agrees=ratio >= cfg.frag_contributing_ratio))
     return Finding("allocator-fragmentation", sev, min(0.95, conf), summary, onset=items[0]["time"],
                    evidence=ev, missing=["torch_inactive_split_bytes"], subject={"gpu": gpu} if gpu else {})
 
