@@ -178,3 +178,31 @@ def test_fragmentation_evidence_does_not_agree_below_its_own_threshold():
     (r,) = [e for e in f["evidence"] if e["signal"] == "log_oom_fragmentation_ratio"]
     assert abs(r["observed"] - 5.82 / (71.40 + 5.82)) < 1e-3
     assert not (r["agrees"] and r["threshold"] is not None and r["observed"] < r["threshold"]), r
+
+
+# --- real pastes from bug reports (tests/data/README_logs.md, "Added by the real-input review") ----------------
+def test_real_pastes_without_prefixes_reach_diagnose_logs_with_their_figures():
+    # vllm#21348 quotes "Available KV cache memory: 8.11 GiB" / "GPU KV cache size: 178,880 tokens" with no prefix
+    d = json.loads(cli(DATA / "logs" / "vllm_v1_issue21348_bare_kv_lines.log", "--format", "json").stdout)
+    assert d["log"]["kv_capacity"]["tokens"] == 178880
+    assert abs(d["log"]["kv_capacity"]["kv_cache_bytes"] / GIB - 8.11) < 0.005
+    # ... and the SGLang line of the same issue: 367404 tokens, K + V = 16.46 GiB
+    d = json.loads(cli(DATA / "logs" / "sglang_issue21348_bare_kv_line.log", "--format", "json").stdout)
+    assert d["log"]["kv_capacity"]["tokens"] == 367404
+    assert abs(d["log"]["kv_capacity"]["kv_cache_bytes"] / GIB - (8.23 + 8.23)) < 0.005
+    # Qwen3#458: a Jupyter traceback ending in an OOM cut after "GPU": read, and said to lack its figures
+    r = cli(DATA / "logs" / "torch_oom_qwen458_truncated_jupyter.log", "--format", "json", "--fail-on", "never")
+    d = json.loads(r.stdout)
+    (o,) = d["log"]["ooms"]
+    assert o["requested_bytes"] == 642 * 2 ** 20 and o["free_bytes"] is None and o["verdict"] == "unknown"
+
+
+def test_private_pools_oom_in_mib_and_its_outside_share():
+    # FreeToken#168: 128.00 MiB asked, 21.56 MiB free of 11.63 GiB, 10.85 GiB allocated + 36.30 MiB unallocated
+    p = DATA / "logs" / "torch_oom_ge22_freetoken168_private_pools.log"
+    d = json.loads(cli("logs", p, "--format", "json", "--fail-on", "never").stdout)
+    (o,) = d["log"]["ooms"]
+    outside = 11.63 * GIB - 21.56 * 2 ** 20 - (10.85 * GIB + 36.30 * 2 ** 20)
+    assert abs(o["held_outside_pytorch_bytes"] - outside) < 2 ** 20
+    (f,) = d["findings"]
+    assert "128.00 MiB" in f["summary"] and "21.56 MiB free" in f["summary"] and "0.02 GiB" not in f["summary"]

@@ -55,11 +55,11 @@ def _fin(x) -> float | None:
 
 
 def _gib(x: float | None) -> str:
-    """GiB with 2 decimals, as PyTorch prints them; below 0.01 GiB in MiB / KiB (a 2 MiB graph-capture
-    request is not "0.00 GiB")."""
+    """2 decimals in the unit PyTorch's OOM message uses: GiB from 1 GiB, else MiB / KiB (a 2 MiB graph-capture
+    request is not "0.00 GiB", 21.56 MiB free is not "0.02 GiB")."""
     if x is None:
         return "n/a"
-    if abs(x) >= 0.01 * GIB or x == 0:
+    if abs(x) >= GIB or x == 0:
         return f"{x / GIB:.2f} GiB"
     return f"{x / 2 ** 20:.2f} MiB" if abs(x) >= 2 ** 20 else f"{x / 1024:.2f} KiB"
 
