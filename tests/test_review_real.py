@@ -242,3 +242,11 @@ def test_recording_with_preemptions_and_a_low_sampled_pool_is_not_healthy(tmp_pa
     assert not [x for x in d["findings"] if x["id"] == "kv-cache-pressure"]
     (inc,) = [x for x in d["inconclusive"] if x["id"] == "kv-cache-pressure"]
     assert "5 preemptions/min" in inc["reason"] and "50 %" in inc["reason"]
+
+
+def test_start_up_shortfall_without_a_timestamp_names_its_line_not_a_question_mark():
+    # vllm_v1_shortfall.log: one pasted ValueError line, no timestamp: "could not start at ?" read as a glitch
+    d = json.loads(cli("logs", DATA / "sizing" / "vllm_v1_shortfall.log", "--format", "json").stdout)
+    (f,) = [x for x in d["findings"] if x["id"] == "kv-capacity-gap"]
+    assert " at ?" not in f["summary"] and "(line 1)" in f["summary"]
+    assert "15.94 GiB" in f["summary"]  # 47.38 - 31.44 GiB held before start-up

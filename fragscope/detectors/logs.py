@@ -370,7 +370,8 @@ def _kv_gap_findings(events: Sequence[LogEvent], check: dict | None, cfg: Config
         held = f["total_bytes"] - f["free_bytes"]
         out.append(Finding(
             "kv-capacity-gap", Severity.CRITICAL, 0.9,
-            f"engine could not start at {_hms(short.ts)}: {_gib(f['free_bytes'])} of {_gib(f['total_bytes'])} free, "
+            f"engine could not start{' at ' + _hms(short.ts) if short.ts is not None else ''} (line {short.line_no}): "
+            f"{_gib(f['free_bytes'])} of {_gib(f['total_bytes'])} free, "
             f"gpu_memory_utilization {f['gpu_memory_utilization']} wants {_gib(f['requested_bytes'])}; "
             f"{_gib(held)} is held by another process (or a previous engine still exiting).",
             onset=short.ts,
