@@ -250,3 +250,26 @@ def test_start_up_shortfall_without_a_timestamp_names_its_line_not_a_question_ma
     (f,) = [x for x in d["findings"] if x["id"] == "kv-capacity-gap"]
     assert " at ?" not in f["summary"] and "(line 1)" in f["summary"]
     assert "15.94 GiB" in f["summary"]  # 47.38 - 31.44 GiB held before start-up
+
+
+# --- diagnose FILE on files an on-call holds beside the metrics: say what they are ------------------------------
+def test_diagnose_file_names_triton_configs_and_nvidia_smi_output(tmp_path):
+    r = cli(DATA / "engines" / "triton_configs" / "densenet_onnx.pbtxt")
+    assert r.returncode == 2 and "config.pbtxt" in r.stderr and "diagnose triton-batching" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    # the header lines of `nvidia-smi --query-gpu ... --format=csv` and `nvidia-smi -q -x` (shapes of
+    # ../shared/data/nvidia-smi/*.csv, *.xml)
+    csv = tmp_path / "q.csv"
+    csv.write_text("timestamp, name, memory.used [MiB], utilization.gpu [%]\n"
+                   "2026/01/01 00:00:00.000, NVIDIA H100 80GB HBM3, 60000 MiB, 98 %\n")
+    xml = tmp_path / "q.xml"
+    xml.write_text('<?xml version="1.0" ?>\n<nvidia_smi_log>\n<driver_version>590.48.01</driver_version>\n'
+                   "</nvidia_smi_log>\n")
+    for p in (csv, xml):
+        r = cli(p)
+        assert r.returncode == 2 and "nvidia-smi output" in r.stderr, r.stderr
+    # a prose file that merely mentions nvidia-smi stays "not metrics text"
+    prose = tmp_path / "notes.txt"
+    prose.write_text("We ran nvidia-smi and the exporter.\nThe GPU looked fine.\n")
+    r = cli(prose)
+    assert r.returncode == 2 and "nvidia-smi output" not in r.stderr

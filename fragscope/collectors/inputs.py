@@ -252,6 +252,9 @@ def describe_text(head: str) -> str | None:
         return ("not Prometheus/OpenMetrics text: an HTML page (a login page, a proxy error, a dashboard?); "
                 "save the /metrics URL itself (curl -s URL/metrics > FILE)")
     lines = [ln for ln in s.splitlines()[:200] if ln.strip()]
+    other = _other_tool(s, lines)
+    if other:
+        return other
     if lines:
         logish = sum(1 for ln in lines if _LOG_LINE.match(ln.strip()))
         words = sum(1 for ln in lines if _LOG_WORDS.search(ln))
@@ -259,6 +262,25 @@ def describe_text(head: str) -> str | None:
                 or _engine_lines(lines):
             return ("an engine log (vLLM / SGLang lines), not metrics text; "
                     "read it with: diagnose logs FILE")
+    return None
+
+
+_PBTXT = re.compile(r"^\s*(?:name|platform|backend|max_batch_size)\s*:\s*\S|^\s*(?:dynamic_batching|instance_group|"
+                    r"input|output)\s*[\[{]", re.M)
+_NVSMI = re.compile(r"<nvidia_smi_log>|^(?:time(?: \[s\])?|timestamp|# gpu|#Date),\s*\S|==============NVSMI LOG|"
+                    r"^\s*(?:Driver Version|CUDA Version)\s*:", re.M | re.I)
+
+
+def _other_tool(s: str, lines: list[str]) -> str | None:
+    """Files an on-call holds beside the metrics that fragscope does not read this way: a Triton
+    config.pbtxt (read by ``diagnose triton-batching``), nvidia-smi output (XML, CSV, -q text)."""
+    head = "\n".join(lines[:60])
+    if len(_PBTXT.findall(head)) >= 2 and not any(ln.startswith("# TYPE") for ln in lines[:60]):
+        return ("a Triton model configuration (config.pbtxt), not metrics text; judge its batching against the "
+                "model's counters with: diagnose triton-batching --config FILE SCRAPE")
+    if _NVSMI.search(s):
+        return ("nvidia-smi output (XML, CSV or -q text), not metrics text; fragscope reads the GPU through NVML "
+                "(fragscope agent) or a dcgm-exporter's /metrics page (diagnose http://host:9400)")
     return None
 
 
