@@ -273,3 +273,17 @@ def test_diagnose_file_names_triton_configs_and_nvidia_smi_output(tmp_path):
     prose.write_text("We ran nvidia-smi and the exporter.\nThe GPU looked fine.\n")
     r = cli(prose)
     assert r.returncode == 2 and "nvidia-smi output" not in r.stderr
+
+
+def test_oom_without_pytorch_figures_is_not_called_capacity():
+    # "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 MiB. GPU 6 has a total capacity of
+    # 44.53 GiB of which 448.00 KiB is free." -- the paste stops before PyTorch's reserved/allocated figures
+    p = DATA / "sizing" / "vllm_v0_graph_capture_oom.log"
+    oom_line = next(ln for ln in p.read_text().splitlines() if "out of memory" in ln and "Tried" in ln)
+    assert "reserved" not in oom_line and "allocated by PyTorch" not in oom_line
+    d = json.loads(cli("logs", p, "--format", "json", "--fail-on", "never").stdout)
+    (o,) = d["log"]["ooms"]
+    assert o["verdict"] == "unknown"
+    (f,) = [x for x in d["findings"] if x["id"].startswith("oom-")]
+    assert "pool filled the GPU" not in f["summary"] and "lacks the reserved figure" in f["summary"]
+    assert "oom_reserved_bytes" in f["missing"] and "oom_free_bytes" not in f["missing"]

@@ -118,6 +118,11 @@ def oom_summary(ev, cfg) -> dict:
         out["verdict"] = "other-process"
     elif outside is not None and outside >= shortfall and outside >= outside_floor:
         out["verdict"] = "outside-pytorch"
+    elif pool is None and unalloc is None:
+        # the message stops before PyTorch's own figures (a pasted first line: "... of which 448.00 KiB is
+        # free."): fragmentation, memory outside PyTorch and capacity cannot be told apart, and "PyTorch's own
+        # pool filled the GPU" would be a guess
+        out["verdict"] = "unknown"
     else:
         out["verdict"] = "capacity"
     return out
@@ -225,10 +230,16 @@ def _other_finding(gpu: str, verdict: str, items: list[dict]) -> Finding:
                        missing=["oom_figures", "gpu_process_memory_bytes"], subject=subject)
     # capacity / unknown
     if verdict == "unknown":
-        summary = (f"{where}: PyTorch OOM at {_hms(o['time'])} (line {o['line']}, asking {_gib(o['requested_bytes'])}); "
-                   f"the message lacks the free/total/reserved figures, so the cause cannot be told apart{count}.")
+        lacking = [n for n, v in (("free", o["free_bytes"]), ("total", o["total_bytes"]),
+                                  ("reserved", o["reserved_bytes"] if o["reserved_bytes"] is not None
+                                   else o["allocated_bytes"])) if v is None]
+        told = _figures(o) if o["free_bytes"] is not None else f"asking {_gib(o['requested_bytes'])}"
+        summary = (f"{where}: PyTorch OOM at {_hms(o['time'])} (line {o['line']}) {told}; the message lacks the "
+                   f"{'/'.join(lacking) or 'free/total/reserved'} figure{'s' if len(lacking) != 1 else ''}, so the "
+                   f"cause cannot be told apart{count}.")
         return Finding("oom-capacity", Severity.CRITICAL, 0.3, summary, onset=o["time"], evidence=ev[:1],
-                       missing=["oom_free_bytes", "oom_reserved_bytes"], subject=subject)
+                       missing=[f"oom_{n}_bytes" for n in lacking] or ["oom_free_bytes", "oom_reserved_bytes"],
+                       subject=subject)
     held = o["held_outside_pytorch_bytes"]
     bigger = (o["requested_bytes"] is not None and o["total_bytes"] is not None
               and o["requested_bytes"] > o["total_bytes"])
