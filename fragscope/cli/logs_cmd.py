@@ -60,7 +60,7 @@ def _capacity_from_accounting(acc) -> dict:
     elif acc.gpu_blocks and acc.block_size:
         src, key = "blocks x block_size", "gpu_blocks"
     elif acc.max_total_num_tokens:
-        src, key = "logged (max_total_num_tokens)", "max_total_num_tokens"
+        src, key = "logged", "max_total_num_tokens"  # SGLang's pool size in tokens (the contract's values kept)
     else:
         src, key = None, "kv_cache_bytes"
     return {"tokens": tokens, "tokens_source": src, "blocks": acc.gpu_blocks, "cpu_blocks": acc.cpu_blocks,
