@@ -318,3 +318,15 @@ def test_live_page_served_as_octet_stream_is_read(tmp_path):
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+def test_logs_does_not_say_startup_lines_missing_when_they_are_there():
+    # vllm_v1_kv_memory_summary.log: V1's one-line start-up summary ("Free memory on device (177.66/178.36 GiB) on
+    # startup. Desired GPU memory utilization is (0.9, 160.53 GiB) ...") sizes no pool, but it is a start-up line
+    p = DATA / "sizing" / "vllm_v1_kv_memory_summary.log"
+    assert p.read_text().startswith("Free memory on device (")
+    line = next(ln for ln in cli("logs", p).stdout.splitlines() if "KV capacity:" in ln)
+    assert "startup lines missing" not in line
+    line = next(ln for ln in cli("logs", DATA / "logs" / "sglang_retractions.log").stdout.splitlines()
+                if "KV capacity:" in ln)
+    assert "startup lines missing" in line  # stats and retractions only: the start-up really is not there

@@ -158,7 +158,7 @@ def _estimate(events, opts: dict):
     return float(tokens), inputs
 
 
-def _print_summary(s: dict, out) -> None:
+def _print_summary(s: dict, out, startup_seen: bool = False) -> None:
     from .render import fmt_ts, fmt_value
 
     cap = s["kv_capacity"]
@@ -178,7 +178,8 @@ def _print_summary(s: dict, out) -> None:
             w(f"; {cap['startups']} startups in this log, the last one shown")
         w("\n")
     else:
-        w("  KV capacity: not in this log (startup lines missing)\n")
+        w("  KV capacity: not in this log (" + ("its start-up lines do not size the KV pool" if startup_seen
+                                                else "startup lines missing") + ")\n")
     pre = s["preemptions"]
     if pre["count"] is not None:
         rate = f", {pre['rate_per_second']:.2f}/s" if pre["rate_per_second"] is not None else ""
@@ -290,7 +291,7 @@ def logs_cmd(file: str, fmt: str, fail_on: str, tz_offset: float, max_bytes: int
         sys.stdout.write(json.dumps(d, indent=2, default=_json_default) + "\n")
     else:
         print_report(report, "human")
-        _print_summary(summary, sys.stdout)
+        _print_summary(summary, sys.stdout, startup_seen=acc is not None and acc.has_accounting)
     return report_exit_code(report, fail_on)
 
 
