@@ -304,3 +304,14 @@ def test_gzip_ratio_stops_a_bomb_early_and_real_files_pass(tmp_path, monkeypatch
     real = _w(tmp_path, "loop.txt.gz", gzip.compress(body * 40, 9))  # 2.1 MB of scrapes, ratio ~11
     w = read_recording(real, 10.0, scrape_time=T)
     assert w.scrapes == 40
+
+
+def test_headers_without_samples_say_so(tmp_path):
+    """A scrape of # HELP / # TYPE lines only (a server before its first request: labelled metrics have
+    no child yet) is named for what it is, not 'comments only'."""
+    p = _w(tmp_path, "hdr.txt", "# HELP vllm:num_preemptions_total Preemptions\n"
+                                "# TYPE vllm:num_preemptions_total counter\n")
+    with pytest.raises(ParseError, match="metric families declared .* but no sample lines"):
+        read_recording(p)
+    with pytest.raises(ParseError, match=r"no samples \(empty or comments only\)"):
+        read_recording(_w(tmp_path, "c.txt", "# a comment\n"))

@@ -448,6 +448,12 @@ def parse_lines(lines: Iterable[str], default_ts: float | None = None, source: s
     if p.samples == 0:
         if bad:
             raise ParseError(f"{source}: not Prometheus/OpenMetrics text ({p.first_bad})")
+        if p.saw_meta:
+            # prometheus_client prints a labelled metric's # HELP / # TYPE before any child exists: a
+            # server that has served nothing yet, or a paste that kept only the headers
+            raise ParseError(f"{source}: no samples: metric families declared (# HELP / # TYPE lines) but no "
+                             "sample lines; labelled metrics appear after the server's first request, or the "
+                             "paste kept only the headers")
         raise ParseError(f"{source}: no samples (empty or comments only)")
     # A paste (scrapes) may carry a few lines of prose around the data ("here is the output:").
     allowed = _BAD_RATIO_LIMIT * (p.samples + bad)
