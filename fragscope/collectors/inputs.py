@@ -265,10 +265,12 @@ def describe_text(head: str) -> str | None:
     return None
 
 
-_PBTXT = re.compile(r"^\s*(?:name|platform|backend|max_batch_size)\s*:\s*\S|^\s*(?:dynamic_batching|instance_group|"
-                    r"input|output)\s*[\[{]", re.M)
-_NVSMI = re.compile(r"<nvidia_smi_log>|^(?:time(?: \[s\])?|timestamp|# gpu|#Date),\s*\S|==============NVSMI LOG|"
-                    r"^\s*(?:Driver Version|CUDA Version)\s*:", re.M | re.I)
+# Line-anchored patterns match blanks with [ \t], never \s: a \s* after ^ under re.M runs over newlines,
+# and a head of blank lines (a gzip bomb of newlines) then costs quadratic time (tests/fuzz: a hang).
+_PBTXT = re.compile(r"^[ \t]*(?:name|platform|backend|max_batch_size)[ \t]*:[ \t]*\S|^[ \t]*(?:dynamic_batching|"
+                    r"instance_group|input|output)[ \t]*[\[{]", re.M)
+_NVSMI = re.compile(r"<nvidia_smi_log>|^(?:time(?: \[s\])?|timestamp|# gpu|#Date),[ \t]*\S|==============NVSMI LOG|"
+                    r"^[ \t]*(?:Driver Version|CUDA Version)[ \t]*:", re.M | re.I)
 
 
 def _other_tool(s: str, lines: list[str]) -> str | None:
@@ -278,7 +280,7 @@ def _other_tool(s: str, lines: list[str]) -> str | None:
     if len(_PBTXT.findall(head)) >= 2 and not any(ln.startswith("# TYPE") for ln in lines[:60]):
         return ("a Triton model configuration (config.pbtxt), not metrics text; judge its batching against the "
                 "model's counters with: diagnose triton-batching --config FILE SCRAPE")
-    if _NVSMI.search(s):
+    if _NVSMI.search(head):
         return ("nvidia-smi output (XML, CSV or -q text), not metrics text; fragscope reads the GPU through NVML "
                 "(fragscope agent) or a dcgm-exporter's /metrics page (diagnose http://host:9400)")
     return None
