@@ -283,3 +283,21 @@ def test_blank_runs_keep_line_numbers(tmp_path):
     f.write_bytes(b"start\n" + b"\n" * 5 + blk + b"\n" * ((1 << 20) + 3) + blk)  # a run across a 1 MiB chunk edge
     info = read_log_file(str(f), reference=utc(2026, 1, 3))
     assert [e.line_no for e in info.events] == [7, 7 + (1 << 20) + 3 + 1] and info.lines == 7 + (1 << 20) + 4
+
+
+def test_repeated_message_events_are_fresh_copies():
+    """parse_message caches the events of a message seen before (logs repeat lines): a caller changing
+    one event's fields, nested lists included, never changes what the next identical line yields."""
+    from fragscope.collectors.enginelog.patterns import parse_message
+
+    msg = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+           "79.15 GiB of which 1.06 GiB is free. Process 1234 has 40.00 GiB memory in use. Process 99 has 38.00 GiB "
+           "memory in use. Of the allocated memory 36.00 GiB is allocated by PyTorch, and 1.50 GiB is reserved by "
+           "PyTorch but unallocated.")
+    first = parse_message(msg)
+    (kind, fields, _, _), = first
+    assert kind == "oom" and [p["pid"] for p in fields["other_processes"]] == [1234, 99]
+    fields["other_processes"].append({"pid": 7, "bytes": 1})
+    fields["requested_bytes"] = -1
+    (_, again, _, _), = parse_message(msg)
+    assert [p["pid"] for p in again["other_processes"]] == [1234, 99] and again["requested_bytes"] == 2 * 2**30
