@@ -118,6 +118,7 @@ class StartupParser:
     def __init__(self) -> None:
         self.acc = StartupAccounting()
         self.line_no = 0
+        self._last_raw: str | None = None
         self.phase: str | None = None
         self._in_profile_table = False
         self._sg_loads: list[float] = []
@@ -148,8 +149,10 @@ class StartupParser:
 
     def feed(self, raw: str) -> None:
         self.line_no += 1
-        if not _gate(raw):
+        if not _gate(raw) or raw == self._last_raw:
+            # the same line again (a progress bar redrawn, a worker's identical echo) sets what it set
             return
+        self._last_raw = raw
         if ("is preempted by" in raw or (self.acc.served and ("Avg prompt throughput" in raw or "batch" in raw))) \
                 and "out of memory" not in raw:
             return  # stats lines after start-up: the run-time summary reads them, not this parser
