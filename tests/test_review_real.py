@@ -257,8 +257,8 @@ def test_diagnose_file_names_triton_configs_and_nvidia_smi_output(tmp_path):
     r = cli(DATA / "engines" / "triton_configs" / "densenet_onnx.pbtxt")
     assert r.returncode == 2 and "config.pbtxt" in r.stderr and "diagnose triton-batching" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
-    # the header lines of `nvidia-smi --query-gpu ... --format=csv` and `nvidia-smi -q -x` (shapes of
-    # ../shared/data/nvidia-smi/*.csv, *.xml)
+    # the header lines of `nvidia-smi --query-gpu ... --format=csv` and `nvidia-smi -q -x` (the shapes of
+    # the field notes' nvidia-smi samples)
     csv = tmp_path / "q.csv"
     csv.write_text("timestamp, name, memory.used [MiB], utilization.gpu [%]\n"
                    "2026/01/01 00:00:00.000, NVIDIA H100 80GB HBM3, 60000 MiB, 98 %\n")

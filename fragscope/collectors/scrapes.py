@@ -21,7 +21,7 @@ from typing import Mapping
 
 import numpy as np
 
-from ..model import Series, SeriesKey, Window, clean_series
+from ..model import Series, SeriesKey, Window
 
 GENERIC_PREFIXES = ("process_", "python_", "go_", "promhttp_", "http_")
 # Spacing given to successive scrapes when the interval is not known (flagged on the window).
@@ -151,20 +151,22 @@ def bulk_window(cols: Mapping[SeriesKey, tuple], source: str = "", types: Mappin
         start = float(ts[starts[clean]].min())
         end = float(ts[ends[clean] - 1].max())
     st_l, en_l, cl_l, ne_l = starts.tolist(), ends.tolist(), clean.tolist(), nonempty.tolist()
+    dirty: dict[SeriesKey, tuple[np.ndarray, np.ndarray]] = {}
     for i, key in enumerate(keys):
         if not ne_l[i]:
             continue
         a, b = st_l[i], en_l[i]
-        typ = types.get(key.name, "untyped")
         if cl_l[i]:
-            out[key] = Series(key, ts[a:b], vs[a:b], typ)
-            continue
-        s, d = clean_series(key, ts[a:b], vs[a:b], typ)
-        dropped += d
-        if len(s):
-            out[key] = s
-            start = min(start, float(s.ts[0]))
-            end = max(end, float(s.ts[-1]))
+            out[key] = Series(key, ts[a:b], vs[a:b], types.get(key.name, "untyped"))
+        else:
+            dirty[key] = (ts[a:b], vs[a:b])
+    if dirty:  # the few series that need cleaning: the per-series path every window takes
+        rest = Window.from_columns(dirty, source=source, types=types)
+        out.update(rest.series)
+        out = {k: out[k] for k in keys if k in out}  # the order the reader met them, as before
+        dropped += rest.dropped_points
+        if rest.series:
+            start, end = min(start, rest.start), max(end, rest.end)
     if not out:
         start = end = math.nan
     return Window(out, start, end, source, dropped)
