@@ -112,8 +112,9 @@ def test_url_or_file(arg, url, live):
 
 
 @pytest.mark.parametrize("url,expected", [
-    ("http://h:8000", ["http://h:8000/metrics", "http://h:8000/"]),
-    ("http://h:8000/", ["http://h:8000/metrics", "http://h:8000/"]),
+    ("http://h:8000", ["http://h:8000/metrics", "http://h:8000/", "http://h:8002/metrics"]),  # Triton's metrics port last
+    ("http://h:8000/", ["http://h:8000/metrics", "http://h:8000/", "http://h:8002/metrics"]),
+    ("http://h:30000", ["http://h:30000/metrics", "http://h:30000/"]),
     ("http://h:8000/metrics", ["http://h:8000/metrics"]),
     ("http://h:8000/vllm", ["http://h:8000/vllm", "http://h:8000/vllm/metrics"]),
 ])

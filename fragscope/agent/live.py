@@ -2,8 +2,9 @@
 
 :func:`resolve` turns what the user typed (``http://host:8000``, ``host:8000``, a full
 ``/metrics`` URL) into a metrics URL and the kinds of page it serves (vLLM V1 / V0, SGLang, a
-dcgm-exporter, the fragscope agent), failing within seconds, with a hint, on what cannot go
-away (refused, unknown host, 404 on both the URL and ``/metrics``, not a metrics page).
+dcgm-exporter, the fragscope agent) through the one engine-URL resolver (collectors/endpoint.py),
+failing within seconds, with a hint, on what cannot go away (refused, unknown host, 404 on every
+candidate, not a metrics page).
 :func:`watch` samples it, gives a first verdict after two scrapes and refines it until the
 duration ends or Ctrl-C. Terminal output is the CLI's job (callbacks); this module does no printing.
 docs/cli.md#live.
@@ -11,158 +12,41 @@ docs/cli.md#live.
 from __future__ import annotations
 
 import json
-import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
-from urllib.parse import urlsplit, urlunsplit
 
 from ..model import CollectResult, Reason, Report, Sample, SeriesKey, Window
 from .client import ClientError
 
-KIND_TEXT = {"vllm-v1": "vLLM (V1 engine)", "vllm-v0": "vLLM (V0 engine)", "vllm": "vLLM",
-             "sglang": "SGLang", "dcgm": "dcgm-exporter", "agent": "fragscope agent",
-             "engine": "TGI / Triton / TensorRT-LLM"}
-# host:port, [v6]:port, optionally followed by a path: what people paste from `kubectl get svc`
-_HOSTPORT = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})(/.*)?$")
-_FATAL_CONN = ("connection refused", "host name not found", "host unreachable", "invalid URL")
+from ..collectors.endpoint import (KIND_TEXT, EndpointError, Resolved, candidates, classify,  # noqa: F401
+                                   looks_like_url)
+from ..collectors.endpoint import normalise as _normalise
+from ..collectors.endpoint import other_engine_names as _other_engine_names
+from ..collectors.endpoint import resolve as _resolve
+
+Target = Resolved  # a resolved live source (collectors/endpoint.py)
 
 
 class LiveError(ClientError):
     """One line naming the URL, what went wrong and what to try."""
 
 
-def looks_like_url(arg: str) -> bool:
-    """True for an http(s):// URL or a bare ``host:port[/path]`` (the caller checks first that
-    ``arg`` is not an existing file)."""
-    return bool(re.match(r"^https?://", arg, re.I) or _HOSTPORT.match(arg))
-
-
 def normalise(arg: str) -> str:
     """``host:port[/path]`` -> ``http://host:port[/path]``; an http(s) URL is kept."""
-    s = arg.strip()
-    if not re.match(r"^https?://", s, re.I):
-        s = "http://" + s
-    parts = urlsplit(s)
     try:
-        port = parts.port
-    except ValueError:
-        raise LiveError(f"{arg}: bad port (expected host:PORT with PORT in 1-65535)") from None
-    if not parts.hostname or (port is not None and not 0 < port < 65536):
-        raise LiveError(f"{arg}: expected http://host:port[/metrics] or host:port")
-    return s
-
-
-def candidates(url: str) -> list[str]:
-    """URLs to try, in order: ``/metrics`` first when the path is empty, else the URL, then
-    ``URL/metrics``."""
-    parts = urlsplit(url)
-    path = parts.path or ""
-    if path in ("", "/"):
-        base = urlunsplit((parts.scheme, parts.netloc, "", "", ""))
-        return [base + "/metrics", base + "/"]
-    out = [url]
-    if not path.rstrip("/").endswith("/metrics") and not parts.query:
-        out.append(url.rstrip("/") + "/metrics")
-    return out
-
-
-def classify(text: str) -> list[str]:
-    """The kinds of page ``text`` is, from its metric names (several for a concatenated page)."""
-    head = text.lstrip()[:2000]
-    if head.startswith("{"):
-        return ["agent"] if '"fragscope agent"' in head else []
-    names = set()
-    for line in text.splitlines():
-        if line and line[0] != "#":
-            names.add(line.split("{", 1)[0].split(None, 1)[0])
-    if names & {"fragscope_agent_info", "fragscope_collector_up", "fragscope_diagnosis_active"}:
-        return ["agent"]  # families only the agent's exporter writes
-    kinds = []
-    vllm = {n[4:] if n.startswith("ray_") else n for n in names if n.startswith(("vllm:", "ray_vllm:"))}
-    if vllm:
-        if "vllm:kv_cache_usage_perc" in vllm or any(n.startswith("vllm:inter_token_latency") for n in vllm):
-            kinds.append("vllm-v1")
-        elif "vllm:gpu_cache_usage_perc" in vllm:
-            kinds.append("vllm-v0")
-        else:
-            kinds.append("vllm")
-    if any(n.startswith("sglang:") for n in names):
-        kinds.append("sglang")
-    if any(n.startswith("DCGM_FI_") for n in names):
-        kinds.append("dcgm")
-    if names & _other_engine_names():
-        kinds.append("engine")  # TGI, Triton / TensorRT-LLM: read through the signal table (docs/engines.md)
-    return kinds
-
-
-def _other_engine_names() -> frozenset[str]:
-    from ..collectors.engines import other_engine_names
-
-    return other_engine_names() - {n for n in other_engine_names() if n.startswith("sglang:")}
-
-
-@dataclass
-class Target:
-    """A resolved live source: the URL that answered, its base, the kinds of page, the first body."""
-
-    asked: str
-    url: str
-    base: str
-    kinds: list[str]
-    first_text: str = ""
-    tried: list[str] = field(default_factory=list)
-
-    @property
-    def is_agent(self) -> bool:
-        return "agent" in self.kinds
-
-    def describe(self) -> str:
-        return " + ".join(KIND_TEXT.get(k, k) for k in self.kinds)
+        return _normalise(arg)
+    except EndpointError as e:
+        raise LiveError(str(e)) from None
 
 
 def resolve(arg: str, timeout_s: float = 10.0, fetch: Callable[..., str] | None = None) -> Target:
-    """Find the metrics page behind ``arg``. Raises LiveError (one line, with a hint) at once on
-    what cannot go away; a page that times out counts as not answering."""
-    from ..collectors.http import FetchError, http_get
-
-    fetch = fetch or http_get
-    url = normalise(arg)
-    problems: list[str] = []
-    tried = []
-    for cand in candidates(url):
-        tried.append(cand)
-        try:
-            text = fetch(cand, timeout_s=timeout_s)
-        except FetchError as e:
-            msg = str(e)
-            low = msg.lower()
-            if any(f in low for f in _FATAL_CONN):
-                hint = ("is the server running, and is the port right?" if "refused" in low else
-                        "check the host name" if "host name" in low else "check the address")
-                raise LiveError(f"{msg}; {hint}") from None
-            if e.reason == Reason.TIMEOUT:
-                raise LiveError(f"{msg}; the server accepted the connection but sent no metrics in time "
-                                "(overloaded, or not an HTTP metrics endpoint)") from None
-            problems.append(_short(msg, cand))
-            continue
-        kinds = classify(text)
-        if kinds:
-            p = urlsplit(cand)
-            path = p.path.rstrip("/")
-            if path.endswith("/metrics"):
-                path = path[: -len("/metrics")]
-            # the base keeps a path prefix (an agent behind a reverse proxy at /fragscope/)
-            base = urlunsplit((p.scheme, p.netloc, path, "", ""))
-            return Target(arg, cand, base, kinds, text, tried)
-        problems.append(f"{cand}: not a page fragscope reads (no vllm:, sglang:, DCGM_FI_ or fragscope "
-                        "agent metrics)")
-    raise LiveError("; ".join(problems) + "; give the server's metrics URL (vLLM and SGLang: "
-                    "http://host:port/metrics; dcgm-exporter: http://host:9400/metrics)")
-
-
-def _short(msg: str, url: str) -> str:
-    return msg if msg.startswith(url) else f"{url}: {msg}"
+    """Find the metrics page behind ``arg`` (collectors/endpoint.py's resolver, the one every
+    command and the agent use). Raises LiveError (one line, with a hint) at once on what cannot go away."""
+    try:
+        return _resolve(arg, timeout_s=timeout_s, fetch=fetch)
+    except EndpointError as e:
+        raise LiveError(str(e)) from None
 
 
 # ---------------------------------------------------------------------------------------------

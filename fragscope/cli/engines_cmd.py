@@ -134,19 +134,24 @@ def _scrapes_window(scrapes: tuple[str, ...], url: str | None, interval: float |
         fail("give SCRAPE files or --url, one of the two")
     texts: list[tuple[str, str | None]] = [(p, None) for p in scrapes]
     if url:
+        from ..collectors.endpoint import EndpointError, resolve
         from ..collectors.http import FetchError, http_get
 
         interval = 30.0 if interval is None else interval
         if not 0 < interval <= 3600:
-            fail(f"--interval {interval}: give 0 < seconds <= 3600")
-        texts = []
-        for i in range(count):
-            if i:
-                time.sleep(interval)
+            fail(f"--interval {interval:g}s: give a duration between 0 and 1h")
+        try:  # the page behind the URL (/metrics for a server's address; Triton's 8002), as everywhere
+            found = resolve(url)
+        except EndpointError as e:
+            fail(str(e))
+        url = found.url
+        texts = [(url, found.first_text)]
+        for i in range(1, count):
+            time.sleep(interval)
             try:
                 texts.append((url, http_get(url, timeout_s=10.0)))
             except FetchError as e:
-                fail(f"{url}: {e}")
+                fail(str(e))
         scrapes = (url,)
     stamped = len(texts) > 1 and interval is None  # each scrape must then carry its own timestamps
     base = time.time() - (len(texts) - 1) * (interval or 0.0)

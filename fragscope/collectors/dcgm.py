@@ -13,6 +13,7 @@ import re
 from ..model import CollectResult, Missing, Reason, Sample
 from ..signals import SIGNALS
 from .exposition import LineCache, ParseError, scrape_kept
+from .endpoint import DCGM_PAGE_KINDS, Endpoint
 from .http import DEFAULT_MAX_BYTES, Fetch, FetchError, http_get
 from .logonce import LogOnce
 
@@ -100,6 +101,7 @@ class DcgmCollector:
     def __init__(self, url: str, timeout_s: float = 2.0, max_bytes: int = DEFAULT_MAX_BYTES,
                  fetch: Fetch = http_get) -> None:
         self.url = url
+        self.endpoint = Endpoint(url, DCGM_PAGE_KINDS)  # the page behind url: collectors/endpoint.py
         self.timeout_s = timeout_s
         self.max_bytes = max_bytes
         self.fetch = fetch
@@ -114,7 +116,7 @@ class DcgmCollector:
     def collect(self, now: float) -> CollectResult:
         try:
             try:
-                text = self.fetch(self.url, timeout_s=self.timeout_s, max_bytes=self.max_bytes)
+                text = self.endpoint.fetch(self.fetch, timeout_s=self.timeout_s, max_bytes=self.max_bytes)
             except FetchError as e:
                 return self._down(now, e.reason, str(e))
             try:

@@ -15,6 +15,7 @@ import re
 from ..model import CollectResult, Missing, Reason, Sample, make_labels
 from ..signals import SIGNALS, normalise_name
 from .exposition import LineCache, ParseError, scrape_kept
+from .endpoint import Endpoint
 from .http import DEFAULT_MAX_BYTES, Fetch, FetchError, http_get
 from .logonce import LogOnce
 
@@ -129,6 +130,7 @@ class VllmCollector:
     def __init__(self, url: str, timeout_s: float = 2.0, max_bytes: int = DEFAULT_MAX_BYTES,
                  fetch: Fetch = http_get, extra_labels: dict[str, str] | None = None, name: str | None = None) -> None:
         self.url = url
+        self.endpoint = Endpoint(url)  # the page behind url (/metrics for a base URL): collectors/endpoint.py
         self.timeout_s = timeout_s
         self.max_bytes = max_bytes
         self.fetch = fetch
@@ -155,7 +157,7 @@ class VllmCollector:
 
     def _collect(self, now: float) -> CollectResult:
         try:
-            text = self.fetch(self.url, timeout_s=self.timeout_s, max_bytes=self.max_bytes)
+            text = self.endpoint.fetch(self.fetch, timeout_s=self.timeout_s, max_bytes=self.max_bytes)
         except FetchError as e:
             return self._down(now, e.reason, str(e))
         try:
