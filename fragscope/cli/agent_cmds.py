@@ -345,12 +345,8 @@ class _Together:
         return out
 
 
-def _watch_targets(targets: list, fmt: str, fail_on: str, duration: str | None, interval: str | None,
-                   color: bool | None, html: str | None) -> int:
-    from ..agent.live import LiveError, PageCollector, finding_line, verdict_key, watch
-    from ..pipeline import diagnose  # imported before sampling starts: Ctrl-C then always lands in watch()
-    from .render import print_report, report_exit_code
-
+def sampling_plan(duration: str | None, interval: str | None) -> tuple[float, float]:
+    """(duration, interval) in seconds of a live sampling from --duration / --interval (one-line errors)."""
     dur = _duration(duration, "--duration", "2m")
     if dur > MAX_LIVE_DURATION_S:
         fail(f"--duration: at most 24h (got {duration}); for longer, run `fragscope agent`")
@@ -360,6 +356,25 @@ def _watch_targets(targets: list, fmt: str, fail_on: str, duration: str | None, 
         fail(f"--interval: at least {MIN_INTERVAL_S:g}s")
     if ivl > dur:
         fail("--interval is longer than --duration")
+    return dur, ivl
+
+
+def sample_targets(targets: list, dur: float, ivl: float, on_verdict=None, on_round=None):
+    """Sample resolved live pages together (``agent.live.watch``): (window, report, progress)."""
+    from ..agent.live import PageCollector, watch
+    from ..pipeline import diagnose  # imported before sampling starts: Ctrl-C then always lands in watch()
+
+    return watch(_Together([PageCollector(t) for t in targets]), dur, ivl,
+                 source="live: " + ", ".join(t.url for t in targets), judge=diagnose,
+                 on_verdict=on_verdict, on_round=on_round)
+
+
+def _watch_targets(targets: list, fmt: str, fail_on: str, duration: str | None, interval: str | None,
+                   color: bool | None, html: str | None) -> int:
+    from ..agent.live import LiveError, finding_line, verdict_key
+    from .render import print_report, report_exit_code
+
+    dur, ivl = sampling_plan(duration, interval)
     import logging
 
     logging.getLogger("fragscope.collectors").setLevel(logging.ERROR)
@@ -412,9 +427,7 @@ def _watch_targets(targets: list, fmt: str, fail_on: str, duration: str | None, 
         shown.append(cur)
 
     try:
-        window, report, prog = watch(_Together([PageCollector(t) for t in targets]), dur, ivl,
-                                     source="live: " + ", ".join(t.url for t in targets), judge=diagnose,
-                                     on_verdict=on_verdict, on_round=on_round)
+        window, report, prog = sample_targets(targets, dur, ivl, on_verdict=on_verdict, on_round=on_round)
     except LiveError as e:
         clear()
         fail(str(e))

@@ -147,6 +147,22 @@ def run_fleet(ctx: click.Context, fmt: str, fail_on: str, **opts) -> "int | None
         fail("give a recording FILE or --prometheus URL, not both")
     if opts.get("agent") or opts.get("vllm") or opts.get("dcgm"):
         fail("give --prometheus URL or a live source (--agent, --vllm, --dcgm), not both")
+    bar = _FleetBar() if sys.stderr.isatty() else None
+    try:
+        report = fleet_report(opts, progress=bar)
+    finally:
+        if bar is not None:
+            bar.stop()
+    if fmt == "json":
+        sys.stdout.write(json.dumps(report.to_dict(), indent=2, default=_json_default) + "\n")
+    else:
+        render_fleet(report, sys.stdout)
+    rcs = [report_exit_code(t.report, fail_on) for t in report.targets if t.report is not None]
+    return max(rcs, default=0)
+
+
+def fleet_report(opts: dict, progress=None):
+    """The FleetReport of ``diagnose --prometheus URL`` from its options (triage, then the flagged targets)."""
     from ..collectors.prometheus import PrometheusClient, PrometheusError, parse_selector
     from ..fleet import DEEP_LIMIT, PEER_SAMPLE, diagnose_fleet
 
@@ -157,23 +173,13 @@ def run_fleet(ctx: click.Context, fmt: str, fail_on: str, **opts) -> "int | None
     except ValueError as e:
         fail(f"--selector: {e}")
     cfg = _config(opts)
-    bar = _FleetBar() if sys.stderr.isatty() else None
     try:
         client = PrometheusClient(cfg)
-        report = diagnose_fleet(client, start, end, selector=selector, step=step, triage=opts.get("triage") or "auto",
-                                peers=PEER_SAMPLE if opts.get("peers") is None else opts["peers"],
-                                deep_limit=opts.get("deep_limit") or DEEP_LIMIT, progress=bar)
+        return diagnose_fleet(client, start, end, selector=selector, step=step, triage=opts.get("triage") or "auto",
+                              peers=PEER_SAMPLE if opts.get("peers") is None else opts["peers"],
+                              deep_limit=opts.get("deep_limit") or DEEP_LIMIT, progress=progress)
     except PrometheusError as e:
         fail(str(e))
-    finally:
-        if bar is not None:
-            bar.stop()
-    if fmt == "json":
-        sys.stdout.write(json.dumps(report.to_dict(), indent=2, default=_json_default) + "\n")
-    else:
-        render_fleet(report, sys.stdout)
-    rcs = [report_exit_code(t.report, fail_on) for t in report.targets if t.report is not None]
-    return max(rcs, default=0)
 
 
 class _FleetBar:

@@ -137,53 +137,52 @@ def register(fragscope_group: click.Group, diagnose_group: click.Group) -> None:
                       num_kv_heads, head_dim, dtype_bytes, max_seq_len, avg_seq_len, target_concurrency, target_len,
                       tensor_parallel_size, model_config, fmt):
         """KV-cache blocks, concurrency, block-size waste, and the GPU a target needs (seed 001's maths)."""
-        gpu_bytes, weights_bytes, overhead_bytes = gpu_memory_gib, weights_gib, overhead_gib
-        reverse = target_concurrency is not None or target_len is not None
-        try:
-            if reverse and (target_concurrency is None or target_len is None):
-                fail("kv-budget: the reverse question needs both --target-concurrency and --target-len")
-            if (not reverse and avg_seq_len is not None and gpu_bytes is None and weights_bytes is None
-                    and model_config is None and num_layers is None):
-                w = block_waste(block_size, avg_seq_len)
-                if fmt == "json":
-                    click.echo(json.dumps({"mode": "block-waste", **w}, indent=2, sort_keys=True))
-                else:
-                    click.echo("\n".join(_waste_lines(w)))
-                return
-            if model_config:
-                shape = read_model_config(model_config)
-                num_layers = num_layers or shape.num_layers
-                num_kv_heads = num_kv_heads or shape.num_kv_heads
-                head_dim = head_dim or shape.head_dim
-                dtype_bytes = dtype_bytes or shape.dtype_bytes
-            need = [("--weights-gib", weights_bytes), ("--num-layers", num_layers), ("--num-kv-heads", num_kv_heads),
-                    ("--head-dim", head_dim), ("--dtype-bytes", dtype_bytes)]
-            if not reverse:
-                need.insert(0, ("--gpu-memory-gib", gpu_bytes))
-            missing = [f for f, v in need if v is None]
-            if missing:
-                hint = "" if model_config else " (or --model-config config.json for the model shape)"
-                if not reverse and avg_seq_len is None:
-                    hint += "; --block-size with --avg-seq-len alone gives the block-size waste"
-                fail(f"kv-budget: missing {', '.join(missing)}{hint}")
-            if reverse:
-                r = kv_requirement(concurrency=target_concurrency, seq_len=target_len, block_size=block_size,
-                                   num_layers=num_layers, num_kv_heads=num_kv_heads, head_dim=head_dim,
-                                   dtype_bytes=dtype_bytes, weights_bytes=weights_bytes, overhead_bytes=overhead_bytes,
-                                   gpu_memory_bytes=gpu_bytes, tensor_parallel_size=tensor_parallel_size)
-                if fmt == "json":
-                    click.echo(json.dumps({"mode": "reverse", **r.to_dict()}, indent=2, sort_keys=True))
-                else:
-                    click.echo(_reverse_human(r))
-                return
-            b = kv_budget(gpu_memory_bytes=gpu_bytes, gpu_memory_utilization=gpu_memory_utilization,
-                          weights_bytes=weights_bytes, overhead_bytes=overhead_bytes, block_size=block_size,
-                          num_layers=num_layers, num_kv_heads=num_kv_heads, head_dim=head_dim,
-                          dtype_bytes=dtype_bytes, max_seq_len=max_seq_len, avg_seq_len=avg_seq_len)
-        except KvBudgetError as e:
-            fail(f"kv-budget: {e}")
-            return
-        if fmt == "json":
-            click.echo(json.dumps(b.to_dict(), indent=2, sort_keys=True))
-        else:
-            click.echo(_human(b))
+        doc, text = kv_budget_answer(gpu_memory_gib, gpu_memory_utilization, weights_gib, overhead_gib, block_size,
+                                     num_layers, num_kv_heads, head_dim, dtype_bytes, max_seq_len, avg_seq_len,
+                                     target_concurrency, target_len, tensor_parallel_size, model_config)
+        click.echo(json.dumps(doc, indent=2, sort_keys=True) if fmt == "json" else text)
+
+
+def kv_budget_answer(gpu_memory_gib=None, gpu_memory_utilization=0.9, weights_gib=None, overhead_gib=0.0,
+                     block_size=16, num_layers=None, num_kv_heads=None, head_dim=None, dtype_bytes=None,
+                     max_seq_len=None, avg_seq_len=None, target_concurrency=None, target_len=None,
+                     tensor_parallel_size=1, model_config=None) -> tuple[dict, str]:
+    """(JSON document, human text) of ``fragscope kv-budget``; sizes in bytes (the flags' SIZE type converts)."""
+    gpu_bytes, weights_bytes, overhead_bytes = gpu_memory_gib, weights_gib, overhead_gib
+    reverse = target_concurrency is not None or target_len is not None
+    try:
+        if reverse and (target_concurrency is None or target_len is None):
+            fail("kv-budget: the reverse question needs both --target-concurrency and --target-len")
+        if (not reverse and avg_seq_len is not None and gpu_bytes is None and weights_bytes is None
+                and model_config is None and num_layers is None):
+            w = block_waste(block_size, avg_seq_len)
+            return {"mode": "block-waste", **w}, "\n".join(_waste_lines(w))
+        if model_config:
+            shape = read_model_config(model_config)
+            num_layers = num_layers or shape.num_layers
+            num_kv_heads = num_kv_heads or shape.num_kv_heads
+            head_dim = head_dim or shape.head_dim
+            dtype_bytes = dtype_bytes or shape.dtype_bytes
+        need = [("--weights-gib", weights_bytes), ("--num-layers", num_layers), ("--num-kv-heads", num_kv_heads),
+                ("--head-dim", head_dim), ("--dtype-bytes", dtype_bytes)]
+        if not reverse:
+            need.insert(0, ("--gpu-memory-gib", gpu_bytes))
+        missing = [f for f, v in need if v is None]
+        if missing:
+            hint = "" if model_config else " (or --model-config config.json for the model shape)"
+            if not reverse and avg_seq_len is None:
+                hint += "; --block-size with --avg-seq-len alone gives the block-size waste"
+            fail(f"kv-budget: missing {', '.join(missing)}{hint}")
+        if reverse:
+            r = kv_requirement(concurrency=target_concurrency, seq_len=target_len, block_size=block_size,
+                               num_layers=num_layers, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                               dtype_bytes=dtype_bytes, weights_bytes=weights_bytes, overhead_bytes=overhead_bytes,
+                               gpu_memory_bytes=gpu_bytes, tensor_parallel_size=tensor_parallel_size)
+            return {"mode": "reverse", **r.to_dict()}, _reverse_human(r)
+        b = kv_budget(gpu_memory_bytes=gpu_bytes, gpu_memory_utilization=gpu_memory_utilization,
+                      weights_bytes=weights_bytes, overhead_bytes=overhead_bytes, block_size=block_size,
+                      num_layers=num_layers, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                      dtype_bytes=dtype_bytes, max_seq_len=max_seq_len, avg_seq_len=avg_seq_len)
+    except KvBudgetError as e:
+        fail(f"kv-budget: {e}")
+    return b.to_dict(), _human(b)

@@ -236,10 +236,35 @@ def logs_cmd(file: str, fmt: str, fail_on: str, tz_offset: float, max_bytes: int
     """Diagnose an engine log FILE (vLLM V0/V1, SGLang; PyTorch OOM messages): KV capacity,
     preemptions, OOM fragmentation, stats lines; with model/GPU options, check the KV capacity
     against the kv-budget estimate."""
-    from ..detectors.logs import analyse_log
-    from ..model import Inconclusive, Report
     from .render import print_report, report_exit_code, _json_default
 
+    report, summary, acc = analyse_log_file(file, tz_offset, max_bytes, **opts)
+    if fmt == "json":
+        sys.stdout.write(json.dumps(log_json(report, summary), indent=2, default=_json_default) + "\n")
+    else:
+        print_report(report, "human")
+        _print_summary(summary, sys.stdout, startup_seen=acc is not None and acc.has_accounting)
+    return report_exit_code(report, fail_on)
+
+
+_ESTIMATE_OPTS = ("expected_kv_tokens", "gpu_memory_gib", "gpu_memory_utilization", "weights_gib", "overhead_gib",
+                  "model_config", "num_layers", "num_kv_heads", "head_dim", "kv_dtype", "block_size")
+
+
+def log_json(report, summary: dict) -> dict:
+    """``diagnose logs --format json``: the report's fields and ``log`` (the summary)."""
+    d = report.to_dict()
+    d["log"] = summary
+    return d
+
+
+def analyse_log_file(file: str, tz_offset: float = 0.0, max_bytes: int = 512 << 20, **opts):
+    """(report, log summary, start-up accounting or None) of an engine log FILE: what ``diagnose logs``
+    prints. ``opts``: the KV-check options of the command (absent ones are None)."""
+    from ..detectors.logs import analyse_log
+    from ..model import Inconclusive, Report
+
+    opts = {**{k: None for k in _ESTIMATE_OPTS}, "tensor_parallel_size": 1, **opts}
     info = _read_log(file, tz_offset, max_bytes)
     events = info.events
     expected, inputs = _estimate(events, opts)
@@ -285,14 +310,7 @@ def logs_cmd(file: str, fmt: str, fail_on: str, tz_offset: float, max_bytes: int
         report.inconclusive.append(Inconclusive("kv-cache-pressure", ["preemptions_total"],
                                                 "this log does not report preemptions"))
     report.inconclusive.extend(x for x in judged if isinstance(x, Inconclusive))
-    if fmt == "json":
-        d = report.to_dict()
-        d["log"] = summary
-        sys.stdout.write(json.dumps(d, indent=2, default=_json_default) + "\n")
-    else:
-        print_report(report, "human")
-        _print_summary(summary, sys.stdout, startup_seen=acc is not None and acc.has_accounting)
-    return report_exit_code(report, fail_on)
+    return report, summary, acc
 
 
 # ---------------------------------------------------------------------------------------------

@@ -124,37 +124,50 @@ def register(fragscope_group: click.Group, diagnose_group: click.Group) -> None:
     @click.option("--format", "fmt", type=FORMATS, default="human", show_default=True, help="Output format.")
     def size_cmd(log_path, recording, margin_gib, target_concurrency, target_len, gpu_memory, util, fmt):
         """The --gpu-memory-utilization / --mem-fraction-static to set, with the arithmetic shown."""
-        from ..sizing import SizingConfig, parse_startup, recommend
-
-        from ..collectors.enginelog import LogInputError, read_log_file
-        from ..sizing.runtime import runtime_from_log_events
-
-        acc = parse_startup(_lines(log_path))
-        try:  # second pass: the log's own stats lines (KV usage, queue, preemptions), dated by the file's mtime
-            events = read_log_file(log_path).events
-        except LogInputError as e:
-            fail(f"size: {log_path}: {e}")
-        rt: dict = runtime_from_log_events(events, since_line=acc.first_line)
-        for name, value in (("total_gpu_memory_bytes", gpu_memory), ("gpu_memory_utilization", util)):
-            if value is not None and getattr(acc, name) is None:  # the log's own figure wins
-                setattr(acc, name, float(value))
-                acc.lines[name] = -2  # given on the command line
-        if recording is not None:
-            from ..collectors.exposition import ParseError
-
-            try:
-                rt.update(_runtime_from_recording(recording))  # the recording wins where both have a value
-            except ParseError as e:
-                fail(f"size: {e}")
-            except OSError as e:
-                fail(f"size: cannot read {recording}: {e.strerror or e}")
-        cfg = SizingConfig() if margin_gib is None else SizingConfig(margin_min_bytes=margin_gib * GIB, margin_ratio=0.0)
-        rec = recommend(acc, rt, cfg, target_concurrency=target_concurrency, target_len=target_len)
+        acc, rt, rec = size_from_log(log_path, recording, margin_gib, target_concurrency, target_len, gpu_memory, util)
         if fmt == "json":
-            from ..sizing.arith import _finite
-
-            doc = _finite({"accounting": acc.to_dict(), "runtime": rt, "recommendation": rec.to_dict()})
-            click.echo(json.dumps(doc, indent=2, sort_keys=True, allow_nan=False))
+            click.echo(json.dumps(size_json(acc, rt, rec), indent=2, sort_keys=True, allow_nan=False))
         else:
             click.echo(_human(acc, rt, rec))
         return EXIT_OK
+
+
+def size_from_log(log_path: str, recording: str | None = None, margin_gib: float | None = None,
+                  target_concurrency: int | None = None, target_len: int | None = None,
+                  gpu_memory: float | None = None, util: float | None = None):
+    """(start-up accounting, runtime peaks, recommendation): what ``fragscope size`` prints.
+    ``gpu_memory`` in bytes; ``util`` a ratio; both only where the log does not say."""
+    from ..sizing import SizingConfig, parse_startup, recommend
+
+    from ..collectors.enginelog import LogInputError, read_log_file
+    from ..sizing.runtime import runtime_from_log_events
+
+    acc = parse_startup(_lines(log_path))
+    try:  # second pass: the log's own stats lines (KV usage, queue, preemptions), dated by the file's mtime
+        events = read_log_file(log_path).events
+    except LogInputError as e:
+        fail(f"size: {log_path}: {e}")
+    rt: dict = runtime_from_log_events(events, since_line=acc.first_line)
+    for name, value in (("total_gpu_memory_bytes", gpu_memory), ("gpu_memory_utilization", util)):
+        if value is not None and getattr(acc, name) is None:  # the log's own figure wins
+            setattr(acc, name, float(value))
+            acc.lines[name] = -2  # given on the command line
+    if recording is not None:
+        from ..collectors.exposition import ParseError
+
+        try:
+            rt.update(_runtime_from_recording(recording))  # the recording wins where both have a value
+        except ParseError as e:
+            fail(f"size: {e}")
+        except OSError as e:
+            fail(f"size: cannot read {recording}: {e.strerror or e}")
+    cfg = SizingConfig() if margin_gib is None else SizingConfig(margin_min_bytes=margin_gib * GIB, margin_ratio=0.0)
+    rec = recommend(acc, rt, cfg, target_concurrency=target_concurrency, target_len=target_len)
+    return acc, rt, rec
+
+
+def size_json(acc, rt: dict, rec) -> dict:
+    """``fragscope size --format json``: accounting, runtime, recommendation (strict JSON values)."""
+    from ..sizing.arith import _finite
+
+    return _finite({"accounting": acc.to_dict(), "runtime": rt, "recommendation": rec.to_dict()})

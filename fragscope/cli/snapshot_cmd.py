@@ -53,11 +53,32 @@ def snapshot_cmd(file: str, fmt: str, device: int | None, show_map: bool | None,
                  max_bytes: str | None = None) -> int:
     """Analyse a PyTorch memory snapshot FILE (torch.cuda.memory._dump_snapshot pickle, the
     memory_snapshot() segment list, or the same as JSON; .gz too). The file is never executed."""
-    from ..collectors.snapshot import MAX_BYTES_ENV, MAX_SNAPSHOT_BYTES, SnapshotError, read_snapshot
     from ..detectors.snapshot_map import segment_map_rows
-    from ..playbooks.snapshot import diagnose_snapshot
     from ..model import Report
     from .render import report_exit_code
+
+    doc, findings, snap = analyse_snapshot(file, device, device_memory, max_bytes)
+    if html:
+        from .render import write_snapshot_html
+        write_snapshot_html(html, doc, snap, device, map_limit)
+    if show_map is None:
+        show_map = fmt == "human"
+    rows, in_scope = segment_map_rows(snap, device, limit=map_limit or None) if show_map else ([], 0)
+    if fmt == "json":
+        if show_map:
+            doc["segment_map"] = {"legend": _legend(), "segments_in_scope": in_scope, "rows": rows}
+        click.echo(dumps_json(doc))
+    else:
+        _render_human(doc, rows, in_scope, show_map)
+    rc = report_exit_code(Report(window=(math.nan, math.nan), findings=findings), fail_on)
+    return rc if rc else EXIT_OK
+
+
+def analyse_snapshot(file: str, device: int | None = None, device_memory: str | None = None,
+                     max_bytes: str | None = None):
+    """(JSON document, findings, snapshot) of a memory snapshot FILE: what ``diagnose snapshot`` prints."""
+    from ..collectors.snapshot import MAX_BYTES_ENV, MAX_SNAPSHOT_BYTES, SnapshotError, read_snapshot
+    from ..playbooks.snapshot import diagnose_snapshot
 
     total = None
     if device_memory is not None:
@@ -87,20 +108,7 @@ def snapshot_cmd(file: str, fmt: str, device: int | None, show_map: bool | None,
         have = ", ".join(str(d) for d in snap.devices()) or "none"
         fail(f"{file}: no device {device} in this snapshot (devices present: {have})")
     doc, findings = diagnose_snapshot(snap, device=device, device_total_bytes=total)
-    if html:
-        from .render import write_snapshot_html
-        write_snapshot_html(html, doc, snap, device, map_limit)
-    if show_map is None:
-        show_map = fmt == "human"
-    rows, in_scope = segment_map_rows(snap, device, limit=map_limit or None) if show_map else ([], 0)
-    if fmt == "json":
-        if show_map:
-            doc["segment_map"] = {"legend": _legend(), "segments_in_scope": in_scope, "rows": rows}
-        click.echo(dumps_json(doc))
-    else:
-        _render_human(doc, rows, in_scope, show_map)
-    rc = report_exit_code(Report(window=(math.nan, math.nan), findings=findings), fail_on)
-    return rc if rc else EXIT_OK
+    return doc, findings, snap
 
 
 def _legend() -> dict:

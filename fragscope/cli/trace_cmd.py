@@ -47,12 +47,26 @@ def _small_pages() -> None:
 def trace_cmd(file: str, fmt: str, fail_on: str, html: str | None = None, max_json_bytes: int | None = None) -> int:
     """Analyse a kernel timeline FILE: an Nsight Systems SQLite export (nsys export --type sqlite)
     or a PyTorch profiler / Kineto JSON trace (.json, .json.gz). Format detected by content."""
+    _small_pages()
+    analysis, findings, report = analyse_trace(file, max_json_bytes)
+    if html:
+        from .render import write_trace_html
+        write_trace_html(html, analysis, report)
+    if fmt == "json":
+        sys.stdout.write(json.dumps(trace_json(analysis, findings), indent=2, allow_nan=False) + "\n")
+    else:
+        _print_tables(analysis)
+        render_human(report, sys.stdout)
+    return report_exit_code(report, fail_on)
+
+
+def analyse_trace(file: str, max_json_bytes: int | None = None):
+    """(analysis, findings, report) of a kernel timeline FILE: what ``diagnose trace`` prints."""
     from ..collectors.trace_io import DEFAULT_MAX_JSON_BYTES
     from ..model import Inconclusive
     from ..timeline_model import TraceError
     from ..trace_pipeline import analyse_trace_file
 
-    _small_pages()
     try:
         analysis, findings = analyse_trace_file(file, max_json_bytes=max_json_bytes or DEFAULT_MAX_JSON_BYTES)
     except TraceError as e:
@@ -65,17 +79,14 @@ def trace_cmd(file: str, fmt: str, fail_on: str, html: str | None = None, max_js
     from ..playbooks import attach_playbooks
 
     attach_playbooks(report)  # timeline verdicts leave the detector without a playbook
-    if html:
-        from .render import write_trace_html
-        write_trace_html(html, analysis, report)
-    if fmt == "json":
-        out = dict(analysis)
-        out["findings"] = [f.to_dict() for f in rank_findings(findings)]
-        sys.stdout.write(json.dumps(json_safe(out), indent=2, allow_nan=False) + "\n")
-    else:
-        _print_tables(analysis)
-        render_human(report, sys.stdout)
-    return report_exit_code(report, fail_on)
+    return analysis, findings, report
+
+
+def trace_json(analysis: dict, findings) -> dict:
+    """``diagnose trace --format json``: the analysis with the ranked findings (strict JSON values)."""
+    out = dict(analysis)
+    out["findings"] = [f.to_dict() for f in rank_findings(findings)]
+    return json_safe(out)
 
 
 def _r(v) -> str:
