@@ -75,7 +75,7 @@ def _get_json_once(url: str, timeout_s: float) -> Any:
         raise ClientError(f"{url}: timed out after {timeout_s:g} s") from None
     except requests.exceptions.ConnectionError as e:
         why = "connection refused" if "refused" in str(e).lower() else "cannot connect"
-        raise ClientError(f"{url}: {why}; is `fragscope agent` running there (default port 9400)?") from None
+        raise ClientError(f"{url}: {why}; is `fragscope agent` running there (default port {DEFAULT_PORT})?") from None
     except requests.exceptions.RequestException as e:
         raise ClientError(f"{url}: {type(e).__name__}: {' '.join(str(e).split())[:160]}") from None
     try:
@@ -112,7 +112,7 @@ def fetch_window(agent_url: str, since_s: float, step_s: float | None = None, ti
     agent's detection step). Raises ClientError."""
     base = agent_url.rstrip("/")
     if not re.match(r"^https?://", base):
-        raise ClientError(f"{agent_url}: expected an http(s):// URL of a fragscope agent (e.g. http://pod:9400)")
+        raise ClientError(f"{agent_url}: expected an http(s):// URL of a fragscope agent (e.g. http://pod:{DEFAULT_PORT})")
     url = f"{base}/api/v1/window?since={since_s:g}"
     if step_s is not None:
         url += f"&step={step_s:g}"

@@ -21,6 +21,14 @@ else:  # pragma: no cover - 3.10
     import tomli as tomllib
 
 
+# The agent's default port. Not 9400 (dcgm-exporter's default, often on the same node or pod),
+# 9100 (node-exporter), 8000-8002 (vLLM, Triton), 80/3000 (TGI) or 30000 (SGLang): 9655 was free on
+# the Prometheus project's list of exporter ports ("Default port allocations" on the Prometheus wiki)
+# when chosen. Every default, help text and example reads this one constant (docs/agent.md#listen-address).
+DEFAULT_PORT = 9655
+DEFAULT_LISTEN = f"0.0.0.0:{DEFAULT_PORT}"
+
+
 class ConfigError(ValueError):
     """A bad setting; the message is one line naming the key, its source and the fix."""
 
@@ -64,11 +72,11 @@ def parse_size(v: Any, what: str = "size") -> int:
 
 
 def parse_listen(v: str, what: str = "listen") -> tuple[str, int]:
-    """``HOST:PORT`` (``[::1]:9400`` for IPv6, ``:9400`` for all interfaces) -> (host, port)."""
+    """``HOST:PORT`` (``[::1]:9655`` for IPv6, ``:9655`` for all interfaces) -> (host, port)."""
     s = str(v).strip()
     host, sep, port = s.rpartition(":")
     if not sep:
-        raise ConfigError(f"{what}: expected HOST:PORT (e.g. 0.0.0.0:9400), got {v!r}")
+        raise ConfigError(f"{what}: expected HOST:PORT (e.g. {DEFAULT_LISTEN}), got {v!r}")
     host = host.strip("[]") or "0.0.0.0"
     try:
         p = int(port)
@@ -216,9 +224,9 @@ class AgentConfig:
     """The agent's effective settings (units: seconds and bytes)."""
 
     # 0.0.0.0: Prometheus scrapes the sidecar from another pod, like every exporter (dcgm-exporter and
-    # node-exporter bind all interfaces too). Everything served is read-only; use 127.0.0.1:9400 to
+    # node-exporter bind all interfaces too). Everything served is read-only; use 127.0.0.1:9655 to
     # keep it local (docs/agent.md).
-    listen: str = "0.0.0.0:9400"
+    listen: str = DEFAULT_LISTEN
     data_dir: str | None = "/var/lib/fragscope"
     interval: float = 1.0
     log_level: str = "info"

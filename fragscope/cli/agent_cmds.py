@@ -10,6 +10,7 @@ import sys
 
 import click
 
+from ..agent.config import DEFAULT_LISTEN, DEFAULT_PORT
 from .common import fail
 
 MAX_LIVE_DURATION_S = 24 * 3600.0
@@ -35,7 +36,7 @@ def _duration(value: str | None, flag: str, default: str | None = None) -> float
               help="TOML config file (env FRAGSCOPE_CONFIG). Flags override env, env overrides the file.")
 @click.option("--vllm", "vllm", metavar="URL", multiple=True, help="vLLM /metrics URL (repeatable).")
 @click.option("--dcgm", metavar="URL", default=None, help="dcgm-exporter /metrics URL (then NVML is off unless --nvml).")
-@click.option("--listen", metavar="HOST:PORT", default=None, help="Exporter and API address. [default: 0.0.0.0:9400]")
+@click.option("--listen", metavar="HOST:PORT", default=None, help=f"Exporter and API address. [default: {DEFAULT_LISTEN}]")
 @click.option("--data-dir", metavar="DIR", default=None, help="History directory. [default: /var/lib/fragscope]")
 @click.option("--interval", metavar="SECONDS", default=None, help="Default sampling interval, e.g. 1s, 5s. [default: 1s]")
 @click.option("--probe-dir", metavar="DIR", default=None, help="Directory the in-engine probe publishes to.")
@@ -216,7 +217,7 @@ def live_options(f):
     have = {p.name for p in getattr(f, "__click_params__", [])}
     opts = [
         click.option("--agent", metavar="URL", default=None,
-                     help="Diagnose from a running fragscope agent's history (e.g. http://pod:9400)."),
+                     help=f"Diagnose from a running fragscope agent's history (e.g. http://pod:{DEFAULT_PORT})."),
         click.option("--vllm", "vllm", metavar="URL", multiple=True,
                      help="Sample a live vLLM /metrics for --duration, then diagnose (repeatable)."),
         click.option("--dcgm", metavar="URL", default=None, help="With --vllm: also sample a dcgm-exporter."),
