@@ -205,10 +205,8 @@ def panels() -> list:
           "{{pod}} GPU {{gpu}} {{reason}}"),
         (12, 33, 12, 8), {"0": ("off", "transparent"), "1": ("active", "orange")}))
     # --- row 5: fragscope's own view ------------------------------------------------------------
-    sev = (f"max by ({BY_POD}, diagnosis) (\n"
-           f'  fragscope_diagnosis_active{{{POD},severity="critical"}} * 3\n'
-           f'  or fragscope_diagnosis_active{{{POD},severity="warning"}} * 2\n'
-           f'  or fragscope_diagnosis_active{{{POD},severity="info"}})')
+    # fragscope_diagnosis_severity is 1 info, 2 warning, 3 critical while the diagnosis is active.
+    sev = f"max by ({BY_POD}, diagnosis) (fragscope_diagnosis_severity{{{POD}}})"
     out.append(state_panel(
         "Active diagnoses",
         "fragscope's findings over time (diagnose explain ID prints the playbook).",

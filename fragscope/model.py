@@ -231,6 +231,11 @@ class Severity(str, enum.Enum):
     def rank(self) -> int:
         return {"info": 0, "warning": 1, "critical": 2}[self.value]
 
+    @property
+    def level(self) -> int:
+        """The exported number (``fragscope_diagnosis_severity``): 1 info, 2 warning, 3 critical."""
+        return self.rank + 1
+
 
 @dataclass(slots=True)
 class Evidence:

@@ -294,9 +294,10 @@ def test_exporter_output_parses_and_carries_contract_names():
     frag = fams["fragscope_torch_fragmentation_ratio"].samples[0]
     assert frag.value == pytest.approx(0.25) and frag.labels == {"pid": "7", "gpu": "0", "gpu_uuid": "GPU-abc"}
     assert fams["fragscope_torch_alloc_retries"].type == "counter"
-    assert fams["fragscope_diagnosis_active"].samples[0].labels == {"diagnosis": "allocator-fragmentation",
-                                                                    "severity": "warning"}
-    assert len(fams["fragscope_diagnosis_active"].samples) == 1  # one per (diagnosis, severity)
+    assert fams["fragscope_diagnosis_active"].samples[0].labels == {"diagnosis": "allocator-fragmentation"}
+    assert len(fams["fragscope_diagnosis_active"].samples) == 1  # one per diagnosis, severity is not a label
+    sev = fams["fragscope_diagnosis_severity"].samples
+    assert [(s.labels, s.value) for s in sev] == [({"diagnosis": "allocator-fragmentation"}, 2.0)]
     assert fams["fragscope_diagnosis_confidence"].samples[0].value == pytest.approx(0.8)
     assert fams["fragscope_diagnosis_inconclusive"].samples[0].labels == {"diagnosis": "launch-bound"}
     up = {s.labels["collector"]: s.value for s in fams["fragscope_collector_up"].samples}

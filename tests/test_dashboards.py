@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 
 import pytest
@@ -80,7 +81,8 @@ def test_dashboard_has_the_panels_on_call_needs():
     assert all(n in clk for n in ("fragscope_gpu_sm_clock_hertz", "DCGM_FI_DEV_SM_CLOCK",
                                   "fragscope_gpu_temperature_celsius", "DCGM_FI_DEV_GPU_TEMP"))
     assert by_title["Active diagnoses"]["type"] == "state-timeline"
-    assert "fragscope_diagnosis_active" in exprs["Active diagnoses"]
+    assert "fragscope_diagnosis_severity" in exprs["Active diagnoses"]
+    assert "severity=" not in exprs["Active diagnoses"]  # a value, not a label (issue 20)
 
 
 def _yaml():
@@ -105,6 +107,9 @@ def test_one_alert_per_diagnosis_and_agent_alerts():
         assert len(by_diag.get(d, [])) == 1, (d, by_diag.get(d))
     exprs = {a["alert"]: a["expr"] for a in alerts}
     assert "fragscope_diagnosis_active" in exprs["FragscopeDiagnosisActive"]
+    # severity is joined as a value: no label of the alert's series changes when the finding's severity does
+    assert "fragscope_diagnosis_severity" in exprs["FragscopeDiagnosisActive"]
+    assert "severity" not in re.sub(r"fragscope_diagnosis_severity", "", exprs["FragscopeDiagnosisActive"])
     assert "fragscope_collector_up" in exprs["FragscopeCollectorDown"]
 
 

@@ -124,14 +124,19 @@ class SnapshotCollector:
         report = self.state.report
         if report is None:
             return []
-        active: dict[tuple[str, str], float] = {}
+        # Severity is a value, not a label: a finding moving between warning and critical stays one
+        # series, so an alert on it keeps its `for:` (a label would start a new series at each change).
+        level: dict[str, int] = {}
         conf: dict[str, float] = {}
         for f in report.findings:
-            active[(f.id, f.severity.value)] = 1.0
+            level[f.id] = max(level.get(f.id, 0), f.severity.level)
             conf[f.id] = max(conf.get(f.id, 0.0), float(f.confidence))
-        a = Metric("fragscope_diagnosis_active", "1 while a diagnosis is active, by id and severity", "gauge")
-        for (d, sev), v in sorted(active.items()):
-            a.add_sample("fragscope_diagnosis_active", {"diagnosis": d, "severity": sev}, v)
+        a = Metric("fragscope_diagnosis_active", "1 while a diagnosis is active, by id", "gauge")
+        s = Metric("fragscope_diagnosis_severity",
+                   "Highest severity of the active findings with that id: 1 info, 2 warning, 3 critical", "gauge")
+        for d, lv in sorted(level.items()):
+            a.add_sample("fragscope_diagnosis_active", {"diagnosis": d}, 1.0)
+            s.add_sample("fragscope_diagnosis_severity", {"diagnosis": d}, float(lv))
         c = Metric("fragscope_diagnosis_confidence", "Confidence 0-1 of an active diagnosis", "gauge")
         for d, v in sorted(conf.items()):
             c.add_sample("fragscope_diagnosis_confidence", {"diagnosis": d}, v)
@@ -139,7 +144,7 @@ class SnapshotCollector:
                    "1 when a detector could not judge for lack of signals (not healthy, unknown)", "gauge")
         for d in sorted({x.id for x in report.inconclusive}):
             i.add_sample("fragscope_diagnosis_inconclusive", {"diagnosis": d}, 1.0)
-        return [a, c, i]
+        return [a, s, c, i]
 
     # --- agent health ---------------------------------------------------------------------------
     def _health(self) -> list[Metric]:
