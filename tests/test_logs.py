@@ -244,8 +244,18 @@ def test_oom_verdicts_thresholds():
     assert s["ooms"][0]["verdict"] == "fragmentation"
     assert s["ooms"][0]["fragmentation_ratio"] == pytest.approx(2.30 / (2.30 + 2.93), abs=1e-3)
     assert f[0].id == "allocator-fragmentation" and f[0].severity is Severity.CRITICAL
-    # >=2.2: 194.87 MiB stranded >= 10.94 MiB shortfall, but 0.8 % of the GPU: warning
+    # >=2.2: 194.87 MiB stranded >= the 22 + 64 - 11.06 = 74.94 MiB lacked, but only 194.87 MiB / (21.40 GiB +
+    # 194.87 MiB) = 0.88 % of reserved: the allocator's ordinary slack, not fragmentation; pid 3131's 1.50 GiB
+    # covers what the allocation lacked
     s, f = analyse_log(parse_log([OOM_22]))
+    assert s["ooms"][0]["verdict"] == "other-process" and [x.id for x in f] == ["oom-outside-pytorch"]
+    assert s["ooms"][0]["fragmentation_ratio"] == pytest.approx(194.87 / (21.40 * 1024 + 194.87), abs=1e-4)
+    # stranded 2.00 GiB = 6.7 % of 30.00 GiB reserved covers the 1.00 GiB + 64 MiB lacked (0 free), but is only
+    # 2 / 48 = 4.2 % of the GPU: fragmentation, warning (48 - 30 = 18 GiB outside the pool: less than the pool)
+    line = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.00 GiB. GPU 0 has a total capacity of 48.00 "
+            "GiB of which 0 bytes is free. Of the allocated memory 28.00 GiB is allocated by PyTorch, and 2.00 GiB is "
+            "reserved by PyTorch but unallocated.")
+    s, f = analyse_log(parse_log([line]))
     assert s["ooms"][0]["verdict"] == "fragmentation" and f[0].severity is Severity.WARNING
     # "contributed": 30 % of reserved stranded but below the shortfall
     # 6 GiB stranded = 23 % of 26 GiB reserved, below the 7.5 GiB shortfall but above a quarter of it

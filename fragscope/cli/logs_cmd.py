@@ -268,7 +268,8 @@ def analyse_log_file(file: str, tz_offset: float = 0.0, max_bytes: int = 512 << 
     info = _read_log(file, tz_offset, max_bytes)
     events = info.events
     expected, inputs = _estimate(events, opts)
-    summary, findings = analyse_log(events, expected_kv_tokens=expected, estimate_inputs=inputs, source=file)
+    summary, findings = analyse_log(events, expected_kv_tokens=expected, estimate_inputs=inputs, source=file,
+                                    job_markers=info.job_markers)
     summary["input"] = {"lines": info.lines, "engine_lines": info.engine_lines, "undated_lines": info.undated_lines,
                         "truncated_lines": info.truncated_lines, "text_bytes": info.text_bytes,
                         "compressed": info.compressed}

@@ -1,20 +1,9 @@
 """Verdicts on PyTorch OOM messages found in engine logs, and their findings. docs/logs.md#findings.
 
-Pure: event fields in, a summary dict and findings out. Which cause an OOM message shows, from its
-own figures (bytes):
-
-- ``memory-cap``: free device memory covered the request, so the device's capacity did not refuse
-  it (a per-process cap: ``set_per_process_memory_fraction``, an MPS/MIG/container limit).
-- ``fragmentation`` / ``fragmentation-contributed``: reserved-but-unallocated bytes (inside PyTorch's
-  pool) would have covered the shortfall (requested − free).
-- ``other-process``: the ≥ 2.2 wording lists other processes whose memory covers the shortfall.
-- ``outside-pytorch``: total − free − reserved (memory in use on the GPU that this process's PyTorch
-  pool does not hold: other processes, NCCL buffers, CUDA context, native libraries) covers the
-  shortfall and is more than a CUDA context's worth.
-- ``capacity``: none of the above; the workload needs more than the GPU has.
-- ``outside-allocator``: ``CUDA error: out of memory`` (a CUDA call outside PyTorch's caching
-  allocator failed: NCCL, cuBLAS, graph capture); no figures.
-- ``unknown``: the message lacks the figures to judge.
+Pure: event fields in, a summary dict and findings out. Which cause an OOM message shows is judged once,
+from its own figures, by :func:`fragscope.collectors.enginelog.oomproc.judge_oom` (``fragscope size`` uses the
+same function): what dominates (other processes, memory outside PyTorch, stranded slack as a share of
+reserved, plain capacity), in the order its docstring gives.
 """
 from __future__ import annotations
 
@@ -22,7 +11,7 @@ import math
 import time
 from typing import Sequence
 
-from ..collectors.enginelog.oomproc import split_self as _split_self
+from ..collectors.enginelog.oomproc import ALLOC_SLACK_BYTES, OUTSIDE_MIN_BYTES, OUTSIDE_MIN_SHARE, judge_oom
 from ..model import Evidence, Finding, Severity
 
 GIB = 1024.0 ** 3
@@ -32,16 +21,8 @@ VERDICT_IDS = {"fragmentation": "allocator-fragmentation", "fragmentation-contri
                "capacity": "oom-capacity", "unknown": "oom-capacity", "outside-pytorch": "oom-outside-pytorch",
                "other-process": "oom-outside-pytorch", "outside-allocator": "oom-outside-pytorch",
                "memory-cap": "oom-memory-cap"}
-
-# Memory in use outside this process's PyTorch pool always includes its CUDA context (300-600 MiB on
-# current GPUs and drivers) plus cuBLAS/cuDNN workspaces and NCCL buffers (tens to hundreds of MiB).
-# Held memory is named as the cause only above 1 GiB and 10 % of the GPU: more than that baseline.
-OUTSIDE_MIN_BYTES = 1.0 * GIB
-OUTSIDE_MIN_SHARE = 0.10
-# An allocation needs a little more than it asks: cudaMalloc rounds to 2 MiB pages, the message rounds
-# each figure to 0.01 GiB (~10 MiB), the driver keeps a reserve. Free memory within this slack of the
-# request did not really cover it; free memory beyond it did (then the device did not refuse: a cap).
-ALLOC_SLACK_BYTES = 64.0 * 1024 ** 2
+# re-exported: the verdict's constants live with the one judgement (collectors/enginelog/oomproc.py)
+__all__ = ["ALLOC_SLACK_BYTES", "OUTSIDE_MIN_BYTES", "OUTSIDE_MIN_SHARE", "VERDICT_IDS", "oom_summary", "oom_findings"]
 
 
 def _fin(x) -> float | None:
@@ -71,60 +52,13 @@ def _hms(ts: float | None) -> str:
 
 
 def oom_summary(ev, cfg) -> dict:
-    """One OOM event (fields as parsed) -> the JSON contract of docs/logs.md ``ooms[]``."""
+    """One OOM event (fields as parsed) -> the JSON contract of docs/logs.md ``ooms[]``: the figures and the
+    verdict of :func:`fragscope.collectors.enginelog.oomproc.judge_oom` (the one judgement ``fragscope size``
+    uses too), with the event's time, line and text."""
     f = ev.fields
-    req, free = _fin(f.get("requested_bytes")), _fin(f.get("free_bytes"))
-    unalloc, reserved = _fin(f.get("reserved_unallocated_bytes")), _fin(f.get("reserved_bytes"))
-    total, alloc = _fin(f.get("total_bytes")), _fin(f.get("allocated_bytes"))
-    in_use_self = _fin(f.get("process_in_use_bytes"))
-    listed = list(f.get("other_processes") or [])
-    used = (total - free) if total is not None and free is not None else None
-    pool = reserved if reserved is not None else alloc  # allocated: a lower bound of the pool when reserved is cut off
-    others, self_pid = _split_self(listed, pool, used, in_use_self)
-    others_bytes = sum(o["bytes"] for o in others) if others else None
-    outside = max(0.0, used - pool) if used is not None and pool is not None else None
+    j = judge_oom(f, cfg.frag_contributing_ratio, cfg.frag_contributing_shortfall)
     out = {"time": ev.ts, "line": ev.line_no, "wording": f.get("wording"), "device_type": f.get("device_type"),
-           "gpu": f.get("gpu"), "requested_bytes": req, "total_bytes": total, "free_bytes": free,
-           "allocated_bytes": alloc, "reserved_bytes": reserved,
-           "reserved_unallocated_bytes": unalloc, "reserved_unallocated_derived": bool(f.get("reserved_unallocated_derived")),
-           "process_in_use_bytes": in_use_self, "other_processes": listed,
-           "other_processes_bytes": others_bytes, "self_listed_pid": self_pid,
-           "held_outside_pytorch_bytes": outside,
-           "non_pytorch_this_process_bytes": (max(0.0, in_use_self - pool) if in_use_self is not None and pool is not None
-                                              else None),
-           "repeats": int(f.get("repeats", 1)), "fragmentation_ratio": None, "shortfall_bytes": None,
-           "unmet_bytes": None,
-           "verdict": "unknown", "text": ev.text}
-    if f.get("wording") == "cuda-error":
-        out["verdict"] = "outside-allocator"  # cudaErrorMemoryAllocation from NCCL, cuBLAS, graph capture...
-        return out
-    if unalloc is not None and reserved:
-        out["fragmentation_ratio"] = round(unalloc / reserved, 4)
-    if req is None or free is None:
-        return out
-    out["shortfall_bytes"] = max(0.0, req - free)
-    # what the allocation lacked, the slack included when free memory only just covered the request
-    shortfall = max(0.0, req + ALLOC_SLACK_BYTES - free)
-    out["unmet_bytes"] = shortfall
-    outside_floor = max(OUTSIDE_MIN_BYTES, OUTSIDE_MIN_SHARE * total) if total else OUTSIDE_MIN_BYTES
-    if shortfall <= 0:
-        out["verdict"] = "memory-cap"
-    elif unalloc is not None and unalloc >= shortfall:
-        out["verdict"] = "fragmentation"
-    elif (unalloc is not None and out["fragmentation_ratio"] is not None
-          and out["fragmentation_ratio"] >= cfg.frag_contributing_ratio and unalloc >= cfg.frag_contributing_shortfall * shortfall):
-        out["verdict"] = "fragmentation-contributed"
-    elif others_bytes is not None and others_bytes >= shortfall:
-        out["verdict"] = "other-process"
-    elif outside is not None and outside >= shortfall and outside >= outside_floor:
-        out["verdict"] = "outside-pytorch"
-    elif pool is None and unalloc is None:
-        # the message stops before PyTorch's own figures (a pasted first line: "... of which 448.00 KiB is
-        # free."): fragmentation, memory outside PyTorch and capacity cannot be told apart, and "PyTorch's own
-        # pool filled the GPU" would be a guess
-        out["verdict"] = "unknown"
-    else:
-        out["verdict"] = "capacity"
+           "gpu": f.get("gpu"), **j, "repeats": int(f.get("repeats", 1)), "text": ev.text}
     return out
 
 

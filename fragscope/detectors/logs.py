@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 from ..collectors.enginelog.events import GIB, LogEvent
+from ..collectors.enginelog.jobkind import job_kind
 from ..collectors.enginelog.state import LogState
 from ..model import Evidence, Finding, Severity
 from .log_oom import oom_findings
@@ -413,13 +414,15 @@ def _kv_gap_findings(events: Sequence[LogEvent], check: dict | None, cfg: Config
 
 def analyse_log(events: Iterable[LogEvent], kv_budget_estimate=None, expected_kv_tokens: float | None = None,
                 *, estimate_inputs: dict | None = None, cfg: Config = Config(),
-                source: str = "") -> tuple[dict, list[Finding]]:
+                source: str = "", job_markers=()) -> tuple[dict, list[Finding]]:
     """Summary (JSON contract, docs/logs.md#json) and findings for one engine log.
 
     ``kv_budget_estimate``: a :class:`fragscope.kvbudget.KvBudget` (its ``cached_tokens`` is used);
     ``expected_kv_tokens``: the same figure given directly. ``estimate_inputs`` (bytes, ratios) lets
     the check name the reason for a gap: gpu_memory_bytes, gpu_memory_utilization, weights_bytes,
-    overhead_bytes, bytes_per_token.
+    overhead_bytes, bytes_per_token. ``job_markers``: the kinds of job whose own text the parser saw
+    (``LogParser.job_markers``); with the events' sources they give ``job_kind`` (collectors/enginelog/jobkind.py),
+    which each finding carries in its context so its actions name that job's knobs.
     """
     evs = list(events)
     expected = expected_kv_tokens
@@ -440,6 +443,7 @@ def analyse_log(events: Iterable[LogEvent], kv_budget_estimate=None, expected_kv
         "events": len(evs),
         "event_kinds": kinds,
         "engines": sorted({e.source for e in evs if e.source}),
+        "job_kind": job_kind(set(job_markers), {e.source for e in evs}),
         "time_range": {"start": min(times) if times else None, "end": max(times) if times else None},
         "kv_capacity": cap,
         "preemptions": pre,
@@ -458,4 +462,6 @@ def analyse_log(events: Iterable[LogEvent], kv_budget_estimate=None, expected_kv
         findings.append(f)
     findings += oom_findings(ooms, cfg)
     findings += _kv_gap_findings(evs, check, cfg)
+    for x in findings:
+        x.context.setdefault("job_kind", summary["job_kind"])
     return summary, findings

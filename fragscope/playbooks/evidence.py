@@ -7,6 +7,7 @@ from ..model import Action, Playbook
 from ..trace_playbooks import UNIFIED_MEMORY_THRASHING_PLAYBOOK
 from ..sizing.playbooks import STARTUP_OOM, startup_oom_actions
 from .fixes import expandable_segments
+from .jobs import KNOBS, kind_of, reduce_need, unknown_note
 from .registry import Diagnosis
 
 
@@ -14,16 +15,43 @@ def _deep(source: str, pb: Playbook, **kw) -> Diagnosis:
     return Diagnosis(pb.id, pb, source=source, alerting=False, **kw)
 
 
+def _oom_capacity_actions(ctx: dict, config: dict) -> list[str]:
+    """The knobs of the job that ran out of memory (none named when the finding does not say which job)."""
+    kind = kind_of(ctx)
+    if kind is None:
+        return []
+    acts = [unknown_note()] if kind == "unknown" else []
+    acts.append("Need less memory at the failing step: " + reduce_need(kind))
+    if KNOBS[kind]["memory"] and kind != "vllm":  # vLLM's value comes from the sizing arithmetic (startup-oom)
+        acts.append(f"Or change what the engine pre-allocates: {KNOBS[kind]['memory']} (a lower value leaves more of the "
+                    "GPU to the failing step).")
+    return acts
+
+
+def _oom_outside_actions(ctx: dict, config: dict) -> list[str]:
+    kind = kind_of(ctx)
+    if kind is None:
+        return []
+    acts = [unknown_note()] if kind == "unknown" else []
+    acts.append("Free the GPU of the other holders (nvidia-smi --query-compute-apps=pid,used_memory) or give this "
+                + ("server" if KNOBS[kind]["serving"] else "job") + " a GPU (or MIG slice) of its own.")
+    if KNOBS[kind]["memory"]:
+        acts.append(f"Until then, size {KNOBS[kind]['name']} for what is left: {KNOBS[kind]['memory']}.")
+    return acts
+
+
 DIAGNOSES = [
     _deep("snapshot", Playbook(
         "oom-capacity", "Out of memory: plain capacity",
         "The allocator had no free memory worth the name: the workload needs more than the GPU holds.",
-        ["Reduce the memory the failing step needs (smaller batch / max_num_seqs, shorter max_model_len)."],
+        ["Reduce the memory the failing step needs: a smaller batch or shorter sequences (a serving engine: its "
+         "concurrency and context-length limits)."],
         [Action("Lower gpu_memory_utilization's KV share or max_num_batched_tokens so activations fit.",
                 ["the OOM happens in a forward pass, not at startup"], []),
          Action("Quantise weights or the KV cache, or shard across more GPUs (tensor parallelism).",
                 ["accuracy validated for the quantised format"], [])],
-        ["no OOM at the same load; peak reserved below the GPU's memory"], []), also_from=("log",)),
+        ["no OOM at the same load; peak reserved below the GPU's memory"], []), also_from=("log",),
+        actions=_oom_capacity_actions),
     _deep("snapshot", Playbook(
         "oom-outside-pytorch", "Out of memory: memory held outside PyTorch",
         "PyTorch's own pool was small; the GPU's memory was held by something else (NCCL buffers, CUDA "
@@ -31,7 +59,8 @@ DIAGNOSES = [
         ["Find the holder: nvidia-smi --query-compute-apps, per-process NVML memory (fragscope agent)."],
         [Action("Account for non-torch memory in gpu_memory_utilization (vLLM profiles it at startup).",
                 [], ["another tenant shares the GPU: isolate it (MIG, separate GPUs) instead"])],
-        ["per-process GPU memory adds up to NVML used; no OOM at the same load"], []), also_from=("log",)),
+        ["per-process GPU memory adds up to NVML used; no OOM at the same load"], []), also_from=("log",),
+        actions=_oom_outside_actions),
     _deep("snapshot", Playbook(
         "oom-cross-stream", "Out of memory: free memory stranded on another stream",
         "Enough memory was free, but cached on another CUDA stream's blocks, which this stream cannot reuse.",

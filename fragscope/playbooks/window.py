@@ -10,6 +10,7 @@ from ..model import Action, Playbook
 from ..sizing.playbooks import KV_POOL_UNDERSIZED, kv_pool_undersized_actions
 from ..units import GiB, MiB
 from .fixes import EXPANDABLE_CONTRA, EXPANDABLE_ONE_LINE, expandable_segments
+from .jobs import KNOBS, kind_of, restart, unknown_note
 from .registry import Diagnosis
 
 
@@ -23,6 +24,17 @@ def _f(x) -> float | None:
 
 # --- allocator-fragmentation -------------------------------------------------------------------
 def _fragmentation_actions(ctx: dict, config: dict) -> list[str]:
+    kind = kind_of(ctx)
+    if kind not in (None, "vllm"):
+        # a log of another job: its own knobs, no vLLM flag and no rolling restart for a program that is not served
+        acts = [unknown_note()] if kind == "unknown" else []
+        acts.append(restart(kind))
+        mem = KNOBS[kind]["memory"]
+        if mem:
+            acts.append(f"Leave the allocator headroom outside the engine's pre-allocated memory: lower {mem} by "
+                        "about 5 % of the GPU.")
+        acts.append(EXPANDABLE_ONE_LINE)
+        return acts
     acts: list[str] = []
     gmu = _f(config.get("gpu_memory_utilization"))
     slack = _f(ctx.get("slack_bytes"))

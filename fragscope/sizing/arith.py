@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-from ..collectors.enginelog.oomproc import split_self
+from ..collectors.enginelog.oomproc import judge_oom
 from ..units import GiB as GIB, MiB as MIB
 from .startup import StartupAccounting
 
@@ -116,17 +116,21 @@ def _budget(acc: StartupAccounting, total: float | None) -> float | None:
 
 
 def _others_from_oom(o: dict) -> float | None:
-    procs = o.get("other_processes") or []
-    if not procs:
+    """Bytes the OOM message's process list gives to other processes (this process left out, also when it is
+    listed as "Process P" from inside a container): the one judgement diagnose logs uses (oomproc.judge_oom)."""
+    if not o.get("other_processes"):
         return None
-    this = o.get("process_in_use_bytes")
-    # PyTorch >= 2.2 lists every process on the device, this one included ("this process has"); in a
-    # container it lists itself as "Process P": told apart the way the log detector does (oomproc)
-    pool = o.get("reserved_bytes") if o.get("reserved_bytes") is not None else o.get("allocated_bytes")
-    used = (o["total_bytes"] - o["free_bytes"]) if o.get("total_bytes") is not None and o.get("free_bytes") is not None \
-        else None
-    procs, _ = split_self(procs, pool, used, this)
-    return float(sum(p["bytes"] for p in procs if this is None or abs(p["bytes"] - this) > MIB))
+    return judge_oom(o).get("other_processes_bytes") or 0.0
+
+
+def oom_cause(o: dict, rec) -> dict:
+    """The OOM's cause as ``diagnose logs`` judges it (the same function), stated in the recommendation's notes
+    and ``outcome`` so the two commands never give one OOM two causes."""
+    j = judge_oom(o)
+    rec.outcome["oom_verdict"] = j["verdict"]
+    rec.outcome["oom_judged_by"] = j["judged_by"]
+    rec.notes.append(f"the OOM's cause (as diagnose logs judges it): {j['verdict']}: {j['judged_by']}")
+    return j
 
 
 def _outside(acc, runtime, total, budget, rec) -> tuple[float | None, str]:

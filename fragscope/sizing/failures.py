@@ -5,7 +5,7 @@ Pure; called by :func:`fragscope.sizing.recommend.recommend`. docs/sizing.md#cas
 from __future__ import annotations
 
 from .arith import (GIB, MEMORY_ELSEWHERE, RUNTIME_OOM, STARTUP_OOM, _ceiling, _elsewhere, ceil_step, floor_step,
-                    g, t4)
+                    g, oom_cause, t4)
 
 
 def _vllm_startup_failure(acc, f, total, budget, non_kv, bpt, cfg, rec) -> None:
@@ -41,6 +41,8 @@ def _vllm_startup_failure(acc, f, total, budget, non_kv, bpt, cfg, rec) -> None:
     # an OOM while starting
     phase = f.get("phase") or "unknown"
     _elsewhere(acc, {}, total, cfg, rec)
+    if f.get("figures"):
+        oom_cause(f, rec)
     if kind == "oom" and not f.get("phase"):
         # an OOM message without the start-up lines around it (a pasted traceback): it may as well come from
         # serving, and its cause (a memory cap, fragmentation, another process) is not the pool's size;
@@ -166,6 +168,7 @@ def _vllm_runtime_oom(acc, o, total, budget, kv0, bpt, runtime, cfg, rec) -> Non
     rec.status = "change"
     u0 = acc.gpu_memory_utilization
     _elsewhere(acc, runtime, total, cfg, rec)
+    cause = oom_cause(o, rec) if o.get("figures") else {}
     if o.get("requested_bytes") is None or total is None or budget is None or u0 is None:
         rec.cases.append({"case": RUNTIME_OOM, "evidence": "out of memory while serving",
                           "change": "lower --gpu-memory-utilization; the amount cannot be computed"})
@@ -191,8 +194,10 @@ def _vllm_runtime_oom(acc, o, total, budget, kv0, bpt, runtime, cfg, rec) -> Non
     rec.settings["--gpu-memory-utilization"] = round(u, 2)
     unalloc = o.get("reserved_unallocated_bytes")
     ev = f"out of memory while serving at utilization {u0:g}"
-    if unalloc:
+    if cause.get("verdict") in ("fragmentation", "fragmentation-contributed") and unalloc:
         ev += f"; {g(unalloc)} reserved by PyTorch but unallocated (fragmentation: see allocator-fragmentation)"
+    elif cause.get("verdict") in ("other-process", "outside-pytorch"):
+        ev += f"; {cause['judged_by']}"
     rec.cases.append({"case": RUNTIME_OOM, "evidence": ev, "change": f"--gpu-memory-utilization {u:.2f} (was {u0:g})"})
     if kv0 is not None:
         kv_new = kv0 - (u0 - u) * total

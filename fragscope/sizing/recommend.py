@@ -23,7 +23,7 @@ import math
 
 # the record, thresholds and case ids are re-exported: callers import them from here (docs/sizing.md)
 from .arith import (CASES, GIB, MEMORY_ELSEWHERE, MIB, POOL_TOO_SMALL, RUNTIME_OOM, STARTUP_OOM,  # noqa: F401
-                    Recommendation, SizingConfig, _ceiling, _elsewhere, _pool_pressure, _total, _budget, ceil_step,
+                    Recommendation, SizingConfig, _ceiling, _elsewhere, oom_cause, _pool_pressure, _total, _budget, ceil_step,
                     g, t4, tokens_per_sequence)
 from ..signals import primary
 from .failures import _vllm_runtime_oom, _vllm_startup_failure
@@ -43,6 +43,10 @@ def recommend(acc: StartupAccounting, runtime: dict | None = None, cfg: SizingCo
                            "memory' / 'GPU KV cache size' / '# GPU blocks', SGLang 'KV Cache is allocated')")
         return rec
     _current(acc, rec)
+    f = acc.failure or {}
+    if acc.engine is None and f.get("kind") == "oom" and not f.get("phase"):
+        _unknown_program_oom(acc, f, cfg, rec)
+        return rec
     if acc.engine == "sglang":
         _sglang(acc, runtime, cfg, rec, target_concurrency, target_len)
     else:
@@ -50,6 +54,21 @@ def recommend(acc: StartupAccounting, runtime: dict | None = None, cfg: SizingCo
     if rec.status == "ok" and not rec.cases and rec.missing:
         rec.status = "inconclusive"
     return rec
+
+
+def _unknown_program_oom(acc, f: dict, cfg, rec: Recommendation) -> None:
+    """A PyTorch OOM in a log without any serving engine's line: the program that failed is not known to be
+    vLLM or SGLang (a training loop, a notebook, a desktop application print the same message), so no engine
+    flag is computed; its cause is judged as diagnose logs judges it."""
+    rec.status = "inconclusive"
+    oom_cause(f, rec)
+    _elsewhere(acc, {}, _total(acc), cfg, rec)
+    rec.notes.append("no serving engine's start-up lines (vLLM, SGLang) in this log, so what produced it is unknown: "
+                     "--gpu-memory-utilization / --mem-fraction-static apply only if a serving engine did; for a "
+                     "plain PyTorch program or a training loop the knobs are its batch size, sequence length, "
+                     "precision or quantization, and what else runs on the GPU")
+    rec.missing.append("the engine's start-up log around the OOM, if a serving engine produced it (start-up or run "
+                       "time cannot be told from the OOM alone; diagnose logs FILE judges its cause)")
 
 
 def _current(acc: StartupAccounting, rec: Recommendation) -> None:

@@ -6,6 +6,7 @@ from datetime import timezone, tzinfo
 from typing import Iterable
 
 from .events import LogEvent
+from .jobkind import note_markers
 from .patterns import parse_message
 from .prefixes import Clock, split_line
 
@@ -22,7 +23,7 @@ class LogParser:
 
     Counters for the caller: ``line_no`` (physical lines fed), ``engine_lines`` (lines that carried an
     engine prefix: a vLLM header, an SGLang time prefix), ``undated_lines`` (records whose date was
-    inferred from a time of day only).
+    inferred from a time of day only), ``job_markers`` (the kinds of job whose own text appeared: jobkind.py).
     """
 
     OOM_REPEAT_SECONDS = 30.0  # same figures within this window: the same OOM printed again
@@ -33,6 +34,7 @@ class LogParser:
         self.line_no = 0
         self.engine_lines = 0
         self.undated_lines = 0
+        self.job_markers: set[str] = set()  # kinds of job whose own text was seen (jobkind.MARKERS)
         self.last_ts: float | None = None
         self._last_oom: tuple | None = None
         self._last_oom_ts: float | None = None
@@ -49,6 +51,7 @@ class LogParser:
             return []
         events: list[LogEvent] = []
         counted = False
+        note_markers(line, self.job_markers, self.line_no)
         recs = split_line(line, self.clock, self.last_ts)
         wrap, self._wrap = self._wrap, None
         if wrap is not None and recs and self._continues(wrap, recs[0]):

@@ -42,6 +42,7 @@ class LogRead:
     truncated_lines: int = 0  # lines longer than max_line_bytes, cut
     text_bytes: int = 0  # bytes of text read (decompressed)
     compressed: bool = False
+    job_markers: set = field(default_factory=set)  # kinds of job whose own text appeared (jobkind.py)
     head: str = ""  # the first 4 KiB of text, for describing a file that is not an engine log
     mtime: float | None = None
 
@@ -170,6 +171,7 @@ def read_log_file(path: str, *, reference: float | None = None, tz: tzinfo | Non
         info.events.extend(parser.feed(x.decode("utf-8", "replace")))
     if parser is not None:
         info.lines, info.engine_lines, info.undated_lines = parser.line_no, parser.engine_lines, parser.undated_lines
+        info.job_markers = set(parser.job_markers)
     return info
 
 

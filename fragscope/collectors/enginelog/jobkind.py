@@ -1,0 +1,50 @@
+"""What kind of job produced a log: a serving engine (vLLM, SGLang, TGI, Triton, TensorRT-LLM), a training loop,
+a desktop application, or unknown. Pure. docs/logs.md#job-kind.
+
+A PyTorch OOM message reads the same from every program, so advice that names an engine's flag needs the
+engine's own lines. Each kind is told by text only its software prints (its logger names, its module paths);
+vLLM and SGLang by the parser's own line shapes (events' ``source``). Nothing is guessed from the OOM itself.
+"""
+from __future__ import annotations
+
+# kind -> substrings only that software prints (logger / module names, its server binary)
+MARKERS: dict[str, tuple[str, ...]] = {
+    "tgi": ("text_generation_launcher", "text_generation_router", "text_generation_client",
+            "text_generation_server", "text-generation-launcher"),
+    "triton": ("tritonserver", "TRITONBACKEND_", "triton_python_backend", "model_repository_manager"),
+    "trtllm": ("tensorrt_llm", "[TRT-LLM]"),
+    "vllm": ("vllm/engine/", "vllm/v1/", "vllm.entrypoints", "vllm/worker/"),
+    "sglang": ("sglang/srt/", "sglang.launch_server"),
+    # a traceback through autograd or an optimizer step: a training loop
+    "training": ("torch/autograd/", ".backward(", "optimizer.step(", "training_step", "/trainer.py"),
+    "desktop": ("ComfyUI", "comfy/", "stable-diffusion-webui"),
+}
+SERVING = ("vllm", "sglang", "tgi", "triton", "trtllm")
+KINDS = SERVING + ("training", "desktop", "unknown")
+# Lines looked at: the head of the log (a server's own logger names are on every line it prints) and the
+# lines of tracebacks and errors (module paths); the rest (stats lines, progress bars) is not scanned.
+HEAD_LINES = 500
+
+
+def note_markers(line: str, seen: set[str], line_no: int = 0) -> None:
+    """Add to ``seen`` every kind whose marker is in ``line`` (only head, traceback and error lines)."""
+    if line_no > HEAD_LINES and 'File "' not in line and "rror" not in line:
+        return
+    for kind, marks in MARKERS.items():
+        if kind not in seen and any(m in line for m in marks):
+            seen.add(kind)
+
+
+def job_kind(markers: set[str] | frozenset[str], sources=()) -> str:
+    """One kind: a serving engine seen (its lines or markers) wins, then a training loop, a desktop application;
+    else ``unknown``. ``sources``: the events' sources (``vllm-v0``, ``vllm-v1``, ``sglang``, ``torch``)."""
+    seen = set(markers)
+    for s in sources:
+        if s and s.startswith("vllm"):
+            seen.add("vllm")
+        elif s == "sglang":
+            seen.add("sglang")
+    for k in SERVING + ("training", "desktop"):
+        if k in seen:
+            return k
+    return "unknown"
