@@ -412,13 +412,14 @@ def test_agent_kind_url_uses_its_history(tmp_path, monkeypatch, capsys):
         code, out, err = _inproc(monkeypatch, capsys, f"127.0.0.1:{port}", "--format", "json", "--since", "5m")
     finally:
         ag.close()
-    assert code in (0, 1), err
+    assert code == 4, err  # no finding, but the engine source was down: never a silent 0 (docs/cli.md)
     assert "fragscope agent; reading its last 300 s" in err
     assert "not ready: engine source vllm collector down since" in err and "connection refused" in err
     d = json.loads(out)
     assert d["source"].startswith(f"agent http://127.0.0.1:{port}")
     reasons = [i["reason"] for i in d["inconclusive"]]
     assert any(r.startswith("vllm collector down since") and "connection refused" in r for r in reasons), reasons
+    assert any(r.startswith("vllm collector down since") for r in d["signals"]["sources_down"])
 
 
 def test_scrape_interval_reaches_the_reader(tmp_path, monkeypatch, capsys):

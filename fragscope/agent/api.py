@@ -409,9 +409,12 @@ class _Handler(BaseHTTPRequestHandler):
                 rss = int(fh.read().split()[1]) * resource.getpagesize()
         except (OSError, ImportError, ValueError, IndexError):
             pass
+        ready_why = readiness_problems(st)
         self._json(200, {
             "version": __version__, "started": st.started, "uptime_seconds": time.monotonic() - st.started_mono,
-            "ready": _first_round_done(st), "rss_bytes": rss, "pandas_loaded": "pandas" in sys.modules,
+            # the same decision as /readyz (agent/health.py): never ready here while /readyz says 503
+            "ready": not ready_why, "ready_reasons": ready_why, "first_round_done": _first_round_done(st),
+            "rss_bytes": rss, "pandas_loaded": "pandas" in sys.modules,
             "requests_loaded": "requests" in sys.modules,
             "collectors": [h.to_dict() for h in st.collectors.values()],
             "store": st.store.stats() if st.store is not None else None,

@@ -121,7 +121,8 @@ def explain_down(report: Report, down: list[Down], now: float | None = None) -> 
 
 
 def readiness_problems(state: Any) -> list[str]:
-    """Why the agent is not ready (empty: ready). docs/agent.md#health."""
+    """Why the agent is not ready (empty: ready). The one decision of readiness: ``/readyz`` and
+    ``/api/v1/status``'s ``ready`` both read it. docs/agent.md#health."""
     why = []
     cols = list(state.collectors.values())
     if not state.first_round_done:
@@ -138,3 +139,27 @@ def readiness_problems(state: Any) -> list[str]:
         if d.kind in ENGINE_KINDS:
             why.append("engine source " + down_text(d))
     return why
+
+
+def sources_down(status: Mapping[str, Any] | None, ready: Mapping[str, Any] | None,
+                 now: float | None = None) -> list[str]:
+    """Why a verdict read from an agent is incomplete, one line each (empty: every source was up and
+    the agent ready): each down collector of ``/api/v1/status``, the reasons of a ``/readyz`` that is
+    not ready, or that the agent's state could not be read at all. ``diagnose --agent`` puts them in
+    ``signals.sources_down``, its first line and its exit code (docs/cli.md#exit-codes)."""
+    out: list[str] = []
+    cols = status.get("collectors") if isinstance(status, Mapping) else None
+    if isinstance(cols, list):
+        out += [down_text(d, now) for d in down_collectors(c for c in cols if isinstance(c, Mapping))]
+    else:
+        out.append("the agent's /api/v1/status could not be read: whether its sources are up is unknown")
+    if isinstance(ready, Mapping):
+        if ready.get("status") != "ready":
+            for r in ready.get("reasons") or ["not ready (no reason given)"]:
+                r = str(r)
+                core = r[len("engine source "):] if r.startswith("engine source ") else r
+                if core not in out and r != "every collector is down":
+                    out.append(f"agent not ready: {r}" if core == r else r)
+    else:
+        out.append("the agent's /readyz could not be read: whether it is ready is unknown")
+    return out

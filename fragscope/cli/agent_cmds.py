@@ -245,8 +245,9 @@ def run_live(ctx: click.Context, **opts) -> "object | None":
 
 def agent_verdict(window, base: str):
     """Diagnose a window read from an agent, with the agent's collector state: inconclusive
-    reasons name a down source, and a not-ready agent is said once on stderr (and in the notes)."""
-    from ..agent.health import down_collectors, explain_down
+    reasons name a down source, a not-ready agent is said once on stderr (and in the notes), and
+    every source that is down goes to ``signals.sources_down`` (the report's first line, exit 4)."""
+    from ..agent.health import down_collectors, explain_down, sources_down
     from ..agent.live import agent_status
     from ..pipeline import diagnose
 
@@ -258,6 +259,9 @@ def agent_verdict(window, base: str):
     report = diagnose(window)
     if isinstance(status, dict) and isinstance(status.get("collectors"), list):
         explain_down(report, down_collectors(c for c in status["collectors"] if isinstance(c, dict)))
+    down = sources_down(status, ready)
+    if down:
+        report.signals["sources_down"] = down
     return report
 
 
@@ -324,26 +328,43 @@ def diagnose_sources(fmt: str, fail_on: str, color: bool | None = None, html: st
 
 
 class _Together:
-    """Several pages sampled as one round: up when any answered; the others' errors kept."""
+    """Several pages sampled as one round: up when any answered; the others' errors kept, and
+    each page's successful scrapes counted (a page that never answered is a source down)."""
 
     def __init__(self, collectors: list) -> None:
         self.collectors = collectors
+        self.ok = [0] * len(collectors)
+        self.errors: list[str | None] = [None] * len(collectors)
 
     def collect(self, now: float):
         from ..model import CollectResult
 
         if len(self.collectors) == 1:
-            return self.collectors[0].collect(now)
+            r = self.collectors[0].collect(now)
+            self._count(0, r)
+            return r
         out = CollectResult()
         errs = []
-        for c in self.collectors:
+        for i, c in enumerate(self.collectors):
             r = c.collect(now)
+            self._count(i, r)
             out.samples.extend(r.samples)
             if not r.up:
                 errs.append(r.error or f"{c.name}: down")
         out.up = bool(out.samples)
         out.error = "; ".join(errs) or None
         return out
+
+    def _count(self, i: int, r) -> None:
+        if r.up and r.samples:
+            self.ok[i] += 1
+        else:
+            self.errors[i] = r.error or f"{self.collectors[i].name}: down"
+
+    def never_answered(self) -> list[str]:
+        """One line for each page that no scrape read (the verdict was judged without it)."""
+        return [f"{c.name}: no scrape succeeded (last: {self.errors[i] or 'no samples'})"
+                for i, c in enumerate(self.collectors) if self.ok[i] == 0]
 
 
 def sampling_plan(duration: str | None, interval: str | None) -> tuple[float, float]:
@@ -365,9 +386,12 @@ def sample_targets(targets: list, dur: float, ivl: float, on_verdict=None, on_ro
     from ..agent.live import PageCollector, watch
     from ..pipeline import diagnose  # imported before sampling starts: Ctrl-C then always lands in watch()
 
-    return watch(_Together([PageCollector(t) for t in targets]), dur, ivl,
-                 source="live: " + ", ".join(t.url for t in targets), judge=diagnose,
-                 on_verdict=on_verdict, on_round=on_round)
+    together = _Together([PageCollector(t) for t in targets])
+    window, report, prog = watch(together, dur, ivl, source="live: " + ", ".join(t.url for t in targets),
+                                 judge=diagnose, on_verdict=on_verdict, on_round=on_round)
+    if together.never_answered():  # a page judged without: the report's first line and exit 4
+        report.signals["sources_down"] = together.never_answered()
+    return window, report, prog
 
 
 def _watch_targets(targets: list, fmt: str, fail_on: str, duration: str | None, interval: str | None,

@@ -1,8 +1,9 @@
 """Shared CLI plumbing: one-line errors with exit code 2, never a traceback.
 
-Exit codes (docs/cli.md): 0 no finding at or above --fail-on, 1 findings, 2 bad usage or
+Exit codes (docs/cli.md#exit-codes): 0 no finding at or above --fail-on, 1 findings, 2 bad usage or
 unreadable input (one line on stderr), 3 an internal error escaped (a bug: one line on stderr, the
-traceback only with ``--debug`` or ``FRAGSCOPE_DEBUG=1``).
+traceback only with ``--debug`` or ``FRAGSCOPE_DEBUG=1``), 4 no finding at or above --fail-on but the
+verdict is incomplete: a source it needed was down (``signals.sources_down``), never a silent 0.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import sys
 
 import click
 
-EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_CRASH = 0, 1, 2, 3
+EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_CRASH, EXIT_SOURCES_DOWN = 0, 1, 2, 3, 4
 
 
 class UsageError(click.ClickException):

@@ -27,11 +27,20 @@ SPARK_WIDTH = 16  # cells of a sparkline
 PLAIN_WIDTH = 100  # columns when output is not a terminal
 
 
+def sources_down(report: Report) -> list[str]:
+    """The sources that were down while the report was judged (``signals.sources_down``)."""
+    down = report.signals.get("sources_down") if isinstance(report.signals, dict) else None
+    return [str(d) for d in down] if isinstance(down, list) else []
+
+
 def report_exit_code(report: Report, fail_on: str) -> int:
-    if fail_on == "never":
-        return 0
-    limit = Severity(fail_on).rank
-    return 1 if any(f.severity.rank >= limit for f in report.findings) else 0
+    """1 for a finding at or above ``fail_on``; else 4 when a source was down (the verdict is
+    incomplete: never a silent 0, whatever ``fail_on``); else 0. docs/cli.md#exit-codes."""
+    from .common import EXIT_SOURCES_DOWN
+
+    if fail_on != "never" and any(f.severity.rank >= Severity(fail_on).rank for f in report.findings):
+        return 1
+    return EXIT_SOURCES_DOWN if sources_down(report) else 0
 
 
 def print_report(report: Report, fmt: str = "human", file=None, window=None, color: bool | None = None,
@@ -162,6 +171,12 @@ def _render(report: Report, console, window) -> None:
         g.add_row(T(label, style=style), T(text))
         console.print(Padding(g, (0, 0, 0, indent), expand=False))
 
+    down = sources_down(report)
+    if down:  # the first line: a verdict judged without a source must not read as healthy
+        warn = Text()
+        warn.append("SOURCES DOWN", style="bold red")
+        warn.append(clean(f": this verdict is incomplete (exit 4): {'; '.join(down)}"))
+        line(warn)
     start, end = report.window
     head = Text()
     head.append("fragscope", style="bold")
@@ -169,7 +184,8 @@ def _render(report: Report, console, window) -> None:
     line(head)
     findings = rank_findings(report.findings)
     if not findings:
-        line("No finding." + (" Some detectors could not judge (below): this is not a clean bill of health."
+        line("No finding." + (" Some sources were down (above): this is not a clean bill of health." if down else
+                              " Some detectors could not judge (below): this is not a clean bill of health."
                               if report.inconclusive else ""))
     else:
         tbl = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, padding=(0, 1))

@@ -1,0 +1,148 @@
+"""Never silently healthy: a verdict judged while a source was down says so in its first line and its
+exit code (4, docs/cli.md#exit-codes), and the agent's /api/v1/status and /readyz agree on readiness
+(one function decides it). A real agent (scheduler and HTTP API) on 127.0.0.1."""
+from __future__ import annotations
+
+import json
+import socket
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from fragscope.agent.config import load_config
+from fragscope.model import CollectResult, Finding, Report, Sample, Severity
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url):
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+class _Gpu:
+    name = "nvml"
+
+    def collect(self, now):
+        return CollectResult(samples=[Sample("fragscope_gpu_memory_used_bytes", (("gpu", "0"),), now, 1e9)])
+
+
+@pytest.fixture
+def agent_engine_down():
+    """An agent whose vLLM source is refused from the start while its GPU collector answers."""
+    from fragscope.agent.daemon import Agent
+    from fragscope.collectors.vllm import VllmCollector
+
+    port, dead = _free_port(), _free_port()
+    cfg = load_config(None, {}, {"listen": f"127.0.0.1:{port}", "store.enabled": False, "interval": "0.2s",
+                                 "detect.interval": "0.3s"})
+    ag = Agent(cfg, collectors=[("vllm", "vllm", VllmCollector(f"http://127.0.0.1:{dead}", timeout_s=0.5), 0.2, 2.0),
+                                ("nvml", "nvml", _Gpu(), 0.2, 2.0)])
+    ag.start()
+    deadline = time.monotonic() + 15
+    while ag.state.report is None and time.monotonic() < deadline:  # bounded
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    ag.close()
+
+
+def test_status_and_readyz_agree(agent_engine_down):
+    code, ready = _get(agent_engine_down + "/readyz")
+    _, status = _get(agent_engine_down + "/api/v1/status")
+    assert code == 503 and ready["status"] == "not ready"
+    assert status["ready"] is False  # it said true while /readyz answered 503
+    assert status["ready_reasons"] == ready["reasons"]
+    assert status["first_round_done"] is True
+
+
+def test_status_ready_when_everything_answers():
+    from fragscope.agent.daemon import Agent
+
+    port = _free_port()
+    cfg = load_config(None, {}, {"listen": f"127.0.0.1:{port}", "store.enabled": False, "interval": "0.2s"})
+    ag = Agent(cfg, collectors=[("nvml", "nvml", _Gpu(), 0.2, 2.0)])
+    ag.start()
+    try:
+        for _ in range(100):  # bounded: 100 x 0.05 s
+            code, ready = _get(f"http://127.0.0.1:{port}/readyz")
+            if code == 200:
+                break
+            time.sleep(0.05)
+        _, status = _get(f"http://127.0.0.1:{port}/api/v1/status")
+    finally:
+        ag.close()
+    assert code == 200 and status["ready"] is True and status["ready_reasons"] == []
+
+
+def _diagnose(capsys, *args) -> tuple[int, str, str]:
+    from fragscope.cli import _main, diagnose_group
+
+    capsys.readouterr()
+    rc = _main(diagnose_group, "diagnose", list(args))
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+@pytest.mark.parametrize("fail_on", ["critical", "never"])
+def test_diagnose_agent_with_its_engine_down_is_not_exit_0(agent_engine_down, capsys, fail_on):
+    rc, out, err = _diagnose(capsys, "--agent", agent_engine_down, "--since", "5m", "--fail-on", fail_on)
+    assert rc == 4, (out, err)
+    assert out.startswith("SOURCES DOWN: this verdict is incomplete (exit 4): vllm collector down since")
+    first = " ".join(out.split("\nfragscope ")[0].split())  # the first line, as wrapped at 100 columns
+    assert "connection refused" in first
+    assert "No finding." not in out or "not a clean bill of health" in out
+
+
+def test_diagnose_agent_json_names_the_down_sources(agent_engine_down, capsys):
+    rc, out, _ = _diagnose(capsys, "--agent", agent_engine_down, "--since", "5m", "--format", "json")
+    d = json.loads(out)
+    assert rc == 4 and any("vllm collector down" in s for s in d["signals"]["sources_down"])
+
+
+def _finding(sev: Severity) -> Finding:
+    return Finding(id="kv-cache-pressure", severity=sev, confidence=0.9, summary="s", onset=None, evidence=[])
+
+
+@pytest.mark.parametrize("findings,down,fail_on,rc", [
+    ([], [], "critical", 0),
+    ([], ["vllm collector down: refused"], "critical", 4),
+    ([], ["vllm collector down: refused"], "never", 4),
+    ([_finding(Severity.CRITICAL)], ["vllm collector down: refused"], "critical", 1),  # a finding wins
+    ([_finding(Severity.WARNING)], ["vllm collector down: refused"], "critical", 4),
+    ([_finding(Severity.WARNING)], [], "critical", 0),
+])
+def test_exit_code_contract(findings, down, fail_on, rc):
+    from fragscope.cli.render import report_exit_code
+
+    rep = Report(window=(0.0, 1.0), findings=findings, signals={"sources_down": down} if down else {})
+    assert report_exit_code(rep, fail_on) == rc
+
+
+def test_live_page_that_never_answered_is_a_source_down():
+    from fragscope.cli.agent_cmds import _Together
+
+    class Ok:
+        name = "http://a/metrics"
+
+        def collect(self, now):
+            return CollectResult(samples=[Sample("vllm:num_requests_running", (), now, 1.0)])
+
+    class Down:
+        name = "http://b/metrics"
+
+        def collect(self, now):
+            return CollectResult(up=False, error="http://b/metrics: HTTP 503")
+
+    t = _Together([Ok(), Down()])
+    for i in range(3):
+        assert t.collect(float(i)).up
+    assert t.never_answered() == ["http://b/metrics: no scrape succeeded (last: http://b/metrics: HTTP 503)"]
