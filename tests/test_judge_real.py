@@ -120,3 +120,54 @@ def test_another_process_holding_most_of_the_gpu_wins_over_a_real_slack(tmp_path
                  .replace("of which 500.00 MiB is free", "of which 500.00 MiB is free") + "\n")
     (o2,) = _logs(q)["log"]["ooms"]
     assert o2["verdict"] == "fragmentation" and _size(q)["outcome"]["oom_verdict"] == "fragmentation"
+
+
+# --- PyTorch's cudaMallocAsync OOM wording, on several lines ----------------------------------------------------
+def test_malloc_async_oom_read_across_its_lines():
+    # PozzettiAndrea/ComfyUI-Sharp#24: 5.79 GiB allocated + 576 MiB asked on an 8.00 GiB device, 0 bytes free:
+    # 8.00 - 0 - 5.79 = 2.21 GiB in use outside what PyTorch allocated >= the 576 + 64 MiB lacked and >= 1 GiB
+    # (max(1 GiB, 10 % of 8 GiB)); PyTorch's limit 17179869184.00 GiB (2^64 bytes: no memory fraction set)
+    d = _logs(DATA / "comfyui_sharp24_malloc_async_oom.log")
+    (o,) = d["log"]["ooms"]
+    assert o["wording"] == "cuda-malloc-async" and o["gpu"] == "0"
+    assert o["allocated_bytes"] == pytest.approx(5.79 * GIB, abs=1) and o["requested_bytes"] == 576 * MIB
+    assert o["total_bytes"] == 8 * GIB and o["free_bytes"] == 0 and o["memory_limit_bytes"] == 2.0 ** 64
+    assert o["held_outside_pytorch_bytes"] == pytest.approx(8 * GIB - 5.79 * GIB, abs=1)
+    assert o["verdict"] == "outside-pytorch" and "cudaMallocAsync" in o["judged_by"]
+    assert _size(DATA / "comfyui_sharp24_malloc_async_oom.log")["outcome"]["oom_verdict"] == "outside-pytorch"
+
+
+def test_malloc_async_oom_small_remainder_is_capacity():
+    # Comfy-Org/ComfyUI#12360 (RTX 5080): 14.81 GiB allocated + 320 MiB asked on 15.92 GiB, 0 free: 1.11 GiB in use
+    # outside PyTorch's allocations, under max(1 GiB, 1.59 GiB): a CUDA context and a desktop, not the cause
+    d = _logs(DATA / "comfyui_issue12360_malloc_async_oom.log")
+    (o,) = d["log"]["ooms"]
+    assert o["held_outside_pytorch_bytes"] == pytest.approx((15.92 - 14.81) * GIB, abs=1)
+    assert o["verdict"] == "capacity" and [f["id"] for f in d["findings"]] == ["oom-capacity"]
+    assert _size(DATA / "comfyui_issue12360_malloc_async_oom.log")["outcome"]["oom_verdict"] == "capacity"
+
+
+def test_malloc_async_cap_and_repeat(tmp_path):
+    # synthetic: a memory fraction of 8.00 GiB on a 16.00 GiB device: 7.90 GiB + 200 MiB > 8.00 GiB -> memory-cap;
+    # printed twice (the exception and the traceback's last line) -> one OOM, repeats 2
+    block = ["torch.OutOfMemoryError: Allocation on device 0 would exceed allowed memory. (out of memory)",
+             "Currently allocated     : 7.90 GiB", "Requested               : 200.00 MiB",
+             "Device limit            : 16.00 GiB", "Free (according to CUDA): 7.50 GiB",
+             "PyTorch limit (set by user-supplied memory fraction)", "                        : 8.00 GiB"]
+    p = tmp_path / "cap.log"
+    p.write_text("\n".join(block + ["Traceback (most recent call last):"] + block) + "\n")
+    (o,) = _logs(p)["log"]["ooms"]
+    assert o["verdict"] == "memory-cap" and o["repeats"] == 2 and o["memory_limit_bytes"] == 8 * GIB
+
+
+def test_json_error_body_with_an_oom_is_forwarded_by_diagnose_file():
+    # gladiaio/gladia#802: {"detail": "... CUDA out of memory. Tried to allocate 20.00 GiB (GPU 0; 31.75 GiB total
+    # capacity; 13.38 GiB already allocated; 15.96 GiB free; 14.63 GiB reserved in total by PyTorch) ..."}
+    # unmet 20 GiB + 64 MiB - 15.96 GiB = 4.10 GiB; stranded 14.63 - 13.38 = 1.25 GiB (8.5 % of reserved) < unmet;
+    # outside 31.75 - 15.96 - 14.63 = 1.16 GiB < max(1 GiB, 3.18 GiB): capacity (20 GiB asked at once)
+    p = DATA / "gladia802_json_error_body.json"
+    r = cli(p)
+    assert r.returncode in (0, 1), r.stderr
+    assert "read as: diagnose logs" in r.stderr and "oom-capacity" in r.stdout
+    (o,) = _logs(p)["log"]["ooms"]
+    assert o["verdict"] == "capacity" and o["unmet_bytes"] == pytest.approx(20 * GIB + 64 * MIB - 15.96 * GIB, abs=1)

@@ -323,6 +323,11 @@ def _describe_json(s: str) -> str:
     if {"resultType", "result"} <= keys or ({"status", "data"} <= keys and "resultType" in s[:SNIFF_BYTES]):
         return ("a Prometheus HTTP API response (JSON), not exposition text; diagnose a fleet with: "
                 "diagnose --prometheus URL, or save the target's /metrics page instead")
+    if _engine_lines([ln for ln in s[:SNIFF_BYTES].splitlines()[:200] if ln.strip()]):
+        # an HTTP error body ({"error": "CUDA out of memory. Tried to allocate ..."}, {"detail": ...}): the message
+        # inside is what the engine-log reader reads (diagnose logs reads it as it stands)
+        return ("a JSON error body holding an engine or PyTorch message (an OOM), not metrics text; "
+                "read it with: diagnose logs FILE")
     return ("a JSON document (a config?), not metrics text; diagnose FILE reads Prometheus/OpenMetrics text "
             "(traces: diagnose trace FILE, memory snapshots: diagnose snapshot FILE, logs: diagnose logs FILE)")
 

@@ -433,7 +433,7 @@ def analyse_log(events: Iterable[LogEvent], kv_budget_estimate=None, expected_kv
     times = [e.ts for e in evs if e.ts is not None]
     cap = kv_capacity_summary(evs)
     pre = preemption_summary(evs, cfg)
-    ooms = [oom_summary(e, cfg) for e in evs if e.kind == "oom"]
+    ooms = [oom_summary(e, cfg) for e in evs if e.kind == "oom" and not e.fields.get("duplicate")]
     check = kv_capacity_check(cap, expected, estimate_inputs, evs, ooms, cfg)
     kinds: dict[str, int] = {}
     for e in evs:

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Iterable
 
 from ..collectors.enginelog import parse_log_line
+from ..collectors.enginelog.patterns import async_oom_complete, fill_async_oom
 from .wordings import (_ANSI, _AVAIL_KV, _BLOCKS, _CFG, _ENGINE_V, _GRAPH, _GRAPH_EST, _GRAPH_POOL,
                        _GRAPH_PROFILING_OFF, _GRAPH_PROFILING_ON, _KV_INSUFF, _KV_INSUFF_EST, _KV_INSUFF_OLD,
                        _KV_TOKENS, _MAX_CONC, _NEW_STARTUP, _NO_CACHE, _PHASES, _READY, _SG_AVAIL, _SG_FIELDS,
@@ -118,6 +119,8 @@ class StartupParser:
     def __init__(self) -> None:
         self.acc = StartupAccounting()
         self.line_no = 0
+        self._async: dict | None = None
+        self._async_n = 0
         self._last_raw: str | None = None
         self.phase: str | None = None
         self._in_profile_table = False
@@ -149,6 +152,15 @@ class StartupParser:
 
     def feed(self, raw: str) -> None:
         self.line_no += 1
+        if self._async is not None:  # a cudaMallocAsync OOM: its figures come on the lines after its header
+            if self._async_n < 8 and fill_async_oom(self._async, raw):
+                self._async_n += 1
+                if async_oom_complete(self._async):
+                    self._async.pop("_limit_label", None)
+                    self._async = None
+                return
+            self._async.pop("_limit_label", None)
+            self._async = None
         if not _gate(raw) or raw == self._last_raw:
             # the same line again (a progress bar redrawn, a worker's identical echo) sets what it set
             return
@@ -407,9 +419,12 @@ class StartupParser:
             return out
         out["figures"] = True
         for k in ("requested_bytes", "total_bytes", "free_bytes", "process_in_use_bytes", "allocated_bytes",
-                  "reserved_unallocated_bytes", "reserved_bytes", "other_processes", "wording", "gpu"):
+                  "reserved_unallocated_bytes", "reserved_bytes", "other_processes", "wording", "gpu",
+                  "memory_limit_bytes", "_limit_label"):
             if k in f:
                 out[k] = f[k]
+        if not async_oom_complete(out):
+            self._async, self._async_n = out, 0
         return out
 
 

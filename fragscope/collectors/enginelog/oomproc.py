@@ -106,6 +106,7 @@ def judge_oom(f: dict, contributing_ratio: float = CONTRIBUTING_RATIO,
            "reserved_bytes": reserved, "reserved_unallocated_bytes": unalloc,
            "reserved_unallocated_derived": bool(f.get("reserved_unallocated_derived")),
            "process_in_use_bytes": in_use_self, "other_processes": listed,
+           "memory_limit_bytes": _fin(f.get("memory_limit_bytes")),
            "other_processes_bytes": others_bytes, "self_listed_pid": self_pid,
            "other_processes_share_of_total": (round(others_bytes / total, 4) if others_bytes is not None and total
                                               else None),
@@ -131,7 +132,12 @@ def judge_oom(f: dict, contributing_ratio: float = CONTRIBUTING_RATIO,
     outside_cover = outside is not None and outside >= unmet and outside >= outside_floor
     share_total = (lambda x: f" ({_pct(x / total)} of the GPU)" if total else "")
     pool_txt = f"this process's PyTorch pool ({_size(pool)})" if pool is not None else "this process's PyTorch pool"
-    if unmet <= 0:
+    cap = _fin(f.get("memory_limit_bytes"))  # cudaMallocAsync: the user-supplied memory fraction, in bytes
+    if cap is not None and total is not None and cap < total and alloc is not None and alloc + req > cap:
+        out["verdict"] = "memory-cap"
+        out["judged_by"] = (f"allocated {_size(alloc)} + requested {_size(req)} exceed PyTorch's limit {_size(cap)} "
+                            f"(set by a memory fraction) below the device's {_size(total)}")
+    elif unmet <= 0:
         out["verdict"] = "memory-cap"
         out["judged_by"] = f"free memory ({_size(free)}) covered the request ({_size(req)}) with room to spare"
     elif others_cover and pool is not None and others_bytes > pool:
@@ -159,6 +165,9 @@ def judge_oom(f: dict, contributing_ratio: float = CONTRIBUTING_RATIO,
         out["verdict"] = "outside-pytorch"
         out["judged_by"] = (f"{_size(outside)}{share_total(outside)} held outside {pool_txt} covers the "
                             f"{_size(unmet)} the allocation lacked")
+        if f.get("wording") == "cuda-malloc-async":
+            out["judged_by"] += (" (with the cudaMallocAsync backend the pool is what PyTorch has allocated: the rest "
+                                 "is other processes, the CUDA context, or freed blocks CUDA's memory pool still holds)")
     elif pool is None and unalloc is None:
         # the message stops before PyTorch's own figures (a pasted first line: "... of which 448.00 KiB is
         # free."): fragmentation, memory outside PyTorch and capacity cannot be told apart, and "PyTorch's own

@@ -7,7 +7,7 @@ from typing import Iterable
 
 from .events import LogEvent
 from .jobkind import note_markers
-from .patterns import parse_message
+from .patterns import async_oom_complete, fill_async_oom, parse_message
 from .prefixes import Clock, split_line
 
 
@@ -41,6 +41,9 @@ class LogParser:
         self._last_oom_event: LogEvent | None = None
         self._last_shortfall: tuple | None = None
         self._wrap: tuple[LogEvent, str] | None = None  # a stats record cut at the end of the previous line
+        self._async: LogEvent | None = None  # a cudaMallocAsync OOM whose figures follow on the next lines
+        self._async_lines = 0
+        self._last_async: tuple | None = None  # (figures, ts, event) of the last complete one, for repeats
 
     def set_reference(self, reference: float | None) -> None:
         self.clock = Clock(time.time() if reference is None else float(reference), self.tz)
@@ -53,6 +56,13 @@ class LogParser:
         counted = False
         note_markers(line, self.job_markers, self.line_no)
         recs = split_line(line, self.clock, self.last_ts)
+        if self._async is not None and recs:
+            if self._async_lines < 8 and fill_async_oom(self._async.fields, recs[0].msg):
+                self._async_lines += 1
+                if async_oom_complete(self._async.fields):
+                    self._end_async()
+                return []
+            self._end_async()
         wrap, self._wrap = self._wrap, None
         if wrap is not None and recs and self._continues(wrap, recs[0]):
             recs = recs[1:]
@@ -68,7 +78,7 @@ class LogParser:
             ts = self.last_ts
             last_stats = None
             for kind, fields, engine, source in parse_message(rec.msg):
-                if kind == "oom" and self._is_repeat_oom(fields, ts):
+                if kind == "oom" and async_oom_complete(fields) and self._is_repeat_oom(fields, ts):
                     continue
                 if kind == "startup_memory_shortfall":
                     sig = tuple(sorted(fields.items()))
@@ -78,11 +88,27 @@ class LogParser:
                 ev = LogEvent(kind, ts, self.line_no, fields, engine, source, rec.msg[:400], rec.pid)
                 if kind == "oom":
                     self._last_oom_event = ev
+                    if not async_oom_complete(fields):
+                        self._async, self._async_lines = ev, 0
                 if kind == "stats" and _LAST_FIELD.get(source, "") not in fields:
                     last_stats = (ev, rec.msg)
                 events.append(ev)
         self._wrap = last_stats
         return events
+
+    def _end_async(self) -> None:
+        """A cudaMallocAsync OOM's block ended: the same figures again within the repeat window (the exception
+        and its traceback's last line each print it) are one OOM; the copy is marked ``duplicate``."""
+        ev, self._async = self._async, None
+        ev.fields.pop("_limit_label", None)
+        sig = tuple(sorted((k, v) for k, v in ev.fields.items() if k != "repeats"))
+        last = self._last_async
+        if (last is not None and last[0] == sig and (ev.ts is None or last[1] is None
+                                                     or abs(ev.ts - last[1]) <= self.OOM_REPEAT_SECONDS)):
+            last[2].fields["repeats"] = last[2].fields.get("repeats", 1) + 1
+            ev.fields["duplicate"] = True
+            return
+        self._last_async = (sig, ev.ts, ev)
 
     @staticmethod
     def _continues(wrap: tuple[LogEvent, str], rec) -> bool:

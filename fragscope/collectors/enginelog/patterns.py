@@ -201,6 +201,61 @@ def _oom(m: re.Match, msg: str):
     return f, ""
 
 
+# PyTorch's cudaMallocAsync backend (PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync; ComfyUI's default) words its
+# OOM on several lines (c10/cuda/CUDAMallocAsyncAllocator.cpp): "Allocation on device N would exceed allowed memory.
+# (out of memory)" then "Currently allocated : X", "Requested : X", "Device limit : X", "Free (according to CUDA): X",
+# "PyTorch limit (set by user-supplied memory fraction)" and, on the next line, ": X". There is no reserved figure:
+# freed blocks go back to CUDA's memory pool, not to a PyTorch cache.
+_OOM_ASYNC = re.compile(r"Allocation on device (\d{1,4}) would exceed allowed memory\. \(out of memory\)")
+ASYNC_OOM_FIELDS = (("allocated_bytes", re.compile(r"Currently allocated {0,40}: {0,40}" + SIZE)),
+                    ("requested_bytes", re.compile(r"Requested {0,40}: {0,40}" + SIZE)),
+                    ("total_bytes", re.compile(r"Device limit {0,40}: {0,40}" + SIZE)),
+                    ("free_bytes", re.compile(r"Free \(according to CUDA\) {0,40}: {0,40}" + SIZE)),
+                    ("memory_limit_bytes", re.compile(r"memory fraction\) {0,40}: {0,40}" + SIZE)))
+_ASYNC_LIMIT_VALUE = re.compile(r"^\s{0,60}: {0,40}" + SIZE)  # the limit's value on a line of its own
+ASYNC_OOM_LABEL = "set by user-supplied memory fraction)"
+
+
+def _oom_async(m: re.Match, msg: str):
+    f: Fields = {"wording": "cuda-malloc-async", "device_type": "CUDA", "gpu": m.group(1)}
+    fill_async_oom(f, msg[m.end():])
+    return f, ""
+
+
+def fill_async_oom(f: Fields, text: str) -> bool:
+    """Add the figures of a cudaMallocAsync OOM found in ``text`` (its own line, or a line that follows the
+    header); True when ``text`` held one. A lone ": X" line is the limit when the label came last."""
+    found = False
+    for key, rx in ASYNC_OOM_FIELDS:
+        if key in f:
+            continue
+        m = rx.search(text)
+        if m:
+            try:
+                f[key] = parse_size(m.group(1), m.group(2))
+                found = True
+            except BadNumber:
+                pass
+    if not found and "memory_limit_bytes" not in f and f.get("_limit_label"):
+        m = _ASYNC_LIMIT_VALUE.search(text)
+        if m:
+            try:
+                f["memory_limit_bytes"] = parse_size(m.group(1), m.group(2))
+                found = True
+            except BadNumber:
+                pass
+    if ASYNC_OOM_LABEL in text and "memory_limit_bytes" not in f:
+        f["_limit_label"] = True
+        found = True
+    if "memory_limit_bytes" in f:
+        f.pop("_limit_label", None)
+    return found
+
+
+def async_oom_complete(f: Fields) -> bool:
+    return f.get("wording") != "cuda-malloc-async" or "memory_limit_bytes" in f
+
+
 def _oom_runtime(m: re.Match, msg: str):
     return {"wording": "cuda-error", "device_type": m.group(1)}, ""
 
@@ -314,6 +369,7 @@ RULES: tuple[Rule, ...] = (
     Rule("stats", ("batch",), _SG_BATCH, _sg_batch, "sglang"),
     Rule("oom", ("out of memory",), _OOM, _oom, "torch"),
     Rule("oom", ("out of memory",), _OOM_RUNTIME, _oom_runtime, "torch"),
+    Rule("oom", ("would exceed allowed memory",), _OOM_ASYNC, _oom_async, "torch"),
     Rule("kv_cache_tokens", ("KV cache size",), _KV_TOKENS, _kv_tokens, "vllm-v1", exclusive=False),
     Rule("max_concurrency", ("Maximum concurrency",), _MAX_CONC, _max_conc, "vllm"),
     Rule("kv_blocks", ("blocks:",), _BLOCKS, _blocks, "vllm-v0"),
