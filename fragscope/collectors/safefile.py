@@ -38,10 +38,23 @@ def kind_of(mode: int) -> str:
     return KINDS.get(stat.S_IFMT(mode), "not a regular file")
 
 
+# A process that reads only where an operator allowed (``fragscope mcp --allow-dir``) sets a confined
+# opener here: path -> an O_NONBLOCK descriptor, or OSError. Process-wide, so reader threads obey it too.
+_CONFINE: Callable[[str], int] | None = None
+
+
+def set_confinement(opener: "Callable[[str], int] | None") -> None:
+    """Open every input through ``opener`` (None: plain ``os.open``)."""
+    global _CONFINE
+    _CONFINE = opener
+
+
 def open_regular_fd(path: str) -> tuple[int, os.stat_result]:
     """A blocking-read descriptor of the regular file ``path`` and its stat. Raises OSError when it cannot
     be opened, NotRegularFile when it is anything else than a regular file (the descriptor is closed)."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    confine = _CONFINE
+    fd = (confine(str(path)) if confine is not None else
+          os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)))
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
