@@ -257,11 +257,14 @@ def build_server(policy: Policy, limits: Limits | None = None) -> MCPServer:
             triage: Annotated[str, Field(description="auto | rules | queries | off")] = "auto",
             peers: Annotated[int | None, Field(description="Healthy pods diagnosed beside the flagged ones (default 3)")] = None,
             deep_limit: Annotated[int, Field(description="At most this many pods deep-diagnosed (1-100)")] = 20,
+            start: Annotated[str | None, Field(description="Window start, RFC 3339 or unix seconds (instead of "
+                                                           "since)")] = None,
+            end: Annotated[str | None, Field(description="Window end, RFC 3339 or unix seconds (default now)")] = None,
     ) -> CallToolResult:
         """Diagnose every serving pod a Prometheus server knows, as `diagnose --prometheus URL` does: level checks
         in PromQL first (triage), then the flagged pods (and a few healthy peers) diagnosed in depth."""
         return await run(tools.diagnose_fleet, policy, prometheus_url, since, selector, step, triage, peers,
-                         deep_limit)
+                         deep_limit, start, end)
 
     @mcp.tool(annotations=_RO)
     async def explain_diagnosis(

@@ -258,7 +258,7 @@ def _agent_answer(tool: str, base: str, since: str | None) -> Answer:
 
 def diagnose_fleet(policy: Policy, prometheus_url: str, since: str | None = None, selector: str | None = None,
                    step: str | None = None, triage: str = "auto", peers: int | None = None,
-                   deep_limit: int = 20) -> Answer:
+                   deep_limit: int = 20, start: str | None = None, end: str | None = None) -> Answer:
     """``diagnose --prometheus URL``: triage checks in PromQL, then the flagged pods diagnosed in depth."""
     from ..cli.fleet_cmds import fleet_report
 
@@ -270,7 +270,7 @@ def diagnose_fleet(policy: Policy, prometheus_url: str, since: str | None = None
     if peers is not None and not (isinstance(peers, int) and 0 <= peers <= 100):
         raise ToolFailure("peers: 0 to 100")
     opts = {"prometheus": full, "since": since, "selector": selector, "step": step, "triage": triage,
-            "peers": peers, "deep_limit": deep_limit}
+            "peers": peers, "deep_limit": deep_limit, "start": start, "end": end}
     report = _cli(fleet_report, opts)
     doc = _plain(report.to_dict())
     findings, cnj = [], []

@@ -1,0 +1,71 @@
+"""`fragscope mcp`'s diagnose_fleet against a real Prometheus backfilled with scenario recordings (promtool
+tsdb create-blocks-from openmetrics): the same targets, triage and per-pod verdicts as `diagnose --prometheus
+URL --format json`, and the Prometheus host refused unless allowed."""
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+pytest.importorskip("mcp")
+
+from test_fleet_backfill import NS, write_pod_recording  # noqa: E402
+from test_fleet_harness import PROMTOOL, Prometheus, needs_prometheus  # noqa: E402
+from test_mcp import Served, _cli_json, _quoted  # noqa: E402
+
+from fragscope.mcp.policy import Policy  # noqa: E402
+
+pytestmark = [needs_prometheus, pytest.mark.e2e]  # a real Prometheus backfilled: heavy, run by .ci/run
+
+PODS = {"vllm-0": dict(kind="healthy", seed=21), "vllm-1": dict(kind="allocator-fragmentation", seed=22)}
+
+
+@pytest.fixture(scope="module")
+def prom(tmp_path_factory):
+    d = tmp_path_factory.mktemp("mcp-fleet")
+    files = {}
+    for pod, spec in PODS.items():
+        files[pod] = str(d / f"{pod}.om")
+        write_pod_recording(files[pod], pod, **spec)
+        r = subprocess.run([PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", files[pod], str(d / "tsdb")],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    from fragscope.collectors.exposition import read_recording
+
+    w = read_recording(files["vllm-0"])
+    p = Prometheus("", data_dir=str(d / "tsdb"))
+    try:
+        yield p, w.start, w.end
+    finally:
+        p.close()
+
+
+def _key(doc: dict) -> list:
+    return [(t["target"], t["status"], (t["top_finding"] or {}).get("id"), t["triage"]["flagged"],
+             [(f["id"], f["severity"], f["confidence"], f["onset"]) for f in (t["report"] or {}).get("findings", [])],
+             sorted(i["id"] for i in (t["report"] or {}).get("inconclusive", [])))
+            for t in doc["targets"]]
+
+
+def test_diagnose_fleet_matches_the_cli(prom):
+    p, start, end = prom
+    with Served(Policy.build(allow_urls=[p.url])) as s:
+        r = s.call("diagnose_fleet", {"prometheus_url": p.url, "start": repr(start), "end": repr(end)})
+    assert not r.is_error, r.content[0].text
+    want = _cli_json("--prometheus", p.url, "--start", repr(start), "--end", repr(end), "--fail-on", "never")
+    got = r.structured_content
+    assert _key(got) == _key(want)
+    assert {t["target"] for t in got["targets"]} == {f"{NS}/{pod}" for pod in PODS}
+    sick = next(t for t in got["targets"] if t["target"] == f"{NS}/vllm-1")
+    assert sick["top_finding"]["id"] == "allocator-fragmentation"
+    inside = _quoted(r.content[0].text)[1]
+    assert "allocator-fragmentation" in inside and f"target={NS}/vllm-1" in inside
+    assert json.dumps(got["mcp"]["could_not_judge"])  # always there, possibly empty
+
+
+def test_prometheus_host_refused_unless_allowed(prom):
+    p, _, _ = prom
+    with Served(Policy.build(allow_urls=["http://127.0.0.1:1"])) as s:
+        r = s.call("diagnose_fleet", {"prometheus_url": p.url})
+    assert r.is_error and "not an allowed address" in r.content[0].text
