@@ -123,6 +123,10 @@ def summary_text(ans: tools.Answer, token: str, cut: list[str], elapsed_s: float
     n_f, n_c = len(ans.findings), len(ans.could_not_judge)
     head = [f"fragscope {ans.tool}: {n_f} finding{'s' if n_f != 1 else ''}, "
             f"{n_c} could not judge ({elapsed_s:.1f} s)."]
+    down = sum(1 for c in ans.could_not_judge if c.get("id") == "source-down")
+    if down:
+        head.insert(0, f"SOURCES DOWN: {down} source(s) were down while judging; the verdict is incomplete "
+                       "(not healthy): each is listed under 'could not judge'.")
     body: list[str] = [f"source: {_q(ans.source, 300)}"]
     for k, v in ans.extra.items():
         if v not in (None, "", [], {}):

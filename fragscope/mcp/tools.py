@@ -59,9 +59,12 @@ def _cli(fn, *args, **kwargs):
 
 def _report_answer(tool: str, report, extra: dict | None = None) -> Answer:
     doc = _plain(report.to_dict())
-    notes = list((doc.get("signals") or {}).get("notes") or [])
-    return Answer(tool, doc.get("source") or "", doc, doc.get("findings") or [], doc.get("inconclusive") or [],
-                  notes, extra or {})
+    sig = doc.get("signals") if isinstance(doc.get("signals"), dict) else {}
+    # a source that was down makes the verdict incomplete: said first, never a silent "healthy"
+    cnj = [{"id": "source-down", "missing": [], "reason": str(d), "subject": {}} for d in sig.get("sources_down") or []]
+    cnj += list(doc.get("inconclusive") or [])
+    return Answer(tool, doc.get("source") or "", doc, doc.get("findings") or [], cnj, list(sig.get("notes") or []),
+                  extra or {})
 
 
 def _file(policy: Policy, path: str) -> str:
