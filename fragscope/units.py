@@ -46,6 +46,37 @@ def parse_size(v, *, decimal_si: bool = True, allow_zero: bool = False) -> int:
     return int(n)
 
 
+_DUR_PART = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|h|d|w|y)", re.I)
+_DUR_SECONDS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0, "y": 31536000.0}
+DURATION_HINT = "a duration like 30s, 5m, 1h30m, 250ms, 7d, or seconds"
+
+
+def parse_duration(v) -> float:
+    """``90`` / ``"90s"`` / ``"2m"`` / ``"1h30m"`` (Prometheus' form) / ``"250ms"`` / ``"7d"`` -> seconds
+    (float, > 0). The one duration parser of every option, config key and API parameter. Raises
+    ValueError. A bool is not a duration; a bare number is seconds."""
+    if isinstance(v, bool):
+        raise ValueError(f"expected {DURATION_HINT}, got {v!r}")
+    if isinstance(v, (int, float)):
+        secs = float(v)
+    else:
+        t = str(v).strip()
+        try:
+            secs = float(t)
+        except ValueError:
+            pos, secs = 0, 0.0
+            for m in _DUR_PART.finditer(t):
+                if m.start() != pos:
+                    break
+                secs += float(m.group(1)) * _DUR_SECONDS[m.group(2).lower()]
+                pos = m.end()
+            if not t or pos != len(t):
+                raise ValueError(f"expected {DURATION_HINT}, got {v!r}") from None
+    if not math.isfinite(secs) or secs <= 0:
+        raise ValueError(f"must be a positive duration, got {v!r}")
+    return secs
+
+
 def _finite(x) -> bool:
     try:
         return x is not None and math.isfinite(float(x))

@@ -6,13 +6,13 @@ file uses the same key as ``[section] name``. The full list is docs/agent.md (a 
 """
 from __future__ import annotations
 
-import math
 import os
 import re
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from ..units import parse_duration as _parse_duration
 from ..units import parse_size as _parse_size
 
 if sys.version_info >= (3, 11):
@@ -33,25 +33,13 @@ class ConfigError(ValueError):
     """A bad setting; the message is one line naming the key, its source and the fix."""
 
 
-_DUR_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|h|d|w)?\s*$", re.I)
-_DUR_UNITS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0, None: 1.0}
-
-
 def parse_duration(v: Any, what: str = "duration") -> float:
-    """``90`` / ``"90s"`` / ``"2m"`` / ``"7d"`` / ``"250ms"`` -> seconds (float, > 0)."""
-    if isinstance(v, bool):
-        raise ConfigError(f"{what}: expected a duration like 30s, 2m, 7d, got {v!r}")
-    if isinstance(v, (int, float)):
-        secs = float(v)
-    else:
-        m = _DUR_RE.match(str(v))
-        if not m:
-            raise ConfigError(f"{what}: expected a duration like 30s, 2m, 7d, got {v!r}")
-        unit = m.group(2).lower() if m.group(2) else None
-        secs = float(m.group(1)) * _DUR_UNITS[unit]
-    if not math.isfinite(secs) or secs <= 0:
-        raise ConfigError(f"{what}: must be a positive duration, got {v!r}")
-    return secs
+    """``90`` / ``"90s"`` / ``"2m"`` / ``"1h30m"`` / ``"7d"`` / ``"250ms"`` -> seconds (float, > 0):
+    :func:`fragscope.units.parse_duration`, its error as a ConfigError naming ``what``."""
+    try:
+        return _parse_duration(v)
+    except ValueError as e:
+        raise ConfigError(f"{what}: {e}") from None
 
 
 def _duration_or_off(v: Any, what: str = "duration") -> float:

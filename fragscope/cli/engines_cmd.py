@@ -10,7 +10,7 @@ import time
 import click
 
 from ..model import Inconclusive, Report
-from .common import json_safe, fail
+from .common import Duration, json_safe, fail
 from .render import render_human, report_exit_code
 
 FORMATS = click.Choice(["human", "json"])
@@ -78,8 +78,9 @@ def ort_profile_cmd(file: str, fmt: str, fail_on: str) -> int:
               help="The model's config.pbtxt.")
 @click.option("--model", default=None, help="The model label in the scrape (default: the config's name, or the "
               "only model in the scrape).")
-@click.option("--interval", type=float, default=None,
-              help="Seconds between the SCRAPES when they carry no timestamps (two scrapes give rates).")
+@click.option("--interval", type=Duration(hi=3600.0), default=None,
+              help="Time between the SCRAPES when they carry no timestamps (two scrapes give rates), e.g. 30s; "
+                   "with --url, between the live scrapes [default: 30s].")
 @click.option("--format", "fmt", type=FORMATS, default="human", show_default=True, help="Output format.")
 @click.option("--fail-on", type=FAIL_ON, default="critical", show_default=True,
               help="Exit 1 when a finding is at or above this severity.")
@@ -186,8 +187,8 @@ def _scrapes_window(scrapes: tuple[str, ...], url: str | None, interval: float |
 @click.argument("scrapes", nargs=-1, type=click.Path(dir_okay=False))
 @click.option("--url", default=None, help="Scrape this /metrics (any engine: vLLM, SGLang, TGI, Triton, "
               "TensorRT-LLM) --count times, --interval seconds apart, instead of reading SCRAPES.")
-@click.option("--interval", type=float, default=None,
-              help="Seconds between scrapes (SCRAPES without timestamps, or --url; default 30 with --url).")
+@click.option("--interval", type=Duration(hi=3600.0), default=None,
+              help="Time between scrapes, e.g. 30s (SCRAPES without timestamps, or --url) [default with --url: 30s].")
 @click.option("--count", type=click.IntRange(1, 20), default=1, show_default=True, help="Live scrapes with --url.")
 @click.option("--format", "fmt", type=FORMATS, default="human", show_default=True, help="Output format.")
 @click.option("--fail-on", type=FAIL_ON, default="critical", show_default=True,

@@ -9,37 +9,14 @@ Three questions, chosen by the flags given:
 from __future__ import annotations
 
 import json
-import math
 
 import click
 
 from ..kvbudget import GIB, KvBudgetError, block_waste, kv_budget, kv_requirement, read_model_config
-from .common import fail
-from .snapshot_cmd import parse_size  # one size parser for every CLI flag (snapshot --device-memory)
+from .common import GibSize, fail
 
 
-class GibSize(click.ParamType):
-    """A size: a bare number is GiB (``80``); a unit is honoured (``80GiB``, ``81920MiB``; 'GB' is GiB)."""
-
-    name = "SIZE"
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, (int, float)):
-            return float(value) * GIB
-        text = str(value).strip()
-        try:
-            v = float(text) * GIB
-        except ValueError:
-            try:
-                v = float(parse_size(text))
-            except ValueError:
-                self.fail(f"{value!r} is not a size (write e.g. 80, 80GiB or 81920MiB)", param, ctx)
-        if not math.isfinite(v) or v < 0:
-            self.fail(f"{value!r} must be a finite size ≥ 0", param, ctx)
-        return v
-
-
-SIZE = GibSize()
+SIZE = GibSize()  # one size type for every memory flag (cli/common.py): a bare number is GiB
 POS_INT = click.IntRange(min=1)
 FORMATS = click.Choice(["human", "json"])
 

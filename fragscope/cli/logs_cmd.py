@@ -8,7 +8,7 @@ import time
 
 import click
 
-from .common import EXIT_OK, fail
+from .common import EXIT_OK, ByteSize, Duration, GibSize, fail
 
 FORMATS = click.Choice(["human", "json"])
 FAIL_ON = click.Choice(["info", "warning", "critical", "never"])
@@ -214,17 +214,18 @@ def _print_summary(s: dict, out, startup_seen: bool = False) -> None:
               help="Exit 1 when a finding is at or above this severity.")
 @click.option("--tz-offset", type=float, default=0.0, show_default=True, callback=_tz_offset,
               help="Hours east of UTC of the log's MM-DD HH:MM:SS timestamps (-14 to 14).")
-@click.option("--max-bytes", type=click.IntRange(min=1, max=1 << 40), default=512 << 20, show_default=True,
-              help="Cap on the text read (after decompression of a .gz); a bigger file is refused.")
+@click.option("--max-bytes", type=ByteSize(hi=1 << 40), default="512MiB", show_default=True,
+              help="Cap on the text read (after decompression of a .gz), e.g. 512MiB; a bigger file is refused.")
 @click.option("--expected-kv-tokens", type=click.IntRange(min=1, max=10 ** 12), default=None,
               help="KV capacity to expect, in tokens (skips the kv-budget estimate).")
-@click.option("--gpu-memory-gib", type=click.FloatRange(min=0, min_open=True), default=None, callback=_finite,
-              help="GPU memory for the kv-budget estimate (GiB).")
+@click.option("--gpu-memory-gib", type=GibSize(as_gib=True, allow_zero=False), default=None,
+              help="GPU memory for the kv-budget estimate: GiB, or a size like 80GiB.")
 @click.option("--gpu-memory-utilization", type=click.FloatRange(0, 1, min_open=True), default=None, callback=_finite,
               help="Default: as logged, else 0.9.")
-@click.option("--weights-gib", type=click.FloatRange(min=0), default=None, callback=_finite, help="Default: as logged.")
-@click.option("--overhead-gib", type=click.FloatRange(min=0), default=None, callback=_finite,
-              help="Activations, CUDA context, graphs assumed by the estimate (default 0: the check names them).")
+@click.option("--weights-gib", type=GibSize(as_gib=True), default=None, help="GiB or a size. Default: as logged.")
+@click.option("--overhead-gib", type=GibSize(as_gib=True), default=None,
+              help="Activations, CUDA context, graphs assumed by the estimate, GiB or a size (default 0: the check "
+                   "names them).")
 @click.option("--model-config", type=click.Path(dir_okay=False), default=None, help="Hugging Face config.json.")
 @click.option("--num-layers", type=click.IntRange(min=1, max=100_000), default=None)
 @click.option("--num-kv-heads", type=click.IntRange(min=1, max=100_000), default=None)
@@ -322,11 +323,12 @@ def analyse_log_file(file: str, tz_offset: float = 0.0, max_bytes: int = 512 << 
 @click.option("--vllm", "vllm_urls", multiple=True, help="vLLM base URL (for --kind profile).")
 @click.option("--profiler-dir", type=click.Path(file_okay=False), default=None,
               help="vLLM's torch profiler directory (VLLM_TORCH_PROFILER_DIR), as mounted here.")
-@click.option("--seconds", type=click.FloatRange(0, 600), default=5.0, show_default=True, help="Profile length.")
-@click.option("--timeout", type=click.FloatRange(0.1, 600), default=30.0, show_default=True,
-              help="Seconds to wait for the snapshot or the trace file.")
-@click.option("--max-bytes", type=click.IntRange(min=1), default=2 << 30, show_default=True,
-              help="Size budget of --out; the oldest captures beyond it are deleted.")
+@click.option("--seconds", type=Duration(hi=600.0), default="5s", show_default=True,
+              help="Profile length, e.g. 5s.")
+@click.option("--timeout", type=Duration(lo=0.1, hi=600.0), default="30s", show_default=True,
+              help="How long to wait for the snapshot or the trace file, e.g. 30s.")
+@click.option("--max-bytes", type=ByteSize(), default="2GiB", show_default=True,
+              help="Size budget of --out, e.g. 2GiB; the oldest captures beyond it are deleted.")
 @click.option("--format", "fmt", type=FORMATS, default="human", show_default=True)
 def capture_cmd(kind: str, out_dir: str, probe_dir: str | None, vllm_urls: tuple[str, ...], profiler_dir: str | None,
                 seconds: float, timeout: float, max_bytes: int, fmt: str) -> int:

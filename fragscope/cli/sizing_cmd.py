@@ -5,7 +5,7 @@ import json
 
 import click
 
-from .common import EXIT_OK, fail
+from .common import EXIT_OK, GibSize, fail
 from .kv_budget_cmd import SIZE  # one size type: a bare number is GiB, units honoured (snapshot's parser)
 
 FORMATS = click.Choice(["human", "json"])
@@ -111,7 +111,7 @@ def register(fragscope_group: click.Group, diagnose_group: click.Group) -> None:
                   help="The engine's log (vLLM V0/V1 or SGLang), from start-up on.")
     @click.option("--recording", metavar="FILE", type=click.Path(dir_okay=True), default=None,
                   help="A recording of the same server under load (KV usage, preemptions, NVML memory).")
-    @click.option("--margin-gib", type=click.FloatRange(min=0), default=None, metavar="GIB",
+    @click.option("--margin-gib", type=GibSize(as_gib=True), default=None, metavar="SIZE",
                   help="Headroom kept free beyond the measured peaks [default: max(0.5 GiB, 2 % of the GPU)].")
     @click.option("--target-concurrency", type=click.IntRange(min=1), default=None, metavar="N",
                   help="Size for N concurrent sequences instead of the observed demand.")

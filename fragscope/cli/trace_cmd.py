@@ -8,7 +8,7 @@ import sys
 import click
 
 from ..model import Report, rank_findings
-from .common import fail, json_safe
+from .common import ByteSize, fail, json_safe
 from .render import fmt_value, render_human, report_exit_code
 
 FORMATS = click.Choice(["human", "json"])
@@ -41,8 +41,8 @@ def _small_pages() -> None:
               help="Exit 1 when a finding is at or above this severity.")
 @click.option("--html", "html", type=click.Path(dir_okay=False), default=None,
               help="Also write a self-contained HTML report (busy/idle share, gaps, findings) to this file.")
-@click.option("--max-json-bytes", type=click.IntRange(min=1), default=None,
-              help="Cap on a JSON trace's size after decompression (default 1 GiB; reading takes about 5 bytes "
+@click.option("--max-json-bytes", type=ByteSize(), default=None,
+              help="Cap on a JSON trace's size after decompression, e.g. 2GiB (default 1 GiB; reading takes about 5 bytes "
                    "of memory per byte of JSON).")
 def trace_cmd(file: str, fmt: str, fail_on: str, html: str | None = None, max_json_bytes: int | None = None) -> int:
     """Analyse a kernel timeline FILE: an Nsight Systems SQLite export (nsys export --type sqlite)

@@ -43,28 +43,17 @@ def format_matchers(matchers: Sequence[tuple[str, str, str]]) -> str:
     return ",".join(f'{k}{op}"{v}"' for k, op, v in matchers)
 
 
-_DUR_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|y|w|d|h|m|s)")
-_DUR_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
 
 
 def parse_duration(text: str) -> float:
-    """Prometheus durations (``6h``, ``1h30m``, ``90s``, ``2d``) or plain seconds -> seconds."""
-    t = str(text).strip()
+    """Prometheus durations (``6h``, ``1h30m``, ``90s``, ``2d``) or plain seconds -> seconds: the one
+    duration parser (:func:`fragscope.units.parse_duration`)."""
+    from ..units import parse_duration as parse
+
     try:
-        v = float(t)
-    except ValueError:
-        pos, total = 0, 0.0
-        for m in _DUR_RE.finditer(t):
-            if m.start() != pos:
-                break
-            total += float(m.group(1)) * _DUR_UNITS[m.group(2)]
-            pos = m.end()
-        if pos != len(t) or not t:
-            raise ValueError(f"bad duration {text!r}: expected e.g. 6h, 30m, 1h30m, 90s or seconds") from None
-        v = total
-    if not math.isfinite(v) or v <= 0:
-        raise ValueError(f"bad duration {text!r}: must be positive")
-    return v
+        return parse(text)
+    except ValueError as e:
+        raise ValueError(f"bad duration {text!r}: {e}") from None
 
 
 def parse_time(text: str) -> float:
