@@ -69,3 +69,45 @@ def test_prometheus_host_refused_unless_allowed(prom):
     with Served(Policy.build(allow_urls=["http://127.0.0.1:1"])) as s:
         r = s.call("diagnose_fleet", {"prometheus_url": p.url})
     assert r.is_error and "not an allowed address" in r.content[0].text
+
+
+@pytest.mark.e2e
+def test_streamable_http_listen(tmp_path):
+    """`fragscope mcp --listen 127.0.0.1:PORT`: the SDK's client over streamable HTTP, the policy enforced in
+    that server process too."""
+    import os
+    import sys
+    import time
+
+    import anyio
+    from mcp import Client
+
+    from test_fleet_harness import free_port
+    from test_mcp import EX, ROOT, TOOLS
+
+    port = free_port()
+    code = "import sys; sys.argv[0] = 'fragscope'; from fragscope.cli import main; main()"
+    proc = subprocess.Popen([sys.executable, "-c", code, "mcp", "--listen", f"127.0.0.1:{port}", "--allow-dir", EX],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": ROOT},
+                            cwd=str(tmp_path))
+    try:
+        async def session():
+            async with Client(f"http://127.0.0.1:{port}/mcp") as c:
+                return (await c.list_tools(), await c.call_tool("diagnose_file", {"path": "healthy.om.gz"}),
+                        await c.call_tool("diagnose_url", {"url": "http://169.254.169.254/"}))
+
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                tools, ok, meta = anyio.run(session)
+                break
+            except Exception:  # noqa: BLE001 - not listening yet: retried until the deadline
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise
+                time.sleep(0.3)
+        assert {t.name for t in tools.tools} == TOOLS
+        assert not ok.is_error and ok.structured_content["findings"] == []
+        assert meta.is_error and "link-local" in meta.content[0].text
+    finally:
+        proc.terminate()
+        proc.wait(10)
