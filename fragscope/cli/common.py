@@ -63,8 +63,8 @@ class ByteSize(click.ParamType):
 
     name = "SIZE"
 
-    def __init__(self, hi: int | None = None) -> None:
-        self.hi = hi
+    def __init__(self, hi: int | None = None, lo: int | None = None) -> None:
+        self.hi, self.lo = hi, lo
 
     def convert(self, value, param, ctx):
         from ..units import fmt_bytes, parse_size
@@ -75,6 +75,8 @@ class ByteSize(click.ParamType):
             self.fail(str(e), param, ctx)
         if self.hi is not None and v > self.hi:
             self.fail(f"{value!r} is over {fmt_bytes(self.hi)}", param, ctx)
+        if self.lo is not None and v < self.lo:
+            self.fail(f"{value!r} is under {fmt_bytes(self.lo)}", param, ctx)
         return v
 
 

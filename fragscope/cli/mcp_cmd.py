@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from .common import fail
+from .common import ByteSize, Duration, fail
 
 
 @click.command("mcp")
@@ -15,12 +15,12 @@ from .common import fail
 @click.option("--listen", metavar="HOST:PORT", default=None,
               help="Serve streamable HTTP at http://HOST:PORT/mcp instead of stdio (no authentication: keep it "
                    "on 127.0.0.1).")
-@click.option("--call-timeout", type=click.FloatRange(1, 3600), default=180.0, show_default=True,
-              help="Seconds one tool call may take.")
-@click.option("--max-output-bytes", type=click.IntRange(4096, 64 << 20), default=512 * 1024, show_default=True,
-              help="Cap on one result's structured content (JSON bytes).")
-@click.option("--max-file-bytes", type=click.IntRange(1, 1 << 40), default=256 << 20, show_default=True,
-              help="Largest file a tool reads.")
+@click.option("--call-timeout", type=Duration(lo=1.0, hi=3600.0), default="3m", show_default=True,
+              help="How long one tool call may take, e.g. 3m.")
+@click.option("--max-output-bytes", type=ByteSize(lo=4096, hi=64 << 20), default="512KiB", show_default=True,
+              help="Cap on one result's structured content (JSON bytes), e.g. 512KiB.")
+@click.option("--max-file-bytes", type=ByteSize(hi=1 << 40), default="256MiB", show_default=True,
+              help="Largest file a tool reads, e.g. 256MiB.")
 def mcp_cmd(allow_dirs, allow_urls, listen, call_timeout, max_output_bytes, max_file_bytes) -> int:
     """Answer an AI assistant's questions (Model Context Protocol, stdio or --listen): read-only, files only
     under --allow-dir, hosts only in --allow-url."""
