@@ -171,3 +171,69 @@ def test_json_error_body_with_an_oom_is_forwarded_by_diagnose_file():
     assert "read as: diagnose logs" in r.stderr and "oom-capacity" in r.stdout
     (o,) = _logs(p)["log"]["ooms"]
     assert o["verdict"] == "capacity" and o["unmet_bytes"] == pytest.approx(20 * GIB + 64 * MIB - 15.96 * GIB, abs=1)
+
+
+# --- messages wrapped over several lines ------------------------------------------------------------------------
+def test_wrapped_startup_failure_reads_as_its_one_line_form(tmp_path):
+    # kaito-project/kaito#2132: the ValueError over three lines; one line 1048576 tokens need 22.5 GiB, 17.39 GiB
+    # available, vLLM's own estimate 810208
+    wrapped = DATA / "vllm_kaito2132_wrapped_kv_insufficient.log"
+    one = tmp_path / "one.log"
+    one.write_text(" ".join(x.strip() for x in wrapped.read_text().splitlines()) + "\n")
+    got = []
+    for p in (wrapped, one):
+        d = _logs(p)
+        (f,) = d["log"]["startup_failures"]
+        assert f["fields"] == {"max_model_len": 1048576, "needed_bytes": 22.5 * GIB,
+                               "available_bytes": pytest.approx(17.39 * GIB), "estimated_max_model_len": 810208}
+        assert f["line"] == 1
+        rec = _size(p)
+        assert rec["settings"] == {"--max-model-len": 810208}
+        got.append(sorted((x["id"], x["severity"]) for x in d["findings"]))
+    assert got[0] == got[1] and ("startup-oom", "critical") in got[0]
+
+
+def test_midword_wrap_is_glued():
+    # SergiioB/intel-arc-pro-b70-inference-cookbook#4: "(4.26 GiB KV cach" / "e is needed, ...": a hard wrap inside
+    # a word; 100000 tokens need 4.26 GiB, 4.25 GiB available
+    d = _logs(DATA / "vllm_intelarc4_midword_wrap.log")
+    (f,) = d["log"]["startup_failures"]
+    assert f["fields"]["max_model_len"] == 100000 and f["pid"] == 316 and f["line"] == 2
+    assert f["fields"]["needed_bytes"] == pytest.approx(4.26 * GIB) and f["fields"]["available_bytes"] == 4.25 * GIB
+    assert "startup-oom" in [x["id"] for x in d["findings"]]
+    assert _size(DATA / "vllm_intelarc4_midword_wrap.log")["engine"] == "vllm"
+
+
+def test_wrap_join_never_eats_a_record_of_its_own(tmp_path):
+    # confounder: a complete one-line OOM followed by a prefix-less line that adds nothing is parsed on its own
+    p = tmp_path / "two.log"
+    p.write_text((DATA / "torch_oom_libcom54_small_slack.log").read_text() +
+                 "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 1 has a total capacity of "
+                 "9.77 GiB of which 1.00 GiB is free. Of the allocated memory 8.00 GiB is allocated by PyTorch, and 10.00 "
+                 "MiB is reserved by PyTorch but unallocated.\n")
+    ooms = _logs(p)["log"]["ooms"]
+    assert [o["gpu"] for o in ooms] == ["0", "1"] and [o["line"] for o in ooms] == [1, 2]
+
+
+# --- SGLang prefixes without a time ---------------------------------------------------------------------------
+def test_sglang_rank_tag_without_time_is_read(tmp_path):
+    # sgl-project/sglang#3909's decode lines with the "[2025-02-27 04:46:39 " part cut, as pastes and logging
+    # formats without asctime leave them: "[TP0] Decode batch. ..." is an SGLang line, not JSON
+    p = tmp_path / "tp0.log"
+    p.write_text("[TP0] Decode batch. #running-req: 8, #token: 62531, token usage: 0.12, gen throughput (token/s): "
+                 "186.64, #queue-req: 0\n[TP0] Decode batch. #running-req: 8, #token: 62851, token usage: 0.13, gen "
+                 "throughput (token/s): 185.93, #queue-req: 0\n")
+    d = _logs(p)
+    assert d["log"]["stats"]["count"] == 2 and d["log"]["engines"] == ["sglang"]
+    assert d["log"]["stats"]["kv_cache_usage_ratio"]["max"] == 0.13
+    r = cli(p)
+    assert "read as: diagnose logs" in r.stderr and "JSON" not in r.stderr
+
+
+def test_sglang_python_logging_prefix_is_read():
+    # sgl-project/sglang-omni#712: "2026-06-07 10:59:31,659 [INFO] sglang.srt.managers.scheduler_metrics_mixin: Decode
+    # batch, ..." -- 3 stats lines (2 decode, 1 prefill), running 1, 0, 1; throughput 126.29 then 83.17 tok/s
+    d = _logs(DATA / "sglang_omni712_logging_prefix.log")
+    st = d["log"]["stats"]
+    assert st["count"] == 3 and st["requests_running"]["max"] == 1 and st["requests_running"]["min"] == 0
+    assert st["generation_tokens_per_second"]["max"] == 126.29 and d["log"]["time_range"]["start"] is not None

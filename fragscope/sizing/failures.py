@@ -59,7 +59,13 @@ def _vllm_startup_failure(acc, f, total, budget, non_kv, bpt, cfg, rec) -> None:
                            "rerun with CUDA_LAUNCH_BLOCKING=1, or once with --enforce-eager to read the profile")
         rec.status = "inconclusive"
         return
-    tot = total or float(f["total_bytes"])
+    tot = total or (float(f["total_bytes"]) if f.get("total_bytes") else None)
+    if tot is None:  # the message's total did not read (a malformed figure): no utilization can be computed
+        rec.cases.append({"case": STARTUP_OOM, "evidence": f"out of memory during {phase}",
+                          "change": "lower --gpu-memory-utilization; the amount cannot be computed"})
+        rec.missing.append("the GPU's total memory (the OOM message's total did not read)")
+        rec.status = "inconclusive"
+        return
     shortfall = max(0.0, float(f["requested_bytes"]) - float(f["free_bytes"]))
     margin = cfg.margin(tot)
     base = budget if budget is not None else (tot * u0 if u0 else None)

@@ -11,9 +11,12 @@ the *last* start-up wins; tensor-parallel workers print the same figures, and th
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from datetime import timezone
 from typing import Iterable
 
 from ..collectors.enginelog import parse_log_line
+from ..collectors.enginelog.prefixes import Clock, split_line
+from ..collectors.enginelog.rejoin import unwrap_lines
 from ..collectors.enginelog.patterns import async_oom_complete, fill_async_oom
 from .wordings import (_ANSI, _AVAIL_KV, _BLOCKS, _CFG, _ENGINE_V, _GRAPH, _GRAPH_EST, _GRAPH_POOL,
                        _GRAPH_PROFILING_OFF, _GRAPH_PROFILING_ON, _KV_INSUFF, _KV_INSUFF_EST, _KV_INSUFF_OLD,
@@ -377,6 +380,7 @@ class StartupParser:
             self._set("gpu_memory_utilization", float(m.group(3)))
             self._set("requested_memory_bytes", _gib(m.group(4)))
             self._set("startup_free_bytes", _gib(m.group(1)))
+            a.engine = a.engine or "vllm"  # vLLM's own wordings (gpu_worker.py, kv_cache_utils.py)
             return
         if _NO_CACHE.search(line):
             a.failure = {"kind": "no-kv-memory", "phase": "kv-allocation", "line": self.line_no}
@@ -385,6 +389,7 @@ class StartupParser:
         if m:
             a.failure = {"kind": "kv-insufficient", "phase": "kv-allocation", "line": self.line_no,
                          "max_model_len": int(m.group(1)), "available_tokens": int(m.group(2))}
+            a.engine = a.engine or "vllm"
             return
         m = _KV_INSUFF.search(line)
         if m:
@@ -395,6 +400,7 @@ class StartupParser:
             if e:
                 f["estimated_max_model_len"] = _int(e.group(1))
             a.failure = f
+            a.engine = a.engine or "vllm"
             return
         if "out of memory" in line:
             ev = self._oom(line, into=None)
@@ -431,9 +437,18 @@ class StartupParser:
 def parse_startup(lines: Iterable[str]) -> StartupAccounting:
     """The start-up accounting of the last start-up in ``lines`` (an open file works)."""
     p = StartupParser()
-    for line in lines:
+    for line in unwrap_lines(lines, _has_prefix):
         p.feed(line)
     return p.result()
+
+
+_PREFIX_CLOCK = Clock(0.0, timezone.utc)
+
+
+def _has_prefix(line: str) -> bool:
+    """The line opens a record of its own (a timestamp, an engine header, a process tag): not a continuation."""
+    r = split_line(line, _PREFIX_CLOCK, None)[0]
+    return r.ts is not None or r.engine_line or r.pid is not None
 
 
 def _finish(p: StartupParser) -> StartupAccounting:

@@ -9,6 +9,7 @@ from .events import LogEvent
 from .jobkind import note_markers
 from .patterns import async_oom_complete, fill_async_oom, parse_message
 from .prefixes import Clock, split_line
+from .rejoin import MAX_LINES as REJOIN_MAX_LINES, best_join, has_head
 
 
 # the last field each engine prints on a stats line: a record without it may continue on the next line
@@ -43,6 +44,9 @@ class LogParser:
         self._wrap: tuple[LogEvent, str] | None = None  # a stats record cut at the end of the previous line
         self._async: LogEvent | None = None  # a cudaMallocAsync OOM whose figures follow on the next lines
         self._async_lines = 0
+        # a message whose text goes on over the next lines (rejoin.py): its text so far, line, time and events
+        self._held: tuple[str, int, float | None, int | None, list[LogEvent]] | None = None
+        self._held_n = 0
         self._last_async: tuple | None = None  # (figures, ts, event) of the last complete one, for repeats
 
     def set_reference(self, reference: float | None) -> None:
@@ -63,6 +67,12 @@ class LogParser:
                     self._end_async()
                 return []
             self._end_async()
+        if self._held is not None and recs:
+            r0 = recs[0]
+            if (self._held_n < REJOIN_MAX_LINES and len(recs) == 1 and r0.ts is None and not r0.engine_line
+                    and r0.pid is None and self._rejoin(r0.msg)):
+                return self._rejoined
+            self._held = None
         wrap, self._wrap = self._wrap, None
         if wrap is not None and recs and self._continues(wrap, recs[0]):
             recs = recs[1:]
@@ -94,7 +104,35 @@ class LogParser:
                     last_stats = (ev, rec.msg)
                 events.append(ev)
         self._wrap = last_stats
+        last = recs[-1] if recs else None
+        if last is not None and has_head(last.msg):
+            mine = [e for e in events if e.line_no == self.line_no and e.text == last.msg[:400]]
+            self._held, self._held_n = (last.msg, self.line_no, self.last_ts, last.pid, mine), 0
         return events
+
+    def _rejoin(self, cont: str) -> bool:
+        """Join the held message with ``cont`` when that reads more of it: events already emitted for it are
+        completed in place, new ones are emitted with the first line's number (``self._rejoined``)."""
+        text, line_no, ts, pid, mine = self._held
+        j = best_join(text, cont)
+        if j is None:
+            return False
+        joined = j[0]
+        self._rejoined = []
+        for kind, fields, engine, source in parse_message(joined):
+            old = next((e for e in mine if e.kind == kind), None)
+            if old is not None:
+                old.fields.clear()
+                old.fields.update(fields)
+                old.text = joined[:400]
+                continue
+            if kind == "oom" and self._is_repeat_oom(fields, ts):
+                continue
+            ev = LogEvent(kind, ts, line_no, fields, engine, source, joined[:400], pid)
+            mine.append(ev)
+            self._rejoined.append(ev)
+        self._held, self._held_n = (joined, line_no, ts, pid, mine), self._held_n + 1
+        return True
 
     def _end_async(self) -> None:
         """A cudaMallocAsync OOM's block ended: the same figures again within the repeat window (the exception

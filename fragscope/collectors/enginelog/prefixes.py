@@ -25,6 +25,11 @@ _ISO_BARE = re.compile(r"^(\d{4}-\d\d-\d\d)[T ](\d\d:\d\d:\d\d)([.,]\d{1,12})?(Z
 # SGLang before its dated prefix (2024): "[04:40:55 TP0] ", "[16:43:29] " -- time of day only
 _TIME_ONLY = re.compile(r"^\[(\d\d):(\d\d):(\d\d)(?:[.,]\d{1,9})?(?: [^\]]{0,40})?\]\s*")
 # docker compose: "vllm-1  | "
+# SGLang's rank tag alone, without a time ("[TP0] ", "[DP1 TP3] "): a paste with the time cut off, or a
+# logging format without asctime
+_RANK_ONLY = re.compile(r"^\[(?:(?:DP|TP|PP|EP|CP)\d{1,4} ?){1,5}\]\s*")
+# Python logging's "[INFO] sglang.srt.managers.scheduler_metrics_mixin: " after an asctime prefix
+_BRACKET_LEVEL = re.compile(r"^\[(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\]\s+(?:[A-Za-z_][\w.]{0,120}:\s+)?")
 _COMPOSE_PREFIX = re.compile(r"^[\w.\-]+\s+\|\s")
 # "(APIServer pid=1) ", "(EngineCore_DP0 pid=199) ", "(RayWorkerWrapper pid=7106, ip=10.0.0.1) ",
 # "(VllmWorker rank=0 pid=10672) "
@@ -154,6 +159,11 @@ def split_line(line: str, clock: Clock, last_ts: float | None) -> list[Record]:
         if m:
             proc, pid = m.group(1), int(m.group(2))
             s = s[m.end():]
+            continue
+        m = _RANK_ONLY.match(s) or (_BRACKET_LEVEL.match(s) if ts is not None else None)
+        if m:
+            s = s[m.end():]
+            engine = engine or s.startswith(("Decode batch", "Prefill batch"))
             continue
         break
     m = _VLLM_HEADER.match(s)

@@ -184,7 +184,8 @@ def describe_text(head: str) -> str:
     if not lines:
         return "only blank lines"
     first = lines[0]
-    if first[0] in "{[":
+    # "[TP0] Decode batch…", "[rank0]: …", "[2026-…] …" open with "[" too: a JSON array goes on with a value
+    if first[0] == "{" or re.match(r"\[\s*(?:[\[{\"\d\-\]]|true|false|null)", first) and not re.match(r"\[\d{4}-", first):
         return ("JSON, not an engine log (a Kineto trace: diagnose trace FILE; a memory snapshot: "
                 "diagnose snapshot FILE)")
     prom = sum(1 for x in lines if x.startswith(("# HELP", "# TYPE", "# EOF")) or _PROM_LINE.match(x))
