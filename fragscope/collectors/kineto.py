@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import decimal
 import gc
-import json
+import os
 from contextlib import contextmanager
 
 import numpy as np
 
 from ..timeline_model import (KERNEL, MEMCPY, MEMSET, Timeline, TraceError, classify_api, copy_kind_from_name,
                               workload_marker)
+from .kineto_events import (FLOAT_EXACT_US, TYPED, Dec, Fallback, NeedTextTimes, Raw, decode_trace, event_from_dict,
+                            raw_value)
 from .trace_io import DEFAULT_MAX_JSON_BYTES, read_json_bytes
 
 __all__ = ["read_kineto", "timeline_from_events", "Timeline", "TraceError"]
@@ -33,27 +35,9 @@ _NOT_STEP_CATS = {"gpu_user_annotation"}
 # Host-side rows whose names can mark the workload (training vs serving).
 _MARK_CATS = {"cpu_op", "user_annotation", "python_function", "Operator", "cpu_instant_event"}
 
-# A float JSON number below this many µs (2**41 µs, 25 days) converts to ns exactly enough (its float64
-# step is under 0.5 ns); above it (epoch µs: 1.7e15, where float64 keeps 0.25 µs steps) the number is kept
-# as its decimal text and converted exactly.
-_FLOAT_EXACT_US = float(1 << 41)
 _TS_MAX_US = (1 << 62) // 1000  # |ts|, |dur| in µs whose ns fit int64 with room for sums (year 2116)
 _I64 = 1 << 63
-
-
-class _Dec(str):
-    """The text of a JSON number too large for an exact float64 ns conversion."""
-
-    __slots__ = ()
-
-
-def _parse_float(text: str):
-    f = float(text)
-    return f if -_FLOAT_EXACT_US < f < _FLOAT_EXACT_US else _Dec(text)
-
-
-def _reject_constant(name: str):
-    raise ValueError(f"{name} is not a JSON number")
+_Dec = Dec  # (the name the checks below use)
 
 
 @contextmanager
@@ -72,18 +56,17 @@ def _gc_paused():
             gc.enable()
 
 
-def _load_json(path: str, max_bytes: int = DEFAULT_MAX_JSON_BYTES) -> object:
+def _load_raw(path: str, max_bytes: int = DEFAULT_MAX_JSON_BYTES) -> bytes:
     raw = read_json_bytes(path, max_bytes)
     if raw.startswith(b"SQLite format 3\x00"):
         raise TraceError(f"cannot read {path}: a compressed SQLite file: decompress it first (gunzip -k {path}), "
                          "then diagnose trace the .sqlite")
-    try:
-        return json.loads(raw, parse_float=_parse_float, parse_constant=_reject_constant)
-    except RecursionError:
-        raise TraceError(f"cannot read {path}: JSON nested too deeply") from None
-    except (UnicodeDecodeError, ValueError) as e:
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise TraceError(f"cannot read {path}: not valid JSON ({msg})") from None
+    return raw
+
+
+def _stdlib_only() -> bool:
+    """FRAGSCOPE_JSON_DECODER=stdlib: decode with the standard library even where msgspec is installed."""
+    return os.environ.get("FRAGSCOPE_JSON_DECODER", "").strip().lower() == "stdlib"
 
 
 class _Bad(Exception):
@@ -113,6 +96,9 @@ def _int(v, default: int = -1, field: str = "value") -> int:
     return out
 
 
+_NO_ARGS = event_from_dict({"args": {}}).args  # an event without args: every field None
+
+
 def _hashable(v):
     """pid / tid / flow id as a dict key: scalars only (a list or object becomes None)."""
     return v if isinstance(v, (int, float, str)) else None
@@ -125,25 +111,34 @@ def read_kineto(path: str, max_json_bytes: int = DEFAULT_MAX_JSON_BYTES) -> Time
 
 
 def _read_kineto(path: str, max_json_bytes: int) -> Timeline:
-    doc = _load_json(path, max_json_bytes)
-    if isinstance(doc, dict):
-        events = doc.get("traceEvents")
-        if not isinstance(events, list):
-            raise TraceError(f"cannot read {path}: not a PyTorch profiler trace (no traceEvents list)")
-    elif isinstance(doc, list):  # Chrome trace "array format"
-        events, doc = doc, {}
-    else:
-        raise TraceError(f"cannot read {path}: not a PyTorch profiler trace (JSON {type(doc).__name__})")
+    raw = _load_raw(path, max_json_bytes)
+    events, doc = decode_trace(raw, path, "stdlib" if _stdlib_only() else "auto")
     if not events:
         raise TraceError(f"cannot read {path}: empty trace (no events)")
-    return timeline_from_events(events, path, doc)
+    try:
+        try:
+            return _timeline(events, path, doc)
+        except NeedTextTimes:  # epoch-µs float times: decoded again with their text kept (kineto_events)
+            events, doc = decode_trace(raw, path, "text")
+            return _timeline(events, path, doc)
+    except Fallback:  # a value the typed decoding leaves to the stdlib decoder
+        events, doc = decode_trace(raw, path, "stdlib")
+        return _timeline(events, path, doc)
 
 
 def timeline_from_events(events: list, source: str = "", doc: dict | None = None) -> Timeline:
-    """Build a Timeline from Chrome-trace events (one pass, plain Python; columns built with numpy).
-    Raises TraceError on values no trace holds (times or ids out of range)."""
+    """Build a Timeline from Chrome-trace events (dicts, as ``json.loads`` gives them; one pass, plain
+    Python; columns built with numpy). Raises TraceError on values no trace holds (times or ids out of
+    range)."""
+    return _timeline(events, source, doc if isinstance(doc, dict) else {})
+
+
+def _timeline(events: list, source: str, doc: dict) -> Timeline:
+    typed = events
+    if events and type(events[0]) not in TYPED:  # dicts from the stdlib decoder (or a caller)
+        typed = [event_from_dict(e) for e in events if type(e) is dict or isinstance(e, dict)]
     try:
-        return _from_events(events, source, doc if isinstance(doc, dict) else {})
+        return _from_events(typed, len(events), source, doc)
     except _Bad as e:
         raise TraceError(f"cannot read {source}: {e}") from None
 
@@ -161,7 +156,9 @@ def _num(v) -> bool:
     return isinstance(v, _Dec)
 
 
-def _from_events(events: list, source: str, doc: dict) -> Timeline:
+def _from_events(events: list, n_events: int, source: str, doc: dict) -> Timeline:
+    """One pass over typed events (kineto_events.Event or its stdlib twin): ts, dur, pid, tid, id may be
+    JSON text (Raw) still, converted here only where they are used."""
     o_dev: list[int] = []
     o_stream: list[int] = []
     o_kind: list[int] = []
@@ -175,63 +172,71 @@ def _from_events(events: list, source: str, doc: dict) -> Timeline:
     c_corr: list[int] = []
     c_name: list[int] = []
     marker_of: dict[str, str | None] = {}
-    c_ev: list[dict] = []  # host calls' events, for their locations
+    c_ev: list = []  # host calls' events, for their locations
     name_ids: dict[str, int] = {}
     steps: list[tuple] = []
-    flows_s: dict = {}
-    flows_f: dict = {}
+    flow_ev: list = []  # ac2g flow events: turned into links only if some GPU op has no correlation
     o_loc: dict[int, tuple] = {}
     o_comm: list[int] = []
     marks: dict[str, int] = {}
     mark_names: dict[str, list[str]] = {}
     n_x = 0
     exact = False  # a time came as a large number's text: convert every time exactly
-    gpu_cats, host_cats, ts_max, i64 = _GPU_CATS, _HOST_CATS, _TS_MAX_US, _I64
+    gpu_cats, host_cats, ts_max, i64, f_exact = _GPU_CATS, _HOST_CATS, _TS_MAX_US, _I64, FLOAT_EXACT_US
+    no_args = _NO_ARGS
+    typed = bool(events) and type(events[0]) in TYPED
     for e in events:
-        if not isinstance(e, dict):
-            continue
-        ph = e.get("ph")
+        ph = e.ph
         if ph == "X":
             n_x += 1
-            cat = e.get("cat")
-            if not isinstance(cat, str):
+            cat = e.cat
+            if type(cat) is not str and not isinstance(cat, str):
                 cat = ""
             kind = gpu_cats.get(cat)
-            ts = e.get("ts")
-            dur = e.get("dur", 0)
+            ts = e.ts
+            if type(ts) is Raw:
+                ts = raw_value(ts)
+            dur = e.dur
             # Inline checks for the common types (plain ints and floats in range); anything else takes the
             # general checks (_num, _int), which skip, convert or raise as before.
             t1, t2 = type(ts), type(dur)
+            if typed:
+                # A float this large comes only from msgspec's numeric schema (the stdlib hook keeps its
+                # text): its ns need the text.
+                if t1 is float and (ts >= f_exact or ts <= -f_exact):
+                    raise NeedTextTimes
+                if t2 is float and (dur >= f_exact or dur <= -f_exact):
+                    raise Fallback
             if not ((t1 is float or t1 is int) and (t2 is float or t2 is int) and -ts_max <= ts <= ts_max
                     and -ts_max <= dur <= ts_max):
                 if not _num(ts) or not _num(dur):
                     continue
                 if type(ts) is _Dec or type(dur) is _Dec:
                     exact = True
-            args = e.get("args")
-            if type(args) is not dict and not isinstance(args, dict):
-                args = {}
-            name = e.get("name")
+            args = e.args
+            if args is None:
+                args = no_args
+            name = e.name
             if type(name) is not str and not isinstance(name, str):
                 name = ""
             if kind is not None:
-                v = args.get("device")
+                v = args.device
                 if v is None:
-                    v = e.get("pid")
+                    v = raw_value(e.pid)
                 o_dev.append(v if type(v) is int and -i64 <= v < i64 else _int(v, field="device"))
-                v = args.get("stream")
+                v = args.stream
                 if v is None:
-                    v = e.get("tid")
+                    v = raw_value(e.tid)
                 o_stream.append(v if type(v) is int and -i64 <= v < i64 else _int(v, field="stream"))
                 o_kind.append(kind)
                 o_ts.append(ts)
                 o_dur.append(dur)
-                corr = args.get("correlation")
+                corr = args.correlation
                 if type(corr) is not int or not -i64 <= corr < i64:
                     corr = _int(corr, field="correlation")
                 o_corr.append(corr)
                 if corr < 0:
-                    o_loc[len(o_ts) - 1] = (_hashable(e.get("pid")), _hashable(e.get("tid")), ts)
+                    o_loc[len(o_ts) - 1] = (_hashable(raw_value(e.pid)), _hashable(raw_value(e.tid)), ts)
                 if kind == KERNEL:
                     o_bytes.append(-1)
                     if "ccl" in name and (name.startswith(("nccl", "hccl")) or "ncclKernel" in name
@@ -239,7 +244,7 @@ def _from_events(events: list, source: str, doc: dict) -> Timeline:
                         o_comm.append(len(o_ts) - 1)
                     o_names.append("")
                 else:
-                    o_bytes.append(_int(args.get("bytes"), field="bytes"))
+                    o_bytes.append(_int(args.bytes, field="bytes"))
                     o_names.append(name)
             elif cat in host_cats:
                 nid = name_ids.get(name)
@@ -247,7 +252,7 @@ def _from_events(events: list, source: str, doc: dict) -> Timeline:
                     nid = name_ids[name] = len(name_ids)
                 c_ts.append(ts)
                 c_dur.append(dur)
-                corr = args.get("correlation")
+                corr = args.correlation
                 if type(corr) is not int or not -i64 <= corr < i64:
                     corr = _int(corr, field="correlation")
                 c_corr.append(corr)
@@ -266,14 +271,9 @@ def _from_events(events: list, source: str, doc: dict) -> Timeline:
                         if len(ex) < 3 and name not in ex:
                             ex.append(name)
         elif ph == "s" or ph == "f":
-            cat = e.get("cat")
-            fid = _hashable(e.get("id"))
-            if cat == "ac2g" and fid is not None:
-                loc = (_hashable(e.get("pid")), _hashable(e.get("tid")), _hashable(e.get("ts")))
-                if ph == "s":
-                    flows_s[fid] = loc  # at the launch call on the CPU row
-                else:
-                    flows_f[loc] = fid  # at the GPU op (bp "e")
+            cat = e.cat
+            if cat == "ac2g":
+                flow_ev.append(e)
             elif cat == "fwdbwd" and ph == "s":  # autograd's forward -> backward links: a training step
                 marks["backward_links"] = marks.get("backward_links", 0) + 1
     if n_x == 0:
@@ -304,9 +304,13 @@ def _from_events(events: list, source: str, doc: dict) -> Timeline:
     op_corr = np.asarray(o_corr, dtype=np.int64)
     call_corr = np.asarray(c_corr, dtype=np.int64)
     op_launch = _link_by_key(op_corr, call_corr)
+    if flow_ev and (op_launch < 0).any():
+        flows_s, flows_f = _flows(flow_ev)
+    else:
+        flows_f = None
     if flows_f and (op_launch < 0).any():
         # locations compared by time in ns (the same instant may be written 3.5 or 3.500)
-        call_at = {_loc_ns((_hashable(c.get("pid")), _hashable(c.get("tid")), c.get("ts"))): i
+        call_at = {_loc_ns((_hashable(raw_value(c.pid)), _hashable(raw_value(c.tid)), raw_value(c.ts))): i
                    for i, c in enumerate(c_ev)}
         f_at = {_loc_ns(loc): fid for loc, fid in flows_f.items()}
         for i, loc in o_loc.items():
@@ -334,7 +338,7 @@ def _from_events(events: list, source: str, doc: dict) -> Timeline:
         # newer Kineto: ts on its own clock, unix ns = ts * 1000 + baseTimeNanoseconds (as HTA converts)
         epoch = base
     dist = doc.get("distributedInfo")
-    meta = {"schema_version": _scalar(doc.get("schemaVersion")), "events": len(events),
+    meta = {"schema_version": _scalar(doc.get("schemaVersion")), "events": n_events,
             "trace_name": _scalar(doc.get("traceName")),
             "distributed_rank": _scalar(dist.get("rank")) if isinstance(dist, dict) else None}
     if isinstance(base, int) and not isinstance(base, bool):
@@ -352,13 +356,29 @@ def _from_events(events: list, source: str, doc: dict) -> Timeline:
         epoch_offset_ns=epoch, meta=meta, markers=marks, marker_examples=mark_names)
 
 
+def _flows(flow_ev: list) -> tuple[dict, dict]:
+    """ac2g flow starts (id -> location of the launch call) and ends (location of the GPU op -> id)."""
+    flows_s: dict = {}
+    flows_f: dict = {}
+    for e in flow_ev:
+        fid = _hashable(raw_value(e.id))
+        if fid is None:
+            continue
+        loc = (_hashable(raw_value(e.pid)), _hashable(raw_value(e.tid)), _hashable(raw_value(e.ts)))
+        if e.ph == "s":
+            flows_s[fid] = loc  # at the launch call on the CPU row
+        else:
+            flows_f[loc] = fid  # at the GPU op (bp "e")
+    return flows_s, flows_f
+
+
 def _cats_seen(events: list) -> str:
     """What the trace holds instead (for the error): its most frequent 'X' categories, and a word when
     they belong to another accelerator (MTIA) than the CUDA / ROCm GPUs analysed here."""
     counts: dict[str, int] = {}
     for e in events:
-        if isinstance(e, dict) and e.get("ph") == "X" and isinstance(e.get("cat"), str):
-            counts[e["cat"]] = counts.get(e["cat"], 0) + 1
+        if e.ph == "X" and isinstance(e.cat, str):
+            counts[e.cat] = counts.get(e.cat, 0) + 1
     if not counts:
         return ""
     top = sorted(counts.items(), key=lambda kv: -kv[1])[:4]
@@ -390,6 +410,13 @@ def _us_to_ns(v) -> int:
     """µs (int, float below _FLOAT_EXACT_US, or a large number's text) -> int ns, exactly (the text through
     Decimal, rounded half to even)."""
     if isinstance(v, _Dec):
+        i, dot, f = v.partition(".")
+        if dot and len(f) <= 3 and f.isdigit() and f.isascii() and len(i) < 20:
+            # "1712195495505583.123": the ns are the digits themselves (what Decimal gives, ~5x faster)
+            ns = int(i + f + "00"[:3 - len(f)])
+            if not -(1 << 62) <= ns <= 1 << 62:
+                raise _Bad(f"time {str(v)[:30]} µs out of range")
+            return ns
         try:
             ns = int((decimal.Decimal(v) * 1000).to_integral_value(decimal.ROUND_HALF_EVEN))
         except (ArithmeticError, ValueError):
