@@ -18,10 +18,13 @@ from dataclasses import asdict, dataclass, field
 
 from .units import GiB as GIB  # one source for byte multiples (fragscope.units)
 
-# Block sizes vLLM accepts on CUDA (vllm.config BlockSize = Literal[1, 8, 16, 32, 64, 128] in 0.9-0.10,
-# 256 added later; the V0 CUDA paged-attention kernel stopped at 32). 1 and 256 are left out of
-# recommendations: 1 multiplies block-table overhead, 256 is not accepted by older releases.
-VLLM_BLOCK_SIZES: tuple[int, ...] = (8, 16, 32, 64, 128)
+# Block sizes fragscope recommends: those vLLM supports on CUDA. vLLM's --block-size parser accepts
+# 1, 8, 16, 32, 64, 128 and 256 (VLLM_BLOCK_SIZE_CHOICES), but its CacheConfig says "On CUDA devices,
+# only block sizes up to 32 are supported" (vllm/config/cache.py, CacheConfig.block_size; the same words
+# in `vllm serve --help` and the engine-arguments docs since 0.6). 64-256 are for other platforms (HPU's
+# default is 128). 1 is left out: it multiplies block-table overhead.
+VLLM_BLOCK_SIZES: tuple[int, ...] = (8, 16, 32)
+VLLM_BLOCK_SIZE_CHOICES: tuple[int, ...] = (1, 8, 16, 32, 64, 128, 256)
 
 # torch_dtype names in config.json -> bytes per element.
 DTYPE_BYTES: dict[str, float] = {
@@ -44,6 +47,8 @@ class ModelShape:
     head_dim: int
     dtype_bytes: float | None  # None when the config names no dtype
     source: str = ""
+    weights_bytes: float | None = None  # a dense decoder's parameters x dtype bytes; None: not estimable
+    weights_note: str = ""  # how weights_bytes was estimated, or why it could not be
 
 
 @dataclass
@@ -187,7 +192,35 @@ def model_shape_from_config(cfg: dict, source: str = "config.json") -> ModelShap
         if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0 or int(v) != v:
             raise KvBudgetError(f"{source}: {n} must be a positive whole number, got {v!r}")
     dtype = cfg.get("torch_dtype", cfg.get("dtype", outer.get("torch_dtype", outer.get("dtype"))))
-    return ModelShape(int(layers), int(kv_heads), int(head_dim), _dtype_bytes(dtype), source)
+    dbytes = _dtype_bytes(dtype)
+    params, note = dense_parameters(cfg, outer, int(layers), int(heads or 0), int(kv_heads), int(head_dim))
+    weights = params * dbytes if params is not None and dbytes else None
+    if params is not None and not dbytes:
+        weights, note = None, "the config names no dtype"
+    elif weights is not None:
+        note = (f"{params / 1e9:.2f} B parameters (dense decoder: embeddings, attention, gated MLP, norms) "
+                f"x {dbytes:g} bytes = {weights / GIB:.2f} GiB, from {source}")
+    return ModelShape(int(layers), int(kv_heads), int(head_dim), dbytes, source, weights, note)
+
+
+def dense_parameters(cfg: dict, outer: dict, layers: int, heads: int, kv_heads: int,
+                     head_dim: int) -> tuple[float | None, str]:
+    """Parameters of a dense decoder-only model (Llama, Mistral, Qwen2 shapes: q/k/v/o projections,
+    a gated MLP of three matrices, two norms a layer, input embeddings and an LM head unless tied), or
+    (None, why) when the config is another kind (mixture of experts, quantized, fields missing).
+    Meta-Llama-3-8B: 8.03 B, its model card's figure."""
+    if any(k in cfg or k in outer for k in ("quantization_config", "num_local_experts", "n_routed_experts",
+                                             "num_experts", "moe_intermediate_size")):
+        return None, "a quantized or mixture-of-experts model: parameters x dtype does not give its weights"
+    need = {k: cfg.get(k) for k in ("hidden_size", "intermediate_size", "vocab_size")}
+    bad = [k for k, v in need.items() if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0]
+    if bad or heads <= 0:
+        return None, f"the config has no {', '.join(bad) or 'num_attention_heads'}"
+    hidden, inter, vocab = float(need["hidden_size"]), float(need["intermediate_size"]), float(need["vocab_size"])
+    tied = bool(cfg.get("tie_word_embeddings", outer.get("tie_word_embeddings", False)))
+    attn = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2  # q, o; k, v
+    per_layer = attn + 3 * hidden * inter + 2 * hidden
+    return vocab * hidden * (1 if tied else 2) + layers * per_layer + hidden, ""
 
 
 def read_model_config(path: str) -> ModelShape:
@@ -226,14 +259,20 @@ def block_waste(block_size: int, avg_seq_len: float, choices: tuple[int, ...] = 
               f"tokens per sequence block {block_size} wastes {empty:g} / ({avg_seq_len:g} + {empty:g}) = "
               f"{waste * 100:.1f} % of the KV memory it allocates")
     if rec < block_size:
-        reason += (f"; block {rec} (the supported size nearest avg / 2 = {avg_seq_len / 2:g} tokens) wastes "
+        reason += (f"; block {rec} (of the sizes vLLM supports on CUDA, {', '.join(map(str, choices))}, the one "
+                   f"nearest avg / 2 = {avg_seq_len / 2:g} tokens) wastes "
                    f"{rec_waste * 100:.1f} %, so the same pool holds {(1 - rec_waste) / (1 - waste):.2f}x the tokens")
     elif rec > block_size:
-        reason += (f"; block {rec} (the supported size nearest avg / 2 = {avg_seq_len / 2:g}) would waste "
+        reason += (f"; block {rec} (of the sizes vLLM supports on CUDA, {', '.join(map(str, choices))}, the one "
+                   f"nearest avg / 2 = {avg_seq_len / 2:g}) would waste "
                    f"{rec_waste * 100:.1f} % with fewer blocks per sequence (shorter block tables); the gain is "
                    f"bookkeeping, not memory: a change is optional")
     else:
-        reason += "; it is already the supported size nearest avg / 2: keep it"
+        reason += (f"; it is already the size nearest avg / 2 among those vLLM supports on CUDA "
+                   f"({', '.join(map(str, choices))}): keep it")
+    if block_size > max(choices):
+        reason += (f"; note: vLLM supports block sizes up to {max(choices)} on CUDA (its CacheConfig), so "
+                   f"--block-size {block_size} runs only on other platforms")
     return {"block_size": block_size, "avg_seq_len": avg_seq_len, "expected_waste_ratio": waste,
             "recommended_block_size": rec, "recommended_waste_ratio": rec_waste, "reason": reason}
 

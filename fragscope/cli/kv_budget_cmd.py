@@ -134,17 +134,31 @@ def kv_budget_answer(gpu_memory_gib=None, gpu_memory_utilization=0.9, weights_gi
                 and model_config is None and num_layers is None):
             w = block_waste(block_size, avg_seq_len)
             return {"mode": "block-waste", **w}, "\n".join(_waste_lines(w))
+        weights_note = None
+        shape = None
         if model_config:
             shape = read_model_config(model_config)
             num_layers = num_layers or shape.num_layers
             num_kv_heads = num_kv_heads or shape.num_kv_heads
             head_dim = head_dim or shape.head_dim
             dtype_bytes = dtype_bytes or shape.dtype_bytes
+            if weights_bytes is None and shape.weights_bytes is not None:
+                # forward: this GPU's share; reverse: the whole model (kv_requirement divides by the TP size)
+                weights_bytes = shape.weights_bytes / (1 if reverse else tensor_parallel_size)
+                weights_note = (f"weights estimated: {shape.weights_note}"
+                                + (f", / {tensor_parallel_size} GPUs" if tensor_parallel_size > 1 and not reverse else "")
+                                + "; give --weights-gib with vLLM's 'Model loading took N GiB' for the real figure")
         need = [("--weights-gib", weights_bytes), ("--num-layers", num_layers), ("--num-kv-heads", num_kv_heads),
                 ("--head-dim", head_dim), ("--dtype-bytes", dtype_bytes)]
         if not reverse:
             need.insert(0, ("--gpu-memory-gib", gpu_bytes))
         missing = [f for f, v in need if v is None]
+        if missing == ["--weights-gib"]:
+            why = (f" ({shape.weights_note}, so {shape.source} cannot give it)" if shape is not None
+                   and shape.weights_note else "")
+            fail("kv-budget: --weights-gib is required: the model's weights on one GPU, in GiB (vLLM logs it at "
+                 "start-up: 'Model loading took 14.99 GiB'; about parameters x bytes per parameter / tensor-parallel "
+                 f"size){why}; e.g. --weights-gib 15")
         if missing:
             hint = "" if model_config else " (or --model-config config.json for the model shape)"
             if not reverse and avg_seq_len is None:
@@ -155,11 +169,17 @@ def kv_budget_answer(gpu_memory_gib=None, gpu_memory_utilization=0.9, weights_gi
                                num_layers=num_layers, num_kv_heads=num_kv_heads, head_dim=head_dim,
                                dtype_bytes=dtype_bytes, weights_bytes=weights_bytes, overhead_bytes=overhead_bytes,
                                gpu_memory_bytes=gpu_bytes, tensor_parallel_size=tensor_parallel_size)
-            return {"mode": "reverse", **r.to_dict()}, _reverse_human(r)
+            doc, text = {"mode": "reverse", **r.to_dict()}, _reverse_human(r)
+            if weights_note:
+                doc["weights_note"], text = weights_note, f"{text}\nnote: {weights_note}"
+            return doc, text
         b = kv_budget(gpu_memory_bytes=gpu_bytes, gpu_memory_utilization=gpu_memory_utilization,
                       weights_bytes=weights_bytes, overhead_bytes=overhead_bytes, block_size=block_size,
                       num_layers=num_layers, num_kv_heads=num_kv_heads, head_dim=head_dim,
                       dtype_bytes=dtype_bytes, max_seq_len=max_seq_len, avg_seq_len=avg_seq_len)
     except KvBudgetError as e:
         fail(f"kv-budget: {e}")
-    return b.to_dict(), _human(b)
+    doc, text = b.to_dict(), _human(b)
+    if weights_note:
+        doc["weights_note"], text = weights_note, f"{text}\nnote: {weights_note}"
+    return doc, text
