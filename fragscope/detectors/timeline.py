@@ -315,6 +315,10 @@ def _host_fields(tl: Timeline, cfg: Config, w0: int, w1: int, first_call: int | 
     mal = steady & (ck == MALLOC)
     fre = steady & (ck == FREE)
     mf = mal | fre
+    # a flush shows as a cudaFree followed by cudaMalloc (the allocator releasing cached segments, then growing
+    # again); mallocs with no free before them are the pool growing (first use of a size)
+    fre_i = np.flatnonzero(fre)
+    n_after_free = int(np.count_nonzero(mal & (cs > cs[fre_i].min()))) if fre_i.size else 0
     by_name: dict[str, dict] = {}
     listed = np.flatnonzero(sy | mf)
     if listed.size:
@@ -366,6 +370,7 @@ def _host_fields(tl: Timeline, cfg: Config, w0: int, w1: int, first_call: int | 
                          if tl.epoch_offset_ns is not None else None, "span_seconds": steady_span / 1e9},
         "steady_malloc_calls": int(np.count_nonzero(mal)),
         "steady_free_calls": int(np.count_nonzero(fre)),
+        "steady_malloc_after_free_calls": n_after_free,
         "steady_malloc_free_seconds": mf_sec / 1e9,
         "steady_malloc_free_ratio": mf_sec / steady_span,
         "api": dict(sorted(by_name.items(), key=lambda kv: -kv[1]["seconds"])),

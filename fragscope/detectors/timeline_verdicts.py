@@ -30,7 +30,7 @@ def judge(a: dict, cfg: Config = Config()) -> tuple[list[Finding], list[Inconclu
             inc = _idle_inconclusive(d, cfg)
             if inc is not None:
                 inconclusive.append(inc)
-    _judge_allocator(host, cfg, findings)
+    _judge_allocator(host, cfg, findings, inconclusive)
     um = _judge_unified_memory(a, cfg, win)
     if um is not None:
         findings.append(um)
@@ -157,14 +157,32 @@ def _judge_device(d: dict, cfg: Config, win, onset, host: dict, wl: str, finding
 
 
 
-def _judge_allocator(host: dict, cfg: Config, findings: list[Finding]) -> None:
+def _judge_allocator(host: dict, cfg: Config, findings: list[Finding], inconclusive: list[Inconclusive]) -> None:
     nm, nf = host["steady_malloc_calls"], host["steady_free_calls"]
+    flushes = host.get("steady_malloc_after_free_calls", nm)
+    stepped = host["steady_state"]["rule"] == "after the first ProfilerStep"
+    if nm + nf >= cfg.alloc_min_calls and (nf == 0 or flushes == 0):
+        # mallocs with no cudaFree before them: the caching allocator growing its pool (first use of a size),
+        # not flushing and re-allocating; with no ProfilerStep there is no steady state to judge at all
+        if stepped:
+            reason = (f"{nm} cudaMalloc and {nf} cudaFree after the first ProfilerStep, no cudaMalloc after a "
+                      "cudaFree: the pool still grew (new shapes), no segment was flushed and re-allocated")
+        else:
+            reason = (f"{nm} cudaMalloc and {nf} cudaFree in the second half of a trace without two ProfilerSteps "
+                      "(a single cold pass), no cudaMalloc after a cudaFree: that is the caching allocator growing its "
+                      "pool on first use, not flushing; profile after warm-up (torch.profiler.schedule(wait=1, "
+                      "warmup=1, active=3) and prof.step() each iteration)")
+        inconclusive.append(Inconclusive(ALLOCATOR_STALLS, ["a steady-state trace (after warm-up) with cudaFree "
+                                                            "followed by cudaMalloc"], reason))
+        return
     if nm + nf >= cfg.alloc_min_calls:
         share = host["steady_malloc_free_ratio"]
         sev = Severity.WARNING if (share >= cfg.alloc_time_share_warn or nf > 0) else Severity.INFO
         conf = 0.5 + (0.2 if nf > 0 and nm > 0 else 0.0) + (0.2 if share >= cfg.alloc_time_share_warn else 0.0)
         ev = [Evidence("steady_malloc_calls", nm, unit="calls", note=host["steady_state"]["rule"]),
               Evidence("steady_free_calls", nf, unit="calls", note="cudaFree synchronizes the device"),
+              Evidence("steady_malloc_after_free_calls", flushes, unit="calls",
+                       note="cudaMalloc after a cudaFree: segments released, then allocated again"),
               Evidence("steady_malloc_free_ratio", share, threshold=cfg.alloc_time_share_warn, unit="ratio",
                        note=f"{host['steady_malloc_free_seconds']:.3g} s in malloc/free")]
         findings.append(Finding(

@@ -103,7 +103,7 @@ DIAGNOSES = [
         ["synchronous API time share falls; GPU idle share falls"], ["nsys analyze cuda_api_sync"])),
     _deep("trace", Playbook(
         "allocator-stalls", "Allocator stalls in the timeline",
-        "cudaMalloc/cudaFree calls in steady state: the caching allocator is flushing and re-allocating "
+        "cudaFree followed by cudaMalloc in steady state: the caching allocator is flushing and re-allocating "
         "(allocation retries), each a device synchronisation.",
         ["Check the allocator: fragscope_torch_alloc_retries_total, a memory snapshot (diagnose snapshot)."],
         [Action("See allocator-fragmentation's fixes (headroom, expandable_segments).", [],
