@@ -64,11 +64,12 @@ SIGNALS: dict[str, Signal] = {s.id: s for s in [
            (_s("vllm:num_preemptions_total"),
             _s("sglang:num_retracted_requests_total", note="SGLang retractions"),
             _s("fragscope_log_preemptions_total", note="engine log preemption warnings / stats lines"))),
-    # Recent vLLM: preemptions labelled with why (reason = kv_full | priority | prefix_cache_reset; the
-    # notes cite vLLM PR #58037). prometheus_client exposes the counter with `_total`; both spellings.
-    # Only kv_full says the pool was too small; the family's sum is every preemption.
+    # Preemptions labelled with why (reason = kv_full | priority | prefix_cache_reset): proposed by vLLM
+    # PR #58037 ("[Core] Count preemptions by reason", open when this was written), in no released vLLM:
+    # no vLLM source or metrics page searched has the name. Read where a build has it. prometheus_client
+    # exposes the counter with `_total`; both spellings. Only kv_full says the pool was too small.
     Signal("preemptions_by_reason_total", "counter", "engine", "preemptions",
-           (_s(VLLM_PREEMPTIONS_BY_REASON[0], note="recent vLLM; label reason"),
+           (_s(VLLM_PREEMPTIONS_BY_REASON[0], note="proposed by vLLM PR #58037, in no released vLLM yet; label reason"),
             _s(VLLM_PREEMPTIONS_BY_REASON[1], note="the same family without _total")),
            "all reasons summed; per reason: preemptions_kv_full_total", expected=False),
     Signal("preemptions_kv_full_total", "counter", "engine", "preemptions",
@@ -241,6 +242,16 @@ DCGM_VIOLATION_REASONS = {"DCGM_FI_DEV_POWER_VIOLATION": "sw_power_cap",
 VLLM_V1_KV = "vllm:kv_cache_usage_perc"
 VLLM_V0_KV = "vllm:gpu_cache_usage_perc"
 VLLM_RUNNING = "vllm:num_requests_running"
+
+
+# What a finding says when it asks for the preemption reason: the counter is not in a released vLLM.
+BY_REASON_AVAILABILITY = ("proposed by vLLM PR #58037, in no released vLLM yet; until then the engine log's "
+                          "preemption warnings are the only record of why")
+
+
+def wanted_by_reason() -> str:
+    """The "missing" entry that asks for the preemption reason, saying which vLLM exports it (none released)."""
+    return f"{SIGNALS['preemptions_by_reason_total'].sources[0].metric}{{reason}} ({BY_REASON_AVAILABILITY})"
 
 
 def primary(sig_id: str) -> str:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..model import Finding, Inconclusive
-from ..signals import any_of, primary
+from ..signals import any_of, primary, wanted_by_reason
 from ..sizing.arith import SizingConfig, _pool_pressure
 from ..sizing.detect import detect_kv_pool_undersized
 from ..sizing.playbooks import KV_POOL_UNDERSIZED_ID as ID
@@ -52,8 +52,8 @@ def detect(f: Frame, cfg: SizingConfig = SizingConfig()) -> list[Finding] | Inco
     kv_peak = rt.get("kv_usage_peak_ratio")
     if not rt.get("preemptions_by_reason") and (kv_peak is None or kv_peak < cfg.full_kv_usage):
         # unlabelled preemptions while no sample saw the pool full: priority preemptions (V1 priority
-        # scheduling) or a full pool between scrapes; the reason label (recent vLLM) tells them apart
-        return Inconclusive(ID, [primary("preemptions_by_reason_total") + "{reason}"],
+        # scheduling) or a full pool between scrapes; a reason label would tell them apart (no released vLLM has it)
+        return Inconclusive(ID, [wanted_by_reason()],
                             f"{pressure}, yet KV usage peaked at {(kv_peak or 0) * 100:.0f} % in the samples: "
                             "preempted for lack of blocks, or by priority, cannot be told")
     acc = accounting_from_cache_config(f.config, f.engine_generation)

