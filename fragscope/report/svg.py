@@ -27,6 +27,13 @@ RESTART_COLOUR = "#7f7f7f"
 THROTTLE_FILL = "#f5b7b1"
 
 W = 960  # viewBox width; CSS scales it to the page
+# Mark labels (page.py: .marklabel is 600 12px system-ui / DejaVu Sans): measured with getComputedTextLength in
+# headless chromium on Debian, 'onset kv-cache-pressure' is 166.3 viewBox units and 'threshold crossed
+# kv-cache-pressure' 249.9 (7.0-7.2 a character); laid out with 8.4 (a 15 % margin for wider system fonts)
+# and a gap, on as many lanes above the plot as keep them apart.
+MARK_CHAR_W = 8.4
+MARK_GAP = 8.0
+MARK_LANE_H = 14
 ML, MR = 72, 72  # margins for the left / right axis labels
 PLOT_W = W - ML - MR
 
@@ -185,15 +192,49 @@ def spans_where(t: np.ndarray, mask: np.ndarray) -> list[tuple[float, float]]:
 _SELF_LABELLED = ("bytes", "ratio", "seconds", "hertz", "")
 
 
+def layout_mark_labels(items: list[tuple[float, str]], lo: float, hi: float,
+                       char_w: float = MARK_CHAR_W, gap: float = MARK_GAP) -> list[dict]:
+    """Place mark labels (x of the mark, text) so that none overlaps another: each is written beside its
+    mark (after it, or before it when it would cross ``hi``), inside [lo, hi], on the lowest lane where
+    it clears every label already there. Returns, in the input order, {x, anchor, lane, x0, x1} (x0-x1:
+    the label's extent, for the tests)."""
+    order = sorted(range(len(items)), key=lambda i: items[i][0])
+    lanes: list[list[tuple[float, float]]] = []
+    out: list[dict | None] = [None] * len(items)
+    for i in order:
+        xm, text = items[i]
+        w = len(text) * char_w
+        if xm + 4 + w <= hi:
+            x0, anchor, xt = xm + 4, "start", xm + 4
+        elif xm - 4 - w >= lo:
+            x0, anchor, xt = xm - 4 - w, "end", xm - 4
+        else:  # longer than the room on either side: from the left edge of the plot
+            x0, anchor, xt = lo, "start", lo
+        x1 = x0 + w
+        lane = next((k for k, spans in enumerate(lanes)
+                     if all(x1 + gap <= a or x0 >= b + gap for a, b in spans)), len(lanes))
+        if lane == len(lanes):
+            lanes.append([])
+        lanes[lane].append((x0, x1))
+        out[i] = {"x": xt, "anchor": anchor, "lane": lane, "x0": x0, "x1": x1}
+    return [o for o in out if o is not None]
+
+
 def time_chart(c: Chart, t0: float, t1: float) -> str:
-    """One panel: lines over [t0, t1], left axis ``c.unit``, optional right axis, onset marks."""
-    h = c.height
-    top, bottom = 26, 24
-    ph = h - top - bottom
+    """One panel: lines over [t0, t1], left axis ``c.unit``, optional right axis, onset marks (their
+    labels on as many lanes above the plot as keep them from overlapping)."""
     span = (t1 - t0) or 1.0
 
     def x(t):
         return ML + (np.asarray(t, float) - t0) / span * PLOT_W
+
+    shown = [m for m in c.marks if t0 <= m.ts <= t1]
+    placed = (layout_mark_labels([(float(x(m.ts)), m.label) for m in shown if m.label], ML, ML + PLOT_W)
+              if c.label_marks else [])
+    extra = MARK_LANE_H * max(0, max((p["lane"] for p in placed), default=0))
+    h = c.height + extra
+    top, bottom = 26 + extra, 24
+    ph = h - top - bottom
 
     left = [ln for ln in c.lines if not ln.right]
     right = [ln for ln in c.lines if ln.right]
@@ -244,19 +285,16 @@ def time_chart(c: Chart, t0: float, t1: float) -> str:
         dash = ' stroke-dasharray="6 4"' if ln.dashed else ""
         out.append(f'<path d="{d}" fill="none" stroke="{esc(ln.colour)}" stroke-width="1.8" stroke-linecap="round"{dash} '
                    f'class="series"><title>{esc(tip)}</title></path>')
-    label_y = top - 8
-    for m in c.marks:
-        if not (t0 <= m.ts <= t1):
-            continue
+    labelled = iter(placed)
+    for m in shown:
         xx = float(x(m.ts))
         dash = ' stroke-dasharray="5 3"' if m.dashed else ""
+        p = next(labelled) if m.label and c.label_marks else None
         out.append(f'<line x1="{xx:.1f}" x2="{xx:.1f}" y1="{top - 4}" y2="{top + ph}" stroke="{esc(m.colour)}" '
                    f'stroke-width="1.5"{dash} class="mark"><title>{esc(m.label)}</title></line>')
-        if m.label and c.label_marks:
-            anchor = "end" if xx > ML + PLOT_W * 0.75 else "start"
-            dx = -4 if anchor == "end" else 4
-            out.append(f'<text x="{xx + dx:.1f}" y="{label_y}" class="marklabel" fill="{esc(m.colour)}" '
-                       f'text-anchor="{anchor}">{esc(m.label)}</text>')
+        if p:
+            out.append(f'<text x="{p["x"]:.1f}" y="{top - 8 - MARK_LANE_H * p["lane"]}" class="marklabel" '
+                       f'fill="{esc(m.colour)}" text-anchor="{p["anchor"]}">{esc(m.label)}</text>')
     out.append("</svg>")
     return "".join(out)
 
