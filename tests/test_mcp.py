@@ -28,7 +28,7 @@ from fragscope.units import json_safe  # noqa: E402
 EX = os.path.join(ROOT, "examples")
 DATA = os.path.join(ROOT, "tests", "data")
 TOOLS = {"diagnose_file", "diagnose_url", "diagnose_agent", "diagnose_fleet", "explain_diagnosis", "size_from_log",
-         "kv_budget"}
+         "kv_budget", "judge_triton_batching"}
 
 
 def _norm(d):
@@ -181,6 +181,42 @@ def test_diagnose_file_other_kinds_match_their_subcommand(data_server, rel, sub)
     assert _no_mcp(got) == want
     assert "inconclusive" in got and got["mcp"]["could_not_judge"] == got["inconclusive"]
     assert f"read_as: {sub}" in _quoted(r.content[0].text)[1]
+
+
+def test_triton_config_against_scrapes_matches_the_cli(tmp_path):
+    """A config.pbtxt judged against two scrapes 60 s apart: 600 requests in 600 executions (batch fill 1 of a
+    max_batch_size of 8) and 6 ms queue against 4 ms compute per request."""
+    m = 'model="resnet",version="1"'
+
+    def scrape(n, queue_us, compute_us):
+        return "".join([f"nv_inference_request_success{{{m}}} {n}\n", f"nv_inference_count{{{m}}} {n}\n",
+                        f"nv_inference_exec_count{{{m}}} {n}\n", f"nv_inference_queue_duration_us{{{m}}} {queue_us}\n",
+                        f"nv_inference_compute_input_duration_us{{{m}}} 0\n",
+                        f"nv_inference_compute_infer_duration_us{{{m}}} {compute_us}\n",
+                        f"nv_inference_compute_output_duration_us{{{m}}} 0\n"])
+
+    (tmp_path / "config.pbtxt").write_text('name: "resnet"\nmax_batch_size: 8\ndynamic_batching { }\n')
+    (tmp_path / "a.prom").write_text(scrape(0, 0, 0))
+    (tmp_path / "b.prom").write_text(scrape(600, 600 * 6000, 600 * 4000))
+    with Served(Policy.build([str(tmp_path)])) as s:
+        r = s.call("judge_triton_batching", {"config_path": "config.pbtxt", "scrape_paths": ["a.prom", "b.prom"],
+                                             "interval_seconds": 60})
+        bad = s.call("judge_triton_batching", {"config_path": "/etc/hostname", "scrape_paths": ["a.prom"]})
+    assert not r.is_error, r.content[0].text
+    real = os.path.realpath(tmp_path)
+    p = cli("triton-batching", f"{real}/a.prom", f"{real}/b.prom", "--config", f"{real}/config.pbtxt",
+            "--interval", "60", "--format", "json", "--fail-on", "never")
+    assert p.returncode == 0, p.stderr
+    want = _norm(json.loads(p.stdout))
+    got = r.structured_content
+    w, w2 = got["window"], want.pop("window")  # scrapes without timestamps end "now": each run its own now
+    assert w["end"] - w["start"] == w2["end"] - w2["start"] == pytest.approx(60)
+    assert {k: v for k, v in _no_mcp(got).items() if k != "window"} == want
+    assert got["model"] == "resnet" and got["triton_config"]["max_batch_size"] == 8
+    ev = {e["signal"]: e["observed"] for e in got["findings"][0]["evidence"]}
+    assert got["findings"][0]["id"] == "batching-misconfiguration"
+    assert ev["average_batch_size"] == 600 / 600 and ev["queue_time_per_request_seconds"] == pytest.approx(0.006)
+    assert bad.is_error and "outside the allowed directories" in bad.content[0].text
 
 
 def test_size_from_log_matches_the_cli(data_server):

@@ -88,6 +88,13 @@ def triton_batching_cmd(scrapes: tuple[str, ...], url: str | None, config: str, 
                         interval: float | None, fmt: str, fail_on: str) -> int:
     """Judge a Triton model's dynamic-batching settings (config.pbtxt) against its counters in one or
     more /metrics scrapes (port 8002): fill, queue vs compute time, instance utilisation."""
+    report, extra = triton_batching_report(scrapes, url, config, model, interval)
+    return _emit(report, fmt, fail_on, extra)
+
+
+def triton_batching_report(scrapes: tuple[str, ...], url: str | None, config: str, model: str | None = None,
+                           interval: float | None = None) -> tuple[Report, dict]:
+    """(report, the JSON's extra keys) of ``diagnose triton-batching``: what it prints."""
     from ..collectors.triton_config import ConfigError, read_config
     from ..detectors import batching
 
@@ -122,7 +129,7 @@ def triton_batching_cmd(scrapes: tuple[str, ...], url: str | None, config: str, 
             pb["actions"] = batching.actions(f.context, {})
             f.playbook = pb
         report.findings = res
-    return _emit(report, fmt, fail_on, {"triton_config": cfg.to_dict(), "model": name})
+    return report, {"triton_config": cfg.to_dict(), "model": name}
 
 
 def _scrapes_window(scrapes: tuple[str, ...], url: str | None, interval: float | None, count: int):

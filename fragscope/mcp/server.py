@@ -288,6 +288,21 @@ def build_server(policy: Policy, limits: Limits | None = None) -> MCPServer:
         return await run(tools.explain_diagnosis, diagnosis_id)
 
     @mcp.tool(annotations=_RO)
+    async def judge_triton_batching(
+            config_path: Annotated[str, Field(description="The Triton model's config.pbtxt, under an allowed directory")],
+            scrape_paths: Annotated[list[str], Field(description="One or more saved /metrics scrapes of the Triton "
+                                                                 "server (port 8002), under an allowed directory")],
+            model: Annotated[str | None, Field(description="The model label in the scrapes (default: the config's "
+                                                           "name, or the only model)")] = None,
+            interval_seconds: Annotated[float | None, Field(description="Time between scrapes saved without "
+                                                                        "timestamps (two scrapes give rates)")] = None,
+    ) -> CallToolResult:
+        """Judge a Triton model's dynamic-batching configuration against its counters, as `diagnose
+        triton-batching SCRAPE... --config config.pbtxt` does: batch fill, queue against compute time, instance
+        use."""
+        return await run(tools.judge_triton_batching, policy, config_path, scrape_paths, model, interval_seconds)
+
+    @mcp.tool(annotations=_RO)
     async def size_from_log(
             log_path: Annotated[str, Field(description="The engine's log from start-up on, under an allowed directory")],
             recording_path: Annotated[str | None, Field(description="A recording of the same server under load")] = None,

@@ -135,6 +135,25 @@ def _other_kind(reader: str, real: str) -> Answer:
     return ans
 
 
+def judge_triton_batching(policy: Policy, config_path: str, scrape_paths: list[str], model: str | None = None,
+                          interval_seconds: float | None = None) -> Answer:
+    """``diagnose triton-batching SCRAPE... --config config.pbtxt``: a Triton model's dynamic-batching settings
+    judged against its counters in one or more saved /metrics scrapes."""
+    from ..cli.engines_cmd import triton_batching_report
+
+    if not isinstance(scrape_paths, list) or not 1 <= len(scrape_paths) <= 20:
+        raise ToolFailure("scrape_paths: one to 20 saved /metrics scrapes of the Triton server")
+    cfg = _file(policy, config_path)
+    scrapes = tuple(_file(policy, p) for p in scrape_paths)
+    if interval_seconds is not None and not (isinstance(interval_seconds, (int, float))
+                                             and 0 < interval_seconds <= 3600):
+        raise ToolFailure("interval_seconds: 0 < seconds <= 3600")
+    report, extra = _cli(triton_batching_report, scrapes, None, cfg, model, interval_seconds)
+    ans = _report_answer("judge_triton_batching", report, {"model": extra.get("model")})
+    ans.doc.update(_plain(extra))
+    return ans
+
+
 def size_from_log(policy: Policy, log_path: str, recording_path: str | None = None,
                   gpu_memory_gib: float | None = None, gpu_memory_utilization: float | None = None,
                   margin_gib: float | None = None, target_concurrency: int | None = None,
