@@ -219,6 +219,29 @@ def test_triton_config_against_scrapes_matches_the_cli(tmp_path):
     assert bad.is_error and "outside the allowed directories" in bad.content[0].text
 
 
+def test_nsys_sqlite_export_read_inside_and_refused_through_a_link(tmp_path):
+    """An Nsight Systems export (SQLite, opened by path by the reader): read when inside, and the connect itself
+    is checked again (the audit hook's sqlite3.connect check) besides the walk."""
+    allowed = tmp_path / "in"
+    allowed.mkdir()
+    with gzip.open(os.path.join(DATA, "trace", "nsys_weatherbench2_no_kernels.sqlite.gz"), "rb") as src:
+        (allowed / "report.sqlite").write_bytes(src.read())
+    (tmp_path / "out.sqlite").write_bytes((allowed / "report.sqlite").read_bytes())
+    with Served(Policy.build([str(allowed)])) as s:
+        r = s.call("diagnose_file", {"path": "report.sqlite"})
+        import sqlite3
+
+        with pytest.raises(PermissionError, match="refused by fragscope mcp"):
+            sqlite3.connect(f"file:{tmp_path / 'out.sqlite'}?mode=ro", uri=True)
+    sqlite3.connect(":memory:").close()
+    real = os.path.join(os.path.realpath(allowed), "report.sqlite")
+    if r.is_error:  # an export the trace reader refuses: the same one line as the CLI's
+        p = cli("trace", real, "--format", "json")
+        assert p.returncode == 2 and p.stderr.split("error: ", 1)[1].strip() in r.content[0].text
+    else:
+        assert _no_mcp(r.structured_content) == _cli_json("trace", real)
+
+
 def test_size_from_log_matches_the_cli(data_server):
     rel = "sizing/vllm_v1_kv_memory_summary.log"
     r = data_server.call("size_from_log", {"log_path": rel})

@@ -337,7 +337,12 @@ _HOOKED = False
 
 def _audit(event: str, args) -> None:
     pol = _ACTIVE
-    if pol is None or event != "socket.connect":
+    if pol is None:
+        return
+    if event == "sqlite3.connect":  # the Nsight Systems reader: SQLite opens by path, so check it again here
+        _check_sqlite(pol, args[0] if args else None)
+        return
+    if event != "socket.connect":
         return
     sock, address = args[0], args[1]
     family = getattr(sock, "family", None)
@@ -348,6 +353,17 @@ def _audit(event: str, args) -> None:
         if not pol.address_allowed(host, port):
             raise PermissionError(errno.EACCES, f"fragscope mcp: {host}:{port} is not an allowed address "
                                                 "(--allow-url)")
+
+
+def _check_sqlite(pol: Policy, database) -> None:
+    from urllib.parse import unquote, urlsplit as _split
+
+    db = os.fsdecode(database) if isinstance(database, (bytes, os.PathLike)) else str(database or "")
+    if db in ("", ":memory:"):
+        return
+    path = unquote(_split(db).path) if db.startswith("file:") else db
+    fd = pol.open_confined(path)  # PermissionError when not allowed: sqlite3.connect fails with it
+    os.close(fd)
 
 
 def install(policy: Policy) -> None:
