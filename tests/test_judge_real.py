@@ -237,3 +237,80 @@ def test_sglang_python_logging_prefix_is_read():
     st = d["log"]["stats"]
     assert st["count"] == 3 and st["requests_running"]["max"] == 1 and st["requests_running"]["min"] == 0
     assert st["generation_tokens_per_second"]["max"] == 126.29 and d["log"]["time_range"]["start"] is not None
+
+
+# --- a full KV pool with requests queued, from the log alone ------------------------------------------------------
+def test_full_pool_with_a_queue_is_a_finding_from_the_log():
+    # vllm-project/vllm#43295: V1 stats lines (no preemption count), KV 95.9 / 95.5 / 87.7 / 95.9 / 98.4 % with 43 /
+    # 42 / 33 / 23 / 23 waiting: 4 lines >= 95 % over 10:13:11-10:13:51 = 40 s; peak 43 waiting behind 18 running at
+    # 95.9 %: each running sequence holds 95.9 / 18 = 5.3 % of the pool; the 61 in the system need 61 / 18 = 3.39x
+    d = _logs(DATA / "vllm_issue43295_full_pool_queue.log")
+    (f,) = [x for x in d["findings"] if x["id"] == "kv-cache-pressure"]
+    assert f["severity"] == "warning" and "4 stats lines over 40 s" in f["summary"]
+    assert "43 waiting behind 18 running at 95.9 %" in f["summary"] and "5.3 % of the pool" in f["summary"]
+    assert "3.39x" in f["summary"]
+    assert not [i for i in d["inconclusive"] if i["id"] == "kv-cache-pressure"]  # not also "could not judge"
+
+
+def _startup(tmp_path, max_num_seqs: int):
+    # synthetic V1 start-up (the shapes of tests/data/sizing/vllm_v1_kv_memory_summary.log): 80 GiB, 0.9, a 50 GiB
+    # pool of 409,600 tokens (128 KiB a token), then #43295's stats lines
+    p = tmp_path / f"v1_{max_num_seqs}.log"
+    p.write_text(
+        f"(APIServer pid=1) INFO 06-02 10:00:00 [utils.py:326] non-default args: {{'model': 'x', "
+        f"'gpu_memory_utilization': 0.9, 'max_num_seqs': {max_num_seqs}}}\n"
+        "(EngineCore_DP0 pid=7) INFO 06-02 10:00:10 [gpu_worker.py:1] Free memory on device (79.00/80.00 GiB) on "
+        "startup. Desired GPU memory utilization is (0.9, 72.00 GiB). Actual usage is 16.00 GiB for weight, 4.00 GiB "
+        "for peak activation, 0.50 GiB for non-torch memory, and 1.50 GiB for CUDAGraph memory.\n"
+        "(EngineCore_DP0 pid=7) INFO 06-02 10:00:11 [gpu_worker.py:1] Available KV cache memory: 50.00 GiB\n"
+        "(EngineCore_DP0 pid=7) INFO 06-02 10:00:11 [kv_cache_utils.py:1] GPU KV cache size: 409,600 tokens\n"
+        + (DATA / "vllm_issue43295_full_pool_queue.log").read_text().replace("(APIServer pid=3646) INFO 05-19",
+                                                                              "(APIServer pid=1) INFO 06-02"))
+    return p
+
+
+def test_full_pool_needs_for_the_configured_batch(tmp_path):
+    # per sequence 0.959 x 409,600 / 18 = 21,822.6 tokens; the pool holds floor(409,600 / 21,822.6) = 18 of them.
+    # --max-num-seqs 64: 64 x 21,822.6 = 1,396,645 tokens x 128 KiB = 170.49 GiB -> 0.9 + (170.49 - 50) / 80 = 2.41
+    # > 1 - max(0.5, 1.6) / 80 = 0.98: does not fit, cap at 18
+    d = _logs(_startup(tmp_path, 64))
+    (f,) = [x for x in d["findings"] if x["id"] == "kv-cache-pressure"]
+    assert "~1,396,645 tokens" in f["summary"] and "170.49 GiB" in f["summary"] and "does not fit" in f["summary"]
+    acts = " ".join(f["playbook"]["actions"])
+    assert "Cap --max-num-seqs at 18" in acts and "--gpu-memory-utilization" not in acts
+    # --max-num-seqs 20: 20 x 21,822.6 = 436,452 tokens = 53.28 GiB -> 0.9 + 3.28 / 80 = 0.941 -> 0.95 <= 0.98: it
+    # fits only if NVML shows 3.28 GiB more free at peak, which the log does not hold: said, and asked for
+    d = _logs(_startup(tmp_path, 20))
+    (f,) = [x for x in d["findings"] if x["id"] == "kv-cache-pressure"]
+    assert "--gpu-memory-utilization 0.95 (now 0.9)" in f["summary"] and "3.28 GiB more free" in f["summary"]
+    assert any("NVML" in m for m in f["missing"])
+    acts = " ".join(f["playbook"]["actions"])
+    assert "--gpu-memory-utilization 0.95" in acts and "Cap --max-num-seqs at 18" in acts
+
+
+def test_full_pool_confounders_stay_quiet(tmp_path):
+    # one line at 98 % with a queue (a moment), and a full pool with nobody waiting: no finding
+    line = ("INFO 06-02 10:00:{s:02d} [loggers.py:1] Engine 000: Avg prompt throughput: 0.0 tokens/s, Avg generation "
+            "throughput: 900.0 tokens/s, Running: 18 reqs, Waiting: {w} reqs, GPU KV cache usage: {kv}%, Prefix cache "
+            "hit rate: 0.0%\n")
+    p = tmp_path / "blip.log"
+    p.write_text(line.format(s=0, w=5, kv=98.0) + line.format(s=10, w=0, kv=60.0) + line.format(s=20, w=0, kv=61.0))
+    assert not [x for x in _logs(p)["findings"] if x["id"] == "kv-cache-pressure"]
+    q = tmp_path / "full_no_queue.log"
+    q.write_text("".join(line.format(s=s, w=0, kv=99.0) for s in (0, 10, 20, 30)))
+    assert not [x for x in _logs(q)["findings"] if x["id"] == "kv-cache-pressure"]
+
+
+def test_one_gpu_memory_utilization_answer_for_one_log(tmp_path):
+    # the synthetic V1 OOM log with its args line (0.9 in force): diagnose logs quotes fragscope size's value
+    p = tmp_path / "v1args.log"
+    p.write_text("(APIServer pid=1) INFO 06-02 09:59:50 [utils.py:326] non-default args: {'model': 'm', "
+                 "'gpu_memory_utilization': 0.9, 'max_num_seqs': 64}\n" + (DATA / "vllm_v1_oom.log").read_text())
+    rec = _size(p)
+    u = rec["settings"]["--gpu-memory-utilization"]
+    # (79.19 x 0.9 - (2.00 - 1.06) - 1.58) / 79.19 = 0.868 -> 0.86 (docs/sizing.md runtime-oom)
+    assert u == 0.86
+    d = _logs(p)
+    acts = " ".join(a for f in d["findings"] for a in f["playbook"]["actions"])
+    assert f"--gpu-memory-utilization {u:.2f} (currently 0.90)" in acts
+    assert "not exposed" not in acts and "0.85" not in acts

@@ -259,6 +259,23 @@ def log_json(report, summary: dict) -> dict:
     return d
 
 
+def _one_sizing_answer(findings, acc, events) -> None:
+    """Give the log's findings what the log says is in force (``gpu_memory_utilization``) and the value
+    ``fragscope size --log`` computes for this same log (the same call, same inputs), so an action never says
+    "not exposed" for a value the log shows, nor a second value of its own for the same flag."""
+    if acc is None or not acc.has_accounting:
+        return
+    from ..sizing import recommend
+    from ..sizing.runtime import runtime_from_log_events
+
+    settings = recommend(acc, runtime_from_log_events(events, since_line=acc.first_line)).settings
+    for f in findings:
+        if acc.gpu_memory_utilization is not None:
+            f.context.setdefault("_config", {}).setdefault("gpu_memory_utilization", acc.gpu_memory_utilization)
+        if "--gpu-memory-utilization" in settings:
+            f.context.setdefault("sized_gpu_memory_utilization", settings["--gpu-memory-utilization"])
+
+
 def analyse_log_file(file: str, tz_offset: float = 0.0, max_bytes: int = 512 << 20, **opts):
     """(report, log summary, start-up accounting or None) of an engine log FILE: what ``diagnose logs``
     prints. ``opts``: the KV-check options of the command (absent ones are None)."""
@@ -269,8 +286,17 @@ def analyse_log_file(file: str, tz_offset: float = 0.0, max_bytes: int = 512 << 
     info = _read_log(file, tz_offset, max_bytes)
     events = info.events
     expected, inputs = _estimate(events, opts)
+    # Sizing from the engine's own start-up accounting (docs/sizing.md): kv-pool-undersized, startup-oom.
+    from ..collectors.enginelog.reader import iter_file_lines
+    from ..sizing import judge_log
+
+    acc = None
+    try:
+        acc, judged = judge_log(iter_file_lines(file, max_bytes=max_bytes))
+    except (OSError, ValueError):  # read above already; a race or a decode problem leaves sizing out
+        judged = []
     summary, findings = analyse_log(events, expected_kv_tokens=expected, estimate_inputs=inputs, source=file,
-                                    job_markers=info.job_markers)
+                                    job_markers=info.job_markers, startup=acc)
     summary["input"] = {"lines": info.lines, "engine_lines": info.engine_lines, "undated_lines": info.undated_lines,
                         "truncated_lines": info.truncated_lines, "text_bytes": info.text_bytes,
                         "compressed": info.compressed}
@@ -282,15 +308,6 @@ def analyse_log_file(file: str, tz_offset: float = 0.0, max_bytes: int = 512 << 
     tr = summary["time_range"]
     start = tr["start"] if tr["start"] is not None else float("nan")
     end = tr["end"] if tr["end"] is not None else float("nan")
-    # Sizing from the engine's own start-up accounting (docs/sizing.md): kv-pool-undersized, startup-oom.
-    from ..collectors.enginelog.reader import iter_file_lines
-    from ..sizing import judge_log
-
-    acc = None
-    try:
-        acc, judged = judge_log(iter_file_lines(file, max_bytes=max_bytes))
-    except (OSError, ValueError):  # read above already; a race or a decode problem leaves sizing out
-        judged = []
     if acc is not None and summary["kv_capacity"] is None and (acc.pool_tokens or acc.kv_cache_bytes):
         # lines only the start-up parser reads (SGLang 'KV Cache is allocated. #tokens' / 'max_total_num_tokens=',
         # V0's profile table): the pool is in this log, not "startup lines missing"
@@ -298,6 +315,7 @@ def analyse_log_file(file: str, tz_offset: float = 0.0, max_bytes: int = 512 << 
     if acc is not None and not summary["engines"] and acc.engine:
         summary["engines"] = [acc.engine]
     sized = [x for x in judged if not isinstance(x, Inconclusive)]
+    _one_sizing_answer(findings, acc, events)
     findings = list(findings) + sized
     report = Report(window=(start, end), findings=findings, source=file)
     from ..playbooks import attach_playbooks
@@ -308,7 +326,8 @@ def analyse_log_file(file: str, tz_offset: float = 0.0, max_bytes: int = 512 << 
             "logs", ["kv_cache_capacity_tokens", "preemptions_total", "kv_cache_usage_ratio"],
             f"{info.engine_lines} engine log line(s) in {file}, none with KV capacity, stats, preemption or OOM "
             "figures (startup lines and stats lines are what the log checks read)"))
-    elif summary["preemptions"]["count"] is None and summary["stats"]["count"]:
+    elif summary["preemptions"]["count"] is None and summary["stats"]["count"] \
+            and not any(f.id == "kv-cache-pressure" for f in findings):
         report.inconclusive.append(Inconclusive("kv-cache-pressure", ["preemptions_total"],
                                                 "this log does not report preemptions"))
     report.inconclusive.extend(x for x in judged if isinstance(x, Inconclusive))

@@ -14,6 +14,7 @@ from ..collectors.enginelog.jobkind import job_kind
 from ..collectors.enginelog.state import LogState
 from ..model import Evidence, Finding, Severity
 from .log_oom import oom_findings
+from .log_queue import full_pool_queue_finding
 from .log_oom import oom_summary as _oom_summary
 
 
@@ -414,14 +415,15 @@ def _kv_gap_findings(events: Sequence[LogEvent], check: dict | None, cfg: Config
 
 def analyse_log(events: Iterable[LogEvent], kv_budget_estimate=None, expected_kv_tokens: float | None = None,
                 *, estimate_inputs: dict | None = None, cfg: Config = Config(),
-                source: str = "", job_markers=()) -> tuple[dict, list[Finding]]:
+                source: str = "", job_markers=(), startup=None) -> tuple[dict, list[Finding]]:
     """Summary (JSON contract, docs/logs.md#json) and findings for one engine log.
 
     ``kv_budget_estimate``: a :class:`fragscope.kvbudget.KvBudget` (its ``cached_tokens`` is used);
     ``expected_kv_tokens``: the same figure given directly. ``estimate_inputs`` (bytes, ratios) lets
     the check name the reason for a gap: gpu_memory_bytes, gpu_memory_utilization, weights_bytes,
     overhead_bytes, bytes_per_token. ``job_markers``: the kinds of job whose own text the parser saw
-    (``LogParser.job_markers``); with the events' sources they give ``job_kind`` (collectors/enginelog/jobkind.py),
+    (``LogParser.job_markers``); ``startup``: the start-up accounting (sizing), for the pool a queued batch needs;
+    with the events' sources they give ``job_kind`` (collectors/enginelog/jobkind.py),
     which each finding carries in its context so its actions name that job's knobs.
     """
     evs = list(events)
@@ -458,6 +460,8 @@ def analyse_log(events: Iterable[LogEvent], kv_budget_estimate=None, expected_kv
                                 "from /metrics (diagnose --vllm URL)")
     findings: list[Finding] = []
     f = _pressure_finding(evs, pre, cfg)
+    if f is None:  # no preemption logged (V1 logs no count): a full pool shows as requests queued at ~100 % KV
+        f = full_pool_queue_finding(evs, startup, summary["job_kind"])
     if f is not None:
         findings.append(f)
     findings += oom_findings(ooms, cfg)

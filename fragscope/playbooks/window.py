@@ -37,17 +37,24 @@ def _fragmentation_actions(ctx: dict, config: dict) -> list[str]:
         return acts
     acts: list[str] = []
     gmu = _f(config.get("gpu_memory_utilization"))
+    sized = _f(ctx.get("sized_gpu_memory_utilization"))
     slack = _f(ctx.get("slack_bytes"))
     total = _f(ctx.get("gpu_memory_total_bytes"))
     step = 0.05  # seed: 0.9 -> 0.85 leaves the allocator headroom outside the KV pool
     head = f" (~{step * total / GiB:.1f} GiB of this GPU)" if total else ""
     waste = f"; the allocator now holds {slack / GiB:.1f} GiB it cannot use" if slack else ""
-    if gmu is not None:
+    if sized is not None:
+        # the value fragscope size computes from the same log (one question, one answer): docs/sizing.md
+        acts.append(f"Restart now, then set --gpu-memory-utilization {sized:.2f}"
+                    + (f" (currently {gmu:.2f})" if gmu is not None else "")
+                    + ": the value `fragscope size --log` computes from this log's own figures" + f"{waste}.")
+    elif gmu is not None:
         acts.append(f"Restart now, then set --gpu-memory-utilization {max(0.5, gmu - step):.2f} "
                     f"(currently {gmu:.2f}) to leave {step:.2f} of the GPU{head} as allocator headroom{waste}.")
     else:
         acts.append(f"Restart now, then lower --gpu-memory-utilization by {step:.2f} (e.g. 0.90 → "
-                    f"{0.90 - step:.2f}); the current value was not exposed (vllm:cache_config_info).")
+                    f"{0.90 - step:.2f}); the value in force is not in this evidence (vllm:cache_config_info, "
+                    "or the engine's args line in its log).")
     acts.append(EXPANDABLE_ONE_LINE)
     acts.append("Schedule rolling restarts every 12–24 h until fragmentation stays flat.")
     return acts
@@ -93,6 +100,15 @@ def _kv_actions(ctx: dict, config: dict) -> list[str]:
     acts: list[str] = []
     gmu = _f(config.get("gpu_memory_utilization"))
     running = _f(ctx.get("running"))
+    cap = _f(ctx.get("cap_sequences"))
+    u_need = _f(ctx.get("needed_gpu_memory_utilization"))
+    if cap:  # the log's own arithmetic (detectors/log_queue.py): what the pool holds at the observed length
+        acts.append(f"Cap {ctx.get('batch_flag') or '--max-num-seqs'} at {max(1, int(cap))} (what the pool holds at "
+                    "the observed length), or add replicas.")
+        if u_need is not None:
+            acts.append(f"Or grow the pool: --gpu-memory-utilization {u_need:.2f} holds the configured batch at that "
+                        "length, if NVML shows that memory free at peak (fragscope size --log FILE --recording REC).")
+        return acts
     if running:
         acts.append(f"Cap --max-num-seqs at ~{max(1, int(running * 0.8))} (80 % of the {running:.0f} sequences "
                     f"running at the edge) or add replicas.")
