@@ -1,8 +1,9 @@
-"""Engine processes' CPU, RSS and threads (psutil), and the container's CPU quota and throttling
-(cgroup v2 ``cpu.max`` / ``cpu.stat``, v1 ``cpu.cfs_*`` fallback). docs/collectors.md#process.
+"""Engine processes' CPU, RSS, threads and run-queue delay (psutil, ``/proc/PID/task/*/schedstat``), the
+engine's own cgroup (found from its pid: CPU quota and throttling, memory usage, limit, OOM kills, swap;
+collectors/cgroup.py) and the host's memory and swap. docs/collectors.md#process.
 
-A CPU-starved engine looks like a GPU problem (launch gaps, low utilization), so the detectors
-need to see CPU throttling next to the GPU signals.
+A CPU-starved engine looks like a GPU problem (launch gaps, low utilization), and an engine killed by
+the kernel's OOM killer looks like a crash: the detectors need these figures next to the GPU signals.
 
 Which process is the engine is decided by what serves it, in this order: the process that owns the
 listening socket of the engine URL's port (``endpoints``), the pids the in-engine probe publishes
@@ -22,6 +23,7 @@ from urllib.parse import urlsplit
 import psutil
 
 from ..model import CollectResult, Missing, Reason, Sample, make_labels
+from . import cgroup as cg_files
 from .logonce import LogOnce
 
 log = logging.getLogger(__name__)
@@ -30,6 +32,8 @@ PROCESS_SIGNALS = ("fragscope_process_cpu_seconds_total", "fragscope_process_res
                    "fragscope_process_threads")
 CONTAINER_SIGNALS = ("fragscope_container_cpu_quota_cores", "fragscope_container_cpu_throttled_seconds_total",
                      "fragscope_container_cpu_throttled_periods_total")
+MEMORY_SIGNALS = ("fragscope_container_memory_working_set_bytes", "fragscope_container_memory_limit_bytes",
+                  "fragscope_container_oom_kills_total")
 
 
 EMPTY_RESCAN_S = 5.0  # rescan period while no engine process is found (each scan: every /proc/PID)
@@ -224,7 +228,8 @@ class ProcessCollector:
 
     def __init__(self, match: Sequence[str] = ("vllm",), pids: Sequence[int] | None = None,
                  cgroup_root: str = "/sys/fs/cgroup", proc_cgroup: str = "/proc/self/cgroup",
-                 rescan_s: float = 30.0, endpoints: Sequence[str] = (), probe_dir: str | None = None) -> None:
+                 rescan_s: float = 30.0, endpoints: Sequence[str] = (), probe_dir: str | None = None,
+                 proc_root: str = "/proc") -> None:
         self.match = tuple(m for m in match if m)
         self.fixed_pids = tuple(int(p) for p in pids) if pids else None
         self.endpoints = tuple(endpoints)
@@ -243,6 +248,10 @@ class ProcessCollector:
         self._me = os.getpid()
         self._cg_static: dict | None = None  # version, dir and quota of the last full cgroup read
         self._cg_at = -1e18
+        self.proc_root = proc_root
+        self._dirs: cg_files.CgroupDirs | None = None  # the engine's cgroup directories (rescan_s)
+        self._dirs_pid: int | None = None
+        self._mem_log = LogOnce(log, "process memory cgroup")
 
     def _matches(self, p: psutil.Process) -> bool:
         """An engine process: its name or command mentions a match word, case-insensitively
@@ -359,6 +368,9 @@ class ProcessCollector:
             res.samples.append(Sample("fragscope_process_threads", lab, now, float(nth)))
             res.samples.append(Sample("fragscope_process_info", make_labels(
                 {"pid": str(pid), "name": pname, "identified_by": self.identified_by or BY_GUESS}), now, 1.0))
+            ss = cg_files.read_schedstat(pid, self.proc_root)
+            if ss is not None:
+                res.samples.append(Sample("fragscope_process_runqueue_wait_seconds_total", lab, now, ss["wait_s"]))
         for pid in gone:
             self._procs.pop(pid, None)
         if not any(s.name == "fragscope_process_threads" for s in res.samples):
@@ -373,16 +385,52 @@ class ProcessCollector:
         else:
             self._log.ok()
         cg_ok = self._cgroup(now, res)
+        self._memory(now, res)
         if not cg_ok and not any(s.name.startswith("fragscope_process_") for s in res.samples):
             res.up = False
             res.error = "no engine process found and no cgroup CPU files readable"
         return res
 
-    def _cgroup(self, now: float, res: CollectResult) -> bool:
-        # /proc/self/cgroup, the directory lookup and cpu.max every rescan_s; cpu.stat every tick
+    def engine_pid(self) -> int | None:
+        """The engine's root process: the first given pid, else the oldest matched process whose parent
+        is not matched too (its children, engine core and workers, share its container)."""
+        if self.fixed_pids:
+            return self.fixed_pids[0] if self.fixed_pids[0] in self._procs else None
+        roots = []
+        for pid, p in self._procs.items():
+            try:
+                if p.ppid() not in self._procs:
+                    roots.append((p.create_time(), pid))
+            except (psutil.Error, OSError):
+                continue
+        return min(roots)[1] if roots else None
+
+    def _engine_dirs(self) -> cg_files.CgroupDirs:
+        """The engine's cgroup directories, looked up again every rescan_s or when the engine changes."""
         mono = time.monotonic()
+        pid = self.engine_pid()
+        if self._dirs is None or pid != self._dirs_pid or mono - self._cg_at >= self.rescan_s:
+            self._dirs = cg_files.find_dirs(pid, self.cgroup_root, self.proc_root) if pid is not None else None
+            self._dirs_pid = pid
+        return self._dirs
+
+    def _cgroup(self, now: float, res: CollectResult) -> bool:
+        # the directory lookup and the quota every rescan_s; cpu.stat every tick. The engine's own cgroup
+        # (from its pid); without an engine, this process's (the old behaviour: one container)
+        mono = time.monotonic()
+        dirs = self._engine_dirs()
         static = self._cg_static
-        if static is None or static.get("version") is None or mono - self._cg_at >= self.rescan_s:
+        if dirs is not None and dirs.cpu is not None:
+            if static is None or static.get("dir") != dirs.cpu or mono - self._cg_at >= self.rescan_s:
+                cg = {"version": dirs.cpu_version, "dir": dirs.cpu, **cg_files.read_cpu(dirs.cpu, dirs.cpu_version,
+                                                                                      dirs.cpuacct)}
+                self._cg_static = {k: cg[k] for k in ("version", "dir", "quota_cores") if k in cg}
+                self._cg_at = mono
+            else:
+                cg = dict(static)
+                cg.update({k: v for k, v in cg_files.read_cpu(dirs.cpu, dirs.cpu_version, dirs.cpuacct).items()
+                           if k != "quota_cores"})
+        elif static is None or static.get("version") is None or mono - self._cg_at >= self.rescan_s:
             cg = read_cgroup_cpu(self.cgroup_root, self.proc_cgroup)
             self._cg_static = {k: cg[k] for k in ("version", "dir", "quota_cores") if k in cg}
             self._cg_at = mono
@@ -415,6 +463,41 @@ class ProcessCollector:
         except (AttributeError, OSError):
             pass
         return True
+
+
+    def _memory(self, now: float, res: CollectResult) -> None:
+        """The engine cgroup's memory (usage, working set, limit, swap, OOM kills) and the host's."""
+        put = lambda n, v: res.samples.append(Sample(n, (), now, float(v)))  # noqa: E731
+        host = cg_files.read_host_memory(self.proc_root)
+        for key, name in (("total_bytes", "fragscope_host_memory_total_bytes"),
+                          ("available_bytes", "fragscope_host_memory_available_bytes"),
+                          ("swap_in_bytes", "fragscope_host_swap_in_bytes_total"),
+                          ("swap_out_bytes", "fragscope_host_swap_out_bytes_total")):
+            if key in host:
+                put(name, host[key])
+        dirs = self._dirs
+        if dirs is None or dirs.memory is None:
+            why = ("no engine process found" if dirs is None else
+                   f"no memory cgroup files under {self.cgroup_root}")
+            self._mem_log.problem(why, logging.INFO)
+            res.missing.extend(Missing(n, (), now, Reason.NOT_COLLECTED if dirs is None else Reason.UNSUPPORTED, why)
+                               for n in MEMORY_SIGNALS)
+            return
+        self._mem_log.ok()
+        mem = cg_files.read_memory(dirs.memory, dirs.memory_version)
+        for key, name in (("usage_bytes", "fragscope_container_memory_usage_bytes"),
+                          ("working_set_bytes", "fragscope_container_memory_working_set_bytes"),
+                          ("swap_bytes", "fragscope_container_memory_swap_bytes"),
+                          ("oom_kills", "fragscope_container_oom_kills_total"),
+                          ("oom_events", "fragscope_container_oom_events_total")):
+            if key in mem:
+                put(name, mem[key])
+        if "limit_bytes" in mem:
+            if mem["limit_bytes"] is None:
+                res.missing.append(Missing("fragscope_container_memory_limit_bytes", (), now, Reason.NOT_COLLECTED,
+                                           f"no memory limit set (cgroup v{dirs.memory_version}: unlimited)"))
+            else:
+                put("fragscope_container_memory_limit_bytes", mem["limit_bytes"])
 
 
 def _is_installer(argv) -> bool:

@@ -35,6 +35,13 @@ _ENGINE_AGG = {
     "requests_running": "sum",
     "requests_waiting": "sum",
     "kv_cache_usage_ratio": "max",
+    # one cgroup per pod, or several containers (cAdvisor): the fullest one, not a sum
+    "container_cpu_quota_cores": "max",
+    "container_memory_working_set_bytes": "max",
+    "container_memory_limit_bytes": "max",
+    "container_memory_swap_bytes": "max",
+    "host_memory_available_bytes": "min",
+    "host_memory_total_bytes": "max",
 }
 _GPU_AGG = {  # several pids or exporters on one GPU
     "torch_allocated_bytes": "sum",
@@ -89,7 +96,7 @@ def build_frame(window: Window) -> Frame:
         if sig.kind == "histogram":
             _histogram(f, sig_id, metric, by_name, grid, lookback, w)
             continue
-        if sig.scope == "engine":
+        if sig.scope in ("engine", "container", "process", "host"):  # one value per pod (engine-wide)
             if sig.kind == "counter":
                 rates, cums = _Agg(grid.size, "sum"), _Agg(grid.size, "sum")
                 for s in series:

@@ -17,8 +17,10 @@ from ..signals import primary
 from ..model import Evidence, Finding, Inconclusive, Severity
 from . import common, stats
 from .frame import Frame
+from .host_common import throttled_share
 
 ID = "launch-bound"
+CPU_THROTTLED_SHARE = 0.25  # cpu_starved.Config.throttled_share
 REQUIRES = ("kernel_gap_seconds|gpu_idle_ratio", "requests_running")
 CORROBORATES = ("gpu_utilization_ratio", "preemptions_total", "kv_cache_usage_ratio")
 
@@ -56,6 +58,11 @@ def detect(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive:
     demand = stats.share_true(f, np.nan_to_num(run) >= 1, sp.recent, np.isfinite(run))
     if not math.isfinite(demand) or demand < cfg.demand_share:
         return []  # an idle GPU with nothing to do is not launch-bound
+    # A CPU quota running out makes the host late too: that is engine-cpu-starved, not a launch pattern that
+    # CUDA graphs would fix (its throttling bar: kubernetes-mixin's 25 % of periods)
+    thr = throttled_share(f)
+    if math.isfinite(thr) and thr >= CPU_THROTTLED_SHARE:
+        return []
     pre = common.preemption_fact(f, sp)
     kv = common.kv_fact(f, sp)
     out = []

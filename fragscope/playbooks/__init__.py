@@ -8,12 +8,12 @@ the engine's config), when *not* to apply each fix, and how to verify it worked.
 from __future__ import annotations
 
 from ..model import Action, Playbook, Report
-from . import evidence, window
+from . import evidence, host, window
 from .fixes import EXPANDABLE_CONTRA
 from .registry import Diagnosis, Registry, raw_names
 
 REGISTRY = Registry()
-for _d in window.DIAGNOSES + evidence.DIAGNOSES:
+for _d in window.DIAGNOSES + host.DIAGNOSES + evidence.DIAGNOSES:
     REGISTRY.add(_d)
 
 # id -> Playbook, derived from the registry (diagnose explain, docs checks).

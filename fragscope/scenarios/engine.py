@@ -30,11 +30,13 @@ def simulate_engine(s: Scenario, rng: np.random.Generator) -> Run:
     # kv-pool-undersized is kv-cache-pressure's mechanism judged with the GPU's headroom (truth.py)
     kind = "kv-cache-pressure" if s.kind == "kv-pool-undersized" else s.kind
     sev = s.severity
-    G = s.gpus
+    G = max(2, s.gpus) if kind in ("rank-straggler", "rank-idle-by-design") else s.gpus  # a rank needs peers
     affected = tuple(g for g in (s.affected_gpus if s.affected_gpus is not None else
                                  ((0,) if kind in ("clock-throttling", "throttling-with-load") else range(G)))
                      if 0 <= g < G)
     onset = s.onset_s if s.onset_s is not None else s.duration_s / 3.0
+    if kind == "engine-stalled" and s.onset_s is None:
+        onset = max(0.0, s.duration_s - 20 * 60.0)  # a hang is noticed within the hour: its last 20 minutes
     static_kind = kind == "kv-block-size-mismatch"
     if static_kind:
         onset = 0.0
@@ -72,7 +74,8 @@ def simulate_engine(s: Scenario, rng: np.random.Generator) -> Run:
         num_kv_heads=max(1, 8 // G), head_dim=128, dtype_bytes=2).num_blocks
 
     # --- traffic ---------------------------------------------------------------------------------
-    load = s.load * {"clock-throttling": 1.45, "throttling-with-load": 1.3, "launch-bound": 0.5}.get(kind, 1.0)
+    load = s.load * {"clock-throttling": 1.45, "throttling-with-load": 1.3, "launch-bound": 0.5,
+                     "engine-cpu-starved": 0.5, "link-idle-downshift": 0.4}.get(kind, 1.0)
     lam0 = REF_GEN_TOK_S * load / lg0  # requests/s
     wave = np.ones(n)
     if s.daily_wave:
@@ -124,6 +127,11 @@ def simulate_engine(s: Scenario, rng: np.random.Generator) -> Run:
         eff = eff * clock.min(axis=0) / MAX_CLOCK_MHZ
     if kind == "launch-bound":
         eff = eff * (1.0 - 0.6 * min(sev, 1.5) * p)
+    if kind == "engine-cpu-starved":  # every step waits for the next CFS period (scenarios/host.py)
+        eff = eff * (1.0 - 0.5 * min(sev, 1.5) * p)
+    if kind == "rank-straggler":  # one rank's clock (no slowdown reason): the slowest paces every step
+        clock[G - 1] = MAX_CLOCK_MHZ - (MAX_CLOCK_MHZ - max(900.0, MAX_CLOCK_MHZ - 500.0 * sev)) * p
+        eff = eff * clock.min(axis=0) / MAX_CLOCK_MHZ
     if kind == "allocator-fragmentation":
         eff = eff * (1.0 - 0.15 * min(sev, 2.0) * p)  # retries: cache flush + device sync
 

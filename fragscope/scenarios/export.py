@@ -11,6 +11,7 @@ from ..kvbudget import GIB
 from ..model import SeriesKey, make_labels
 from .mechanism import (CTX_BYTES, FINISHED_REASONS_V0, FINISHED_REASONS_V1, MAX_CLOCK_MHZ, THROTTLE_LABELS,
                         TIMEOUT_S, TOKEN_BUCKETS, TTFT_BUCKETS_V0, TTFT_BUCKETS_V1, Run, cum_int, lognorm_cdf)
+from .host import host_columns
 from .spec import Scenario
 
 
@@ -152,4 +153,5 @@ def export_columns(s: Scenario, rng: np.random.Generator, run: Run) -> tuple[dic
             put("fragscope_kernel_gap_seconds", {"gpu": str(g), "quantile": "0.99"}, gap99[g], "summary", t=kt)
             put("fragscope_gpu_idle_ratio", {"gpu": str(g)}, idle[g], "gauge", t=kt)
 
+    host_columns(s, run, put, uuids)
     return cols, types

@@ -10,6 +10,7 @@ from ..model import SeriesKey
 from .engine import simulate_engine
 from .export import export_columns
 from .gpu import simulate_gpus
+from .host import stall_engine, stall_gpus
 from .spec import Scenario, Truth
 from .truth import truth_of
 
@@ -18,6 +19,8 @@ def generate(s: Scenario) -> tuple[dict[SeriesKey, tuple[np.ndarray, np.ndarray]
     """Simulate ``s``; return columns (sample name + labels -> (ts, values)), sample types, and the truth."""
     rng = np.random.default_rng(s.seed)
     run = simulate_engine(s, rng)
+    stall_engine(s, run)
     simulate_gpus(s, rng, run)
+    stall_gpus(s, run)
     cols, types = export_columns(s, rng, run)
     return cols, types, truth_of(s, run)

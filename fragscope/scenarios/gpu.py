@@ -75,8 +75,10 @@ def simulate_gpus(s: Scenario, rng: np.random.Generator, run: Run) -> None:
         if kind == "allocator-fragmentation":
             r_would = np.minimum(np.where(np.isfinite(r_dem), r_dem, s.max_num_seqs), s.max_num_seqs)
             base = np.maximum(base, 0.95 * (1.0 - np.exp(-r_would / 50.0)))
-        if kind == "launch-bound":
+        if kind in ("launch-bound", "engine-cpu-starved"):
             base = base * (1.0 - 0.55 * min(sev, 1.4) * p)
+        if kind == "rank-idle-by-design" and g == G - 1:
+            base = np.zeros(n)  # a GPU the engine does not use (a spare, or a stage with nothing to do)
         if throttled and g in affected:
             base = base + 0.04 * p
         u = np.clip(base + rng.normal(0, 0.015, n) * nz, 0.0, 1.0)
@@ -89,6 +91,8 @@ def simulate_gpus(s: Scenario, rng: np.random.Generator, run: Run) -> None:
                 t_base = t_base + (89.0 + 2.0 * min(sev, 2.0) - t_base) * np.minimum(1.0, 1.5 * p)
             else:
                 pw = np.where(p > 0, 700.0 + rng.normal(0, 3.0, n) * nz, pw)
+        if kind == "rank-idle-by-design" and g == G - 1:
+            clock[g] = 345.0  # idle clocks (NVML reason gpu_idle)
         ck = clock[g] - np.abs(rng.normal(0, 6.0, n)) * nz
         clock[g] = np.round(ck / 15.0) * 15.0
         active = clock[g] < MAX_CLOCK_MHZ - 60.0
@@ -111,7 +115,7 @@ def simulate_gpus(s: Scenario, rng: np.random.Generator, run: Run) -> None:
             m50 = 4.0 ** (min(sev, 1.5) * pk)
             m99 = 40.0 ** (min(sev, 1.5) * pk)
             idle_g = idle_g + 0.12 * min(sev, 1.5) * pk
-        elif kind == "launch-bound":
+        elif kind in ("launch-bound", "engine-cpu-starved"):
             m50 = 17.5 ** (min(sev, 1.5) * pk)
             m99 = 60.0 ** (min(sev, 1.5) * pk)
         ln = lambda: np.exp(rng.normal(0, 0.15, k_idx.size) * nz)  # noqa: E731

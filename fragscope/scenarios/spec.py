@@ -6,7 +6,9 @@ from dataclasses import dataclass, field
 # Pathologies (diagnosis ids, docs/diagnoses.md) and confounders (healthy-but-changing servers).
 PATHOLOGIES = ("allocator-fragmentation", "kv-cache-pressure", "memory-leak", "clock-throttling",
                "launch-bound", "capacity-saturation", "kv-block-size-mismatch",
-               "kv-pool-undersized")  # kv-cache-pressure's mechanism; the GPU keeps headroom (docs/sizing.md)
+               "kv-pool-undersized",  # kv-cache-pressure's mechanism; the GPU keeps headroom (docs/sizing.md)
+               # beyond the GPU's memory (scenarios/host.py)
+               "engine-cpu-starved", "engine-stalled", "rank-straggler", "gpu-hardware-fault", "host-memory-pressure")
 CONFOUNDERS = (
     "healthy",             # daily-wave traffic, nothing wrong
     "traffic-surge",       # demand rises within capacity: throughput, batch and KV usage rise; no queue
@@ -14,6 +16,11 @@ CONFOUNDERS = (
     "stable-slack",        # the allocator holds a large but constant reserved-allocated gap; no retries, no decline
     "leak-with-traffic",   # a memory leak while traffic rises (throughput up: still a leak)
     "throttling-with-load",  # clocks throttle during a traffic peak (the queue is not only load)
+    # look-alikes of the diagnoses beyond the GPU's memory (scenarios/host.py)
+    "rank-idle-by-design",   # one GPU of a multi-GPU pod idles at idle clocks: not a straggler
+    "link-idle-downshift",   # PCIe links train down at idle and back up under load: not a fault
+    "old-corrected-ecc",     # a few corrected ECC errors and one old uncorrectable in the lifetime count: history
+    "page-cache-near-limit",  # container usage at its limit in page cache, working set well below
 )
 KINDS = PATHOLOGIES + CONFOUNDERS
 

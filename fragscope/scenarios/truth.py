@@ -36,6 +36,15 @@ def truth_of(s: Scenario, run: Run) -> Truth:
     if kind in ("allocator-fragmentation", "kv-cache-pressure", "memory-leak", "clock-throttling",
                 "launch-bound", "capacity-saturation") and present:
         diag.add(kind)
+    if kind in ("engine-cpu-starved", "engine-stalled", "host-memory-pressure") and present:
+        diag.add(kind)
+    if kind in ("rank-straggler", "gpu-hardware-fault") and present and s.gpu_source != "none":
+        diag.add(kind)
+    if kind == "rank-straggler":
+        # the slow rank's clock sits below 80 % of the product's maximum: clock-throttling's level rule
+        tolerated.update({"clock-throttling", "capacity-saturation"})
+    if kind in ("engine-cpu-starved", "engine-stalled"):
+        tolerated.add("capacity-saturation")
     if kind == "leak-with-traffic" and present:
         diag.add("memory-leak")
     if kind == "throttling-with-load" and present:
@@ -109,6 +118,16 @@ def truth_of(s: Scenario, run: Run) -> Truth:
         "stable-slack": "a constant 25 % allocator slack with no retries or decline: nothing wrong",
         "leak-with-traffic": "memory leak while traffic rises",
         "throttling-with-load": "clock throttling during a traffic peak",
+        "engine-cpu-starved": "the engine container's CPU quota runs out: throttled periods up, steps slower, "
+                              "the GPU idles between kernels",
+        "engine-stalled": "the engine stops making progress with requests in flight (its last 20 minutes)",
+        "rank-straggler": "one GPU of the engine runs a lower SM clock than its peers, no slowdown reason",
+        "gpu-hardware-fault": "a hardware fault on GPU 0 (Xid, ECC, row remap or PCIe)",
+        "host-memory-pressure": "the engine container's working set climbs to its memory limit",
+        "rank-idle-by-design": "one GPU of the pod idles at idle clocks while the others serve: nothing wrong",
+        "link-idle-downshift": "PCIe links train down at low load and back up under load: nothing wrong",
+        "old-corrected-ecc": "a few corrected ECC errors and one old uncorrectable in the lifetime count: nothing wrong",
+        "page-cache-near-limit": "container usage at its limit in page cache, working set at half: nothing wrong",
     }[kind]
     return Truth(diagnoses=diag, onset_ts=onset_ts, notes="; ".join([desc, *notes]), tolerated=tolerated - diag,
                  figures=figs)

@@ -1,0 +1,156 @@
+"""engine-cpu-starved: the engine's container runs out of its CPU quota (CFS throttling), or its threads
+wait for a CPU as long as they run, while requests are being served; the serving symptoms (a queue,
+inter-token latency or TTFT up, throughput down, the GPU idle between kernels) say it costs tokens.
+
+Mechanism: with a CPU limit the kernel's CFS bandwidth control gives the cgroup ``quota`` µs of CPU per
+``period`` (100 ms); once spent, every thread of the container waits for the next period (kernel docs
+scheduler/sched-bwc.rst). An LLM server's scheduler, tokenizer, detokenizer and kernel-launch loop are
+CPU work on the critical path of every step: throttled, each step waits tens of ms and the GPU idles,
+which from the GPU side looks like a launch-bound engine. Told apart by the throttling counters: a
+launch-bound engine with CPU to spare is not CPU-starved, and a starved one is not reported launch-bound.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..model import Evidence, Finding, Inconclusive, Severity
+from ..signals import any_of, primary
+from . import common, stats
+from .frame import Frame
+from .host_common import gauge, increase, judged_span, runqueue_share, throttled_share
+
+ID = "engine-cpu-starved"
+REQUIRES = ("container_cpu_throttled_periods_total|process_runqueue_wait_seconds_total", "requests_running")
+CORROBORATES = ("container_cpu_periods_total", "container_cpu_quota_cores", "container_cpu_throttled_seconds_total",
+                "requests_waiting", "inter_token_latency_seconds", "ttft_seconds", "generation_tokens_total",
+                "gpu_utilization_ratio", "process_cpu_seconds_total")
+
+
+@dataclass(frozen=True)
+class Config:
+    # kubernetes-mixin's CPUThrottlingHigh alert: more than 25 % of a container's CFS periods throttled
+    # (increase(container_cpu_cfs_throttled_periods_total) / increase(container_cpu_cfs_periods_total) > 0.25)
+    throttled_share: float = 0.25
+    # Half or more of the periods throttled: the container needs about twice its quota.
+    critical_share: float = 0.50
+    # Run-queue delay (schedstat): the engine's threads wait for a CPU as long as they run. Alone (no quota,
+    # a crowded node) it needs a serving symptom too: a busy shared host shows some wait by design.
+    runqueue_share: float = 0.50
+    work_share: float = 0.5  # requests running (or waiting) for most of the judged span
+    latency_rise: float = 1.3  # inter-token latency / TTFT >= 1.3x its baseline
+    util_low: float = 0.60  # the GPU idles while work waits (launch-bound's bar)
+
+
+def _work(f: Frame, span) -> float:
+    run = f.engine.get("requests_running")
+    wait = f.engine.get("requests_waiting")
+    if run is None:
+        return math.nan
+    tot = np.nan_to_num(run) + (np.nan_to_num(wait) if wait is not None else 0.0)
+    return stats.share_true(f, tot >= 1, span, np.isfinite(run))
+
+
+def detect(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive:
+    have_thr = "container_cpu_throttled_periods_total" in f.engine_cum
+    have_rq = "process_runqueue_wait_seconds_total" in f.engine_cum
+    if not (have_thr or have_rq):
+        return Inconclusive(ID, [any_of("container_cpu_throttled_periods_total"),
+                                 primary("process_runqueue_wait_seconds_total")],
+                            "neither the engine container's CPU throttling nor its threads' run-queue delay is collected")
+    if not f.has_engine("requests_running"):
+        return Inconclusive(ID, [any_of("requests_running")], "cannot tell whether the engine was serving")
+    span = judged_span(f)
+    share = throttled_share(f, span)
+    rq = runqueue_share(f, span)
+    if not math.isfinite(share) and not math.isfinite(rq):
+        return Inconclusive(ID, [], "CPU counters have fewer than two samples in the judged span (rates need two)")
+    work = _work(f, span)
+    if not math.isfinite(work) or work < cfg.work_share:
+        return []  # an idle engine throttled (model loading, warm-up) does not starve serving
+    throttled = math.isfinite(share) and share >= cfg.throttled_share
+    queued_cpu = math.isfinite(rq) and rq >= cfg.runqueue_share
+    if not throttled and not queued_cpu:
+        return []
+    ev: list[Evidence] = []
+    agree = 0
+    thr_s, dt = increase(f, "container_cpu_throttled_seconds_total", span)
+    quota = gauge(f, "container_cpu_quota_cores", span)
+    if math.isfinite(share):
+        note = f"{share * 100:.0f} % of CFS periods throttled"
+        if math.isfinite(thr_s) and dt > 0:
+            note += f"; {thr_s / dt:.2f} s of CPU time lost per second"
+        ev.append(Evidence("container_cpu_throttled_ratio", share, None, cfg.throttled_share, "ratio", span, note,
+                           throttled))
+        agree += throttled
+    if math.isfinite(rq):
+        ev.append(Evidence("process_runqueue_wait_ratio", rq, None, cfg.runqueue_share, "ratio", span,
+                           "engine threads' runnable time spent waiting for a CPU (schedstat)", queued_cpu))
+        agree += queued_cpu
+    # serving symptoms
+    symptoms = []
+    wait = gauge(f, "requests_waiting", span)
+    if math.isfinite(wait):
+        q = wait >= 1
+        ev.append(Evidence("requests_waiting", wait, None, 1.0, "requests", span, "queued", q))
+        if q:
+            symptoms.append(f"{wait:.0f} requests waiting")
+    long = f.end - f.start >= 30 * 60.0
+    if long:
+        sp = stats.spans(f)
+        for sig, what in (("inter_token_latency_seconds_mean", "mean inter-token latency"),
+                          ("ttft_p50_seconds", "TTFT p50")):
+            x = f.engine.get(sig)
+            if x is None or not np.isfinite(x).any():
+                continue
+            ch = stats.change(f, x, sp, floor_rel=0.05)
+            if ch.known and ch.baseline > 0:
+                up = ch.recent >= cfg.latency_rise * ch.baseline
+                ev.append(Evidence(sig, ch.recent, ch.baseline, cfg.latency_rise * ch.baseline, "seconds", sp.recent,
+                                   f"×{ch.recent / ch.baseline:.1f} vs baseline", up))
+                if up:
+                    symptoms.append(f"{what} {common.fmt_seconds(ch.baseline)} → {common.fmt_seconds(ch.recent)}")
+        tput = common.throughput_fact(f, sp)
+        if tput.evidence is not None:
+            ev.append(tput.evidence)
+            if tput.present:
+                symptoms.append(f"throughput {tput.evidence.baseline:.0f} → {tput.evidence.observed:.0f} tok/s")
+    util = [stats.nanmedian(f.gpu[g]["gpu_utilization_ratio"][stats.mask(f, span)])
+            for g in f.gpus() if "gpu_utilization_ratio" in f.gpu[g]]
+    util = [u for u in util if math.isfinite(u)]
+    if util:
+        u = float(np.mean(util))
+        low = u <= cfg.util_low
+        ev.append(Evidence("gpu_utilization_ratio", u, None, cfg.util_low, "ratio", span,
+                           "the GPU waits for the host" if low else "", low))
+        if low:
+            symptoms.append(f"GPU utilization {u * 100:.0f} %")
+    if not throttled and not symptoms:
+        return []  # run-queue delay alone on a shared host, with serving unharmed: not a diagnosis
+    agree += min(2, len(symptoms))
+    if throttled and math.isfinite(share) and share >= cfg.critical_share and symptoms:
+        sev = Severity.CRITICAL
+    else:
+        sev = Severity.WARNING
+    conf = stats.confidence(agree, base=0.4)
+    if throttled:
+        head = f"The engine's container was throttled in {share * 100:.0f} % of its CPU periods"
+        if math.isfinite(quota):
+            head += f" (quota {quota:.2f} cores)"
+        if math.isfinite(thr_s) and dt > 0:
+            head += f", losing {thr_s / dt:.2f} s of CPU per second"
+    else:
+        head = (f"The engine's threads waited for a CPU {rq * 100:.0f} % of their runnable time "
+                "(no CPU quota throttling: the node's CPUs are contended)")
+    summary = head + (" while requests ran" if not symptoms else "; " + ", ".join(symptoms)) + "."
+    missing = []
+    if not math.isfinite(share):
+        missing.append(any_of("container_cpu_throttled_periods_total"))
+    if not util:
+        missing.append("gpu utilization")
+    ctx = {"throttled_ratio": share, "runqueue_ratio": rq, "quota_cores": quota,
+           "throttled_seconds_per_second": thr_s / dt if math.isfinite(thr_s) and dt > 0 else math.nan,
+           "symptoms": symptoms}
+    return [Finding(ID, sev, conf, summary, None, ev, missing, {}, context=ctx)]

@@ -1,0 +1,125 @@
+"""host-memory-pressure: the engine's container near its memory limit (its working set, what the kernel
+cannot reclaim), processes in it killed by the kernel's OOM killer, or the host itself short of memory
+and swapping.
+
+Mechanism: a cgroup's memory limit is enforced by the kernel: once the working set (usage minus
+inactive page cache, which the kernel reclaims first) reaches the limit and nothing can be reclaimed, the
+OOM killer ends a process of the cgroup (cgroup-v2.rst "memory.max"; cgroup-v1/memory.rst). For an LLM
+server the host memory is held by the weights being loaded, vLLM's CPU swap space for preempted
+sequences (``--swap-space``, GiB per GPU), CPU offload (``--cpu-offload-gb``), pinned transfer buffers
+and tokenizer / multimodal caches; the engine dies with no CUDA error and restarts (counters reset),
+or the host swaps and every step slows. Told apart from a GPU out-of-memory: the GPU pool is not what ran
+out, and the kill comes from the kernel.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..model import Evidence, Finding, Inconclusive, Severity
+from ..signals import any_of
+from ..units import fmt_bytes
+from . import stats
+from .frame import Frame
+from .host_common import gauge, increase, judged_span
+
+ID = "host-memory-pressure"
+REQUIRES = ("container_memory_working_set_bytes|host_memory_available_bytes|container_oom_kills_total",)
+CORROBORATES = ("container_memory_limit_bytes", "container_memory_swap_bytes", "host_memory_total_bytes",
+                "host_swap_in_bytes_total", "host_swap_out_bytes_total", "process_resident_memory_bytes")
+
+
+@dataclass(frozen=True)
+class Config:
+    # The working set at 90 % of the limit leaves the engine one burst (a batch of long prompts, a
+    # multimodal cache fill) from the OOM killer; 97 %: the kernel is reclaiming its last page cache.
+    limit_ratio: float = 0.90
+    critical_ratio: float = 0.97
+    # The host: MemAvailable below 5 % of MemTotal (the kernel's own estimate of what can be had
+    # without swapping); the kubelet's default eviction threshold is far lower (memory.available<100Mi).
+    host_available_ratio: float = 0.05
+    # Swap traffic of >= 1 MiB/s sustained: the working set no longer fits in RAM.
+    swap_bytes_per_s: float = 1024.0 * 1024.0
+
+
+def detect(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive:
+    have = [s for s in ("container_memory_working_set_bytes", "host_memory_available_bytes")
+            if f.has_engine(s)] + [s for s in ("container_oom_kills_total",) if s in f.engine_cum]
+    if not have:
+        return Inconclusive(ID, [any_of("container_memory_working_set_bytes"),
+                                 any_of("host_memory_available_bytes")],
+                            "neither the engine container's memory nor the host's is collected")
+    span = judged_span(f)
+    ev: list[Evidence] = []
+    parts: list[str] = []
+    sev = None
+    agree = 0
+    # the kernel's OOM killer, in the whole window (a kill is the incident, whenever in the window)
+    kills, _ = increase(f, "container_oom_kills_total", (f.start, f.end))
+    if math.isfinite(kills) and kills > 0:
+        ev.append(Evidence("container_oom_kills_total", kills, 0.0, 0.0, "kills", (f.start, f.end),
+                           "processes killed by the kernel's OOM killer in the engine's cgroup", True))
+        parts.append(f"the kernel's OOM killer ended {kills:.0f} process{'es' if kills != 1 else ''} in the "
+                     "engine's container")
+        sev = Severity.CRITICAL
+        agree += 2
+    ws = gauge(f, "container_memory_working_set_bytes", span, "max")
+    limit = gauge(f, "container_memory_limit_bytes", span, "min")
+    ratio = math.nan
+    if math.isfinite(ws) and math.isfinite(limit) and limit > 0:  # cAdvisor writes 0 for "no limit"
+        ratio = ws / limit
+        near = ratio >= cfg.limit_ratio
+        ev.append(Evidence("container_memory_working_set_ratio", ratio, None, cfg.limit_ratio, "ratio", span,
+                           f"{fmt_bytes(ws)} of a {fmt_bytes(limit)} limit", near))
+        if near:
+            agree += 1
+            parts.append(f"its working set is {fmt_bytes(ws)}, {ratio * 100:.0f} % of its {fmt_bytes(limit)} limit")
+            s = Severity.CRITICAL if ratio >= cfg.critical_ratio else Severity.WARNING
+            sev = s if sev is None or s.rank > sev.rank else sev
+            if f.end - f.start >= 30 * 60.0:
+                x = f.engine["container_memory_working_set_bytes"]
+                slope, _ = stats.slope_per_hour(f, x, stats.spans(f).recent)
+                if math.isfinite(slope) and slope > 0 and ratio < 1:
+                    mins = (limit - ws) / slope * 60.0
+                    parts.append(f"growing {fmt_bytes(slope)}/h: the limit in ~{mins:.0f} min")
+    avail = gauge(f, "host_memory_available_bytes", span, "min")
+    total = gauge(f, "host_memory_total_bytes", span, "max")
+    if math.isfinite(avail) and math.isfinite(total) and total > 0:
+        share = avail / total
+        low = share <= cfg.host_available_ratio
+        ev.append(Evidence("host_memory_available_ratio", share, None, cfg.host_available_ratio, "ratio", span,
+                           f"{fmt_bytes(avail)} of {fmt_bytes(total)} available", low))
+        if low:
+            agree += 1
+            parts.append(f"the host has {fmt_bytes(avail)} ({share * 100:.1f} %) of its memory available")
+            sev = sev or Severity.WARNING
+    swap = math.nan
+    sin, dt = increase(f, "host_swap_in_bytes_total", span)
+    sout, _ = increase(f, "host_swap_out_bytes_total", span)
+    if math.isfinite(sin) and math.isfinite(sout) and dt > 0:
+        swap = (sin + sout) / dt
+        swapping = swap >= cfg.swap_bytes_per_s
+        ev.append(Evidence("host_swap_bytes_per_second", swap, None, cfg.swap_bytes_per_s, "bytes/s", span,
+                           "pages swapped in and out", swapping))
+        if swapping:
+            agree += 1
+            parts.append(f"the host swaps {fmt_bytes(swap)}/s")
+            if sev is not None and sev is Severity.WARNING and (ratio >= cfg.limit_ratio or
+                                                               (math.isfinite(avail) and avail / total <= cfg.host_available_ratio)):
+                sev = Severity.CRITICAL
+    if sev is None:
+        return []
+    rss = gauge(f, "process_resident_memory_bytes", span, "max")
+    if math.isfinite(rss):
+        ev.append(Evidence("process_resident_memory_bytes", rss, None, None, "bytes", span,
+                           "the engine processes' resident memory", True))
+    summary = "Host memory pressure: " + "; ".join(parts) + "."
+    missing = []
+    if not math.isfinite(ratio) and f.has_engine("container_memory_working_set_bytes"):
+        missing.append("container memory limit (none set, or not collected)")
+    conf = stats.confidence(agree, base=0.4)
+    ctx = {"working_set_bytes": ws, "limit_bytes": limit, "ratio": ratio, "oom_kills": kills,
+           "host_available_bytes": avail, "swap_bytes_per_second": swap, "rss_bytes": rss}
+    return [Finding(ID, sev, conf, summary, None, ev, missing, {}, context=ctx)]

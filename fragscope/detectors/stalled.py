@@ -1,0 +1,129 @@
+"""engine-stalled: requests running or waiting, yet no token generated, no prompt processed and no request
+finished for a stated time, while the server still answers its metrics (the process is alive).
+
+Mechanism: an engine step takes milliseconds (decode) to a few seconds (a long prefill chunk); the
+engine's counters move with every step that has work. When they stop while requests are in flight, the
+engine loop is blocked: a collective that never completes (an NCCL deadlock or a lost rank: the GPUs
+spin in the NCCL kernel at 100 % utilization), or a host-side hang (a stuck Python thread, a stopped or
+blocked process: the GPUs idle at 0 %). The readiness probe still passes (the API server answers), so
+this is the incident a pod's health checks miss. Told apart from saturation: a saturated engine
+generates tokens at its capacity; a stalled one generates none.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..model import Evidence, Finding, Inconclusive, Severity
+from ..signals import any_of
+from . import common, stats
+from .frame import Frame
+
+ID = "engine-stalled"
+REQUIRES = ("requests_running", "generation_tokens_total")
+CORROBORATES = ("requests_waiting", "prompt_tokens_total", "request_success_total", "gpu_utilization_ratio",
+                "process_cpu_seconds_total")
+PROGRESS = ("generation_tokens_total", "prompt_tokens_total", "request_success_total")
+
+
+@dataclass(frozen=True)
+class Config:
+    # A decode step is 10-100 ms and a chunked-prefill step at most a few seconds (vLLM's default chunk is
+    # 2,048-8,192 tokens); 20 s without one token while requests are in flight is no slow step. Short
+    # enough that the alert comes within half a minute of the stall.
+    stall_s: float = 20.0
+    critical_s: float = 60.0  # a minute: every request in flight has missed any reasonable deadline
+    util_spin: float = 0.90  # GPUs pegged with no progress: a collective that never completes
+    util_idle: float = 0.10  # GPUs idle with no progress: the host side hangs
+    cpu_idle: float = 0.02  # the engine processes used < 2 % of a core: stopped or blocked, not spinning
+
+
+def detect(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive:
+    if not f.has_engine("requests_running"):
+        return Inconclusive(ID, [any_of("requests_running")], "requests in flight not exported")
+    cums = {s: f.engine_cum[s] for s in PROGRESS if s in f.engine_cum}
+    if "generation_tokens_total" not in cums:
+        return Inconclusive(ID, [any_of("generation_tokens_total")], "generated tokens not exported")
+    run = f.engine["requests_running"]
+    wait = f.engine.get("requests_waiting")
+    inflight = np.nan_to_num(run, nan=0.0) + (np.nan_to_num(wait, nan=0.0) if wait is not None else 0.0)
+    ok = np.isfinite(run)
+    if not ok.any() or not ok[-1]:
+        return []  # no current scrape: the source is down, which the agent reports apart
+    # the last grid point where any progress counter moved
+    moved = np.zeros(f.t.size, dtype=bool)
+    seen = np.zeros(f.t.size, dtype=bool)
+    for c in cums.values():
+        fin = np.isfinite(c)
+        seen |= fin
+        d = np.diff(np.where(fin, c, np.nan), prepend=np.nan)
+        moved |= np.nan_to_num(d, nan=0.0) > 0
+    if seen.sum() < 2:
+        return []  # one scrape: no progress can be measured
+    idx = np.flatnonzero(moved)
+    first_seen = float(f.t[np.flatnonzero(seen)[0]])
+    last_progress = float(f.t[idx[-1]]) if idx.size else None
+    since = last_progress if last_progress is not None else first_seen
+    stalled_s = f.end - since
+    if stalled_s < cfg.stall_s:
+        return []
+    during = (f.t > since) & ok
+    if not during.any() or not np.all(inflight[during] >= 1):
+        return []  # nothing in flight for part of it: an idle engine makes no tokens
+    span = (since, f.end)
+    n_run = float(np.nanmedian(run[during]))
+    n_wait = float(np.nanmedian(wait[during])) if wait is not None and np.isfinite(wait[during]).any() else math.nan
+    ev = [Evidence("generation_tokens_total", 0.0, None, None, "tokens", span,
+                   f"no token for {stalled_s:.0f} s" + ("" if last_progress is not None else " (the whole window)"),
+                   True),
+          Evidence("requests_running", n_run, None, 1.0, "requests", span, "in flight throughout", True)]
+    if math.isfinite(n_wait):
+        ev.append(Evidence("requests_waiting", n_wait, None, None, "requests", span, "", n_wait >= 1))
+    kind = "unknown"
+    utils = {}
+    for g in f.gpus():
+        x = f.gpu[g].get("gpu_utilization_ratio")
+        if x is not None:
+            u = stats.nanmedian(x[(f.t > since)])
+            if math.isfinite(u):
+                utils[g] = u
+    if utils:
+        u = float(np.median(list(utils.values())))
+        if u >= cfg.util_spin:
+            kind = "collective"
+        elif u <= cfg.util_idle:
+            kind = "host"
+        ev.append(Evidence("gpu_utilization_ratio", u, None, None, "ratio", span,
+                           {"collective": "GPUs pegged with no progress: a collective that never completes",
+                            "host": "GPUs idle: the host side is stuck"}.get(kind, ""), True))
+    cpu_note = ""
+    cpu = f.engine_cum.get("process_cpu_seconds_total")
+    if cpu is not None:
+        m = (f.t >= since) & np.isfinite(cpu)
+        if m.sum() >= 2 and f.t[m][-1] > f.t[m][0]:
+            rate = float((cpu[m][-1] - cpu[m][0]) / (f.t[m][-1] - f.t[m][0]))
+            idle = rate < cfg.cpu_idle
+            cpu_note = (f"the engine processes used {rate * 100:.0f} % of a core"
+                        + (": stopped or blocked" if idle else ": busy on the host"))
+            ev.append(Evidence("process_cpu_seconds_per_second", rate, None, cfg.cpu_idle, "cores", span, cpu_note,
+                               True))
+            if kind == "unknown" and idle:
+                kind = "host"
+    sev = Severity.CRITICAL if stalled_s >= cfg.critical_s else Severity.WARNING
+    agree = 2 + (kind != "unknown") + (math.isfinite(n_wait) and n_wait >= 1)
+    conf = stats.confidence(agree, base=0.45)
+    at_least = "" if last_progress is not None else "at least "
+    summary = (f"No token generated and no request finished for {at_least}{stalled_s:.0f} s (since "
+               f"{common.fmt_time(since)}) while {n_run:.0f} requests run"
+               + (f" and {n_wait:.0f} wait" if math.isfinite(n_wait) and n_wait >= 1 else "")
+               + "; the server still answers its metrics")
+    if kind == "collective":
+        summary += f"; GPU utilization {max(utils.values()) * 100:.0f} %: a collective (NCCL) that never completes"
+    elif kind == "host":
+        summary += "; " + ("GPUs idle" if utils else cpu_note) + ": a host-side hang"
+    summary += "."
+    missing = [] if utils else ["gpu utilization (tells an NCCL deadlock from a host-side hang)"]
+    ctx = {"stalled_seconds": stalled_s, "kind": kind, "since": since, "running": n_run}
+    return [Finding(ID, sev, conf, summary, since, ev, missing, {}, context=ctx)]

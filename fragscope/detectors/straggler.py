@@ -1,0 +1,100 @@
+"""rank-straggler: in a multi-GPU engine one busy rank runs slower than its peers (its SM clock apart from
+theirs), and names why: a clock slowdown reason, heat, a PCIe link below its maximum, a lower power draw.
+
+Mechanism: tensor parallelism synchronises every layer with a collective; each step lasts as long as the
+slowest rank's compute, while the other ranks wait inside NCCL kernels (which counts as utilization:
+their utilization stays high, so utilization does not name the straggler; the clock does). One GPU
+12 % slower makes the whole engine 12 % slower. Told apart from clock-throttling: that judges each GPU
+against its own baseline or maximum with a slowdown reason; this compares the busy ranks with each other,
+whatever the cause (a rank throttled alone is both). A rank idle by design (a spare GPU, a pipeline
+stage with nothing to do) is not compared: it must be busy.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..model import Evidence, Finding, Inconclusive, Severity
+from . import common, stats
+from .frame import Frame
+from .host_common import judged_span
+
+ID = "rank-straggler"
+REQUIRES = ("gpu_sm_clock_hertz",)
+CORROBORATES = ("gpu_utilization_ratio", "gpu_throttle_reason_active", "gpu_temperature_celsius",
+                "gpu_pcie_link_gen", "gpu_pcie_link_width", "gpu_power_watts", "generation_tokens_total")
+
+
+@dataclass(frozen=True)
+class Config:
+    # Boost clocks of identical busy GPUs agree within a few %; a rank >= 10 % below the median of its
+    # peers is the step time of the whole engine (the same bar as clock-throttling's drop).
+    clock_gap: float = 0.10
+    critical_gap: float = 0.30
+    util_busy: float = 0.5  # ranks below this are idle (by design or not): not compared
+    temp_gap_c: float = 10.0
+
+
+def _med(f: Frame, g: str, s: str, span) -> float:
+    x = f.gpu.get(g, {}).get(s)
+    return stats.nanmedian(x[stats.mask(f, span)]) if x is not None else math.nan
+
+
+def detect(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive:
+    gpus = [g for g in f.gpus() if f.has_gpu(g, "gpu_sm_clock_hertz")]
+    if len(gpus) < 2:
+        if len(gpus) == 1 or len(f.gpus()) >= 2:
+            return []  # one GPU has no peer: nothing to straggle behind
+        return Inconclusive(ID, ["fragscope_gpu_sm_clock_hertz or DCGM_FI_DEV_SM_CLOCK"], "SM clock not collected")
+    span = judged_span(f)
+    clk = {g: _med(f, g, "gpu_sm_clock_hertz", span) for g in gpus}
+    util = {g: _med(f, g, "gpu_utilization_ratio", span) for g in gpus}
+    busy = [g for g in gpus if math.isfinite(clk[g]) and (not math.isfinite(util[g]) or util[g] >= cfg.util_busy)]
+    if not any(math.isfinite(util[g]) for g in gpus):
+        return Inconclusive(ID, ["gpu utilization"], "cannot tell a busy rank from an idle one without utilization")
+    if len(busy) < 2:
+        return []
+    out = []
+    for g in busy:
+        peers = [clk[p] for p in busy if p != g]
+        ref = float(np.median(peers))
+        if not ref > 0:
+            continue
+        gap = 1 - clk[g] / ref
+        if gap < cfg.clock_gap:
+            continue
+        why: list[str] = []
+        ev = [Evidence("gpu_sm_clock_hertz", clk[g], ref, ref * (1 - cfg.clock_gap), "hertz", span,
+                       f"-{gap * 100:.0f} % vs the median of {len(peers)} busy peers", True)]
+        thr = common.throttle_fact(f, g, stats.Spans(span, span))
+        if thr.present:
+            why.append(f"clock reason {thr.extra['reason']}")
+            ev.append(thr.evidence)
+        t = _med(f, g, "gpu_temperature_celsius", span)
+        tp = [_med(f, p, "gpu_temperature_celsius", span) for p in busy if p != g]
+        tp = [x for x in tp if math.isfinite(x)]
+        if math.isfinite(t) and tp and t - float(np.median(tp)) >= cfg.temp_gap_c:
+            why.append(f"{t:.0f} °C vs {float(np.median(tp)):.0f} °C")
+            ev.append(Evidence("gpu_temperature_celsius", t, float(np.median(tp)), None, "°C", span, "vs peers", True))
+        for cur_s, max_s, lab in (("gpu_pcie_link_gen", "gpu_pcie_link_gen_max", "Gen"),
+                                  ("gpu_pcie_link_width", "gpu_pcie_link_width_max", "x")):
+            c, m = _med(f, g, cur_s, span), _med(f, g, max_s, span)
+            if math.isfinite(c) and math.isfinite(m) and c < m:
+                why.append(f"PCIe link {lab}{c:.0f} of {lab}{m:.0f}")
+                ev.append(Evidence(cur_s, c, None, m, "", span, "below its maximum", True))
+        pw = _med(f, g, "gpu_power_watts", span)
+        pp = [x for x in (_med(f, p, "gpu_power_watts", span) for p in busy if p != g) if math.isfinite(x)]
+        if math.isfinite(pw) and pp and pw < 0.85 * float(np.median(pp)) and not why:
+            why.append(f"drawing {pw:.0f} W vs {float(np.median(pp)):.0f} W (a lower power limit or applications clocks)")
+        sev = Severity.CRITICAL if gap >= cfg.critical_gap else Severity.WARNING
+        conf = stats.confidence(1 + min(2, len(why)), base=0.45)
+        reason = ", ".join(why) if why else "no slowdown reason, heat or link fault reported (check application " \
+                                             "clocks and power limits: nvidia-smi -q -d CLOCK,POWER)"
+        summary = (f"GPU {g} is the slow rank: SM clock {clk[g] / 1e6:.0f} MHz, {gap * 100:.0f} % below its "
+                   f"{len(peers)} busy peers' {ref / 1e6:.0f} MHz; every tensor-parallel step waits for it "
+                   f"({reason}).")
+        ctx = {"rank_gpu": g, "clock_gap_ratio": gap, "why": why}
+        out.append(Finding(ID, sev, conf, summary, None, ev, [], {"gpu": g}, context=ctx))
+    return out
