@@ -168,7 +168,7 @@ SIGNALS: dict[str, Signal] = {s.id: s for s in [
            (_s("DCGM_FI_DEV_THERMAL_VIOLATION", 1e-9, "dcgm, ns, not default"),)),
     # --- GPU hardware health (NVML / dcgm-exporter; docs/diagnoses.md#gpu-hardware-fault) -------------
     Signal("gpu_xid_last", "gauge", "gpu", "xid",
-           (_s("fragscope_gpu_xid_last"), _s("DCGM_FI_DEV_XID_ERRORS", note="dcgm-exporter: the last Xid's number")),
+           (_s("fragscope_gpu_last_xid"), _s("DCGM_FI_DEV_XID_ERRORS", note="dcgm-exporter: the last Xid's number")),
            "the number of the last Xid error (0: none since the exporter started); a value, not a count"),
     Signal("gpu_ecc_dbe_volatile_total", "counter", "gpu", "errors",
            (_s("fragscope_gpu_ecc_uncorrected_volatile_total"),

@@ -276,7 +276,10 @@ def test_dcgm_and_none_gpu_sources():
     assert clk.values[0] > 1900 and clk.values[-1] < 1500  # MHz
     assert series(w, "DCGM_FI_DEV_GPU_TEMP").key.label("UUID", "").startswith("GPU-")
     w2, truth = to_window(Scenario("healthy", gpu_source="none", torch_probe=False, kernel_stats=False, **SHORT))
-    assert all(n.startswith("vllm:") for n in w2.names()) and "no torch probe" in truth.notes
+    # engine series, and the process collector's container / host series (no GPU source: no GPU series)
+    assert all(n.startswith(("vllm:", "fragscope_container_", "fragscope_process_", "fragscope_host_"))
+               for n in w2.names()) and "no torch probe" in truth.notes
+    assert any(n.startswith("vllm:") for n in w2.names())
 
 
 def test_drop_names_and_prefixes():

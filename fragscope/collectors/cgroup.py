@@ -98,12 +98,14 @@ def _resolve(bases: list[str], rel: str, probe: str, notes: list[str], what: str
     """The directory ``base/rel`` holding ``probe``; outside our cgroup namespace (``..`` in the path,
     or a path this mount does not show) the base itself is the closest we can read: say so."""
     for base in bases:
-        if not os.path.exists(os.path.join(base, probe)):
+        if not os.path.isdir(base):
             continue
         if rel and ".." not in rel.split("/"):
             d = _join(base, rel)
             if os.path.exists(os.path.join(d, probe)):
                 return d
+        if not os.path.exists(os.path.join(base, probe)):
+            continue
         if rel.strip("/") and rel != "/":
             notes.append(f"{what}: the engine's cgroup {rel} is not visible under {base} (another cgroup "
                          f"namespace); read {base} instead")

@@ -349,6 +349,9 @@ def saturation(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive
     running = _present(f, f.engine.get("requests_running"))
     if math.isfinite(running) and running < 1:
         return []  # requests wait while nothing runs: a stalled or starting engine, not one at capacity
+    gen = engine_counter(f, "generation_tokens_total")
+    if math.isfinite(gen.rate_per_min) and gen.rate_per_min <= 0:
+        return []  # no token generated in the present: a stalled engine (engine-stalled), not one at capacity
     ev = [Evidence("requests_waiting", float(np.median(v)), None, 1.0, "requests", sp, "queued at every sample", True)]
     if math.isfinite(kv):
         ev.append(Evidence("kv_cache_usage_ratio", kv, None, 0.8, "ratio", sp, "", kv >= 0.8))

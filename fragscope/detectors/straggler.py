@@ -6,7 +6,8 @@ slowest rank's compute, while the other ranks wait inside NCCL kernels (which co
 their utilization stays high, so utilization does not name the straggler; the clock does). One GPU
 12 % slower makes the whole engine 12 % slower. Told apart from clock-throttling: that judges each GPU
 against its own baseline or maximum with a slowdown reason; this compares the busy ranks with each other,
-whatever the cause (a rank throttled alone is both). A rank idle by design (a spare GPU, a pipeline
+for a cause other than a slowdown reason or heat (a rank throttling alone is reported by clock-throttling,
+which names its reason). A rank idle by design (a spare GPU, a pipeline
 stage with nothing to do) is not compared: it must be busy.
 """
 from __future__ import annotations
@@ -35,6 +36,9 @@ class Config:
     critical_gap: float = 0.30
     util_busy: float = 0.5  # ranks below this are idle (by design or not): not compared
     temp_gap_c: float = 10.0
+    # At a slowdown reason or clock-throttling's temperature bar (83 °C) the GPU is throttling: that
+    # diagnosis names it and its reason; a straggler is a rank slow for another cause (link, clocks, power).
+    throttle_temp_c: float = 83.0
 
 
 def _med(f: Frame, g: str, s: str, span) -> float:
@@ -65,14 +69,13 @@ def detect(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive:
         gap = 1 - clk[g] / ref
         if gap < cfg.clock_gap:
             continue
+        thr = common.throttle_fact(f, g, stats.Spans(span, span))
+        t = _med(f, g, "gpu_temperature_celsius", span)
+        if thr.present or (math.isfinite(t) and t >= cfg.throttle_temp_c):
+            continue  # a slowdown reason or heat on this GPU: clock-throttling names it (its own finding)
         why: list[str] = []
         ev = [Evidence("gpu_sm_clock_hertz", clk[g], ref, ref * (1 - cfg.clock_gap), "hertz", span,
                        f"-{gap * 100:.0f} % vs the median of {len(peers)} busy peers", True)]
-        thr = common.throttle_fact(f, g, stats.Spans(span, span))
-        if thr.present:
-            why.append(f"clock reason {thr.extra['reason']}")
-            ev.append(thr.evidence)
-        t = _med(f, g, "gpu_temperature_celsius", span)
         tp = [_med(f, p, "gpu_temperature_celsius", span) for p in busy if p != g]
         tp = [x for x in tp if math.isfinite(x)]
         if math.isfinite(t) and tp and t - float(np.median(tp)) >= cfg.temp_gap_c:

@@ -130,7 +130,7 @@ def simulate_engine(s: Scenario, rng: np.random.Generator) -> Run:
     if kind == "engine-cpu-starved":  # every step waits for the next CFS period (scenarios/host.py)
         eff = eff * (1.0 - 0.5 * min(sev, 1.5) * p)
     if kind == "rank-straggler":  # one rank's clock (no slowdown reason): the slowest paces every step
-        clock[G - 1] = MAX_CLOCK_MHZ - (MAX_CLOCK_MHZ - max(900.0, MAX_CLOCK_MHZ - 500.0 * sev)) * p
+        clock[G - 1] = MAX_CLOCK_MHZ * (1.0 - 0.16 * min(sev, 3.0) * p)  # severity 1: 84 % of the maximum
         eff = eff * clock.min(axis=0) / MAX_CLOCK_MHZ
     if kind == "allocator-fragmentation":
         eff = eff * (1.0 - 0.15 * min(sev, 2.0) * p)  # retries: cache flush + device sync

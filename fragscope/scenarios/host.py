@@ -147,7 +147,7 @@ def host_columns(s: Scenario, run: Run, put, uuids: list[str]) -> None:
             replays = np.cumsum(np.where(on, 40.0 / 60.0 * dt * max(sev, 0.5), 0.0))
         if s.gpu_source == "fragscope":
             gl = {"gpu": str(g), "gpu_uuid": uuids[g]}
-            names = ("fragscope_gpu_xid_last", "fragscope_gpu_ecc_uncorrected_volatile_total",
+            names = ("fragscope_gpu_last_xid", "fragscope_gpu_ecc_uncorrected_volatile_total",
                      "fragscope_gpu_ecc_corrected_volatile_total", "fragscope_gpu_ecc_uncorrected_aggregate_total",
                      "fragscope_gpu_row_remap_pending", "fragscope_gpu_row_remap_failed",
                      "fragscope_gpu_pcie_link_gen", "fragscope_gpu_pcie_link_gen_max",
