@@ -110,6 +110,22 @@ def _url_list(v: Any, what: str) -> list[str]:
     return [_url(x, what) for x in items]
 
 
+def _word_list(v: Any, what: str) -> list[str]:
+    items = re.split(r"[,\s]+", v.strip()) if isinstance(v, str) else list(v) if isinstance(v, (list, tuple)) else None
+    if items is None:
+        raise ConfigError(f"{what}: expected a list of words, got {v!r}")
+    return [str(x) for x in items if str(x)]
+
+
+def _pid_list(v: Any, what: str) -> list[int]:
+    out = []
+    for x in _word_list(v, what):
+        if not x.isdigit() or int(x) <= 0:
+            raise ConfigError(f"{what}: expected process ids (positive integers), got {x!r}")
+        out.append(int(x))
+    return out
+
+
 def _opt_str(v: Any, what: str) -> str | None:
     s = str(v).strip() if v is not None else ""
     return s or None
@@ -157,6 +173,9 @@ _KEYS: dict[str, tuple[str, Any, str]] = {
     "torch.interval": ("torch_interval", parse_duration, "probe read interval (default: interval)"),
     "process.enabled": ("process_enabled", _bool, "engine process CPU/RSS/threads and cgroup throttling"),
     "process.interval": ("process_interval", parse_duration, "process sampling interval (default: interval)"),
+    "process.match": ("process_match", _word_list, "words in the engine processes' name or command line"),
+    "process.pids": ("process_pids", _pid_list, "the engine's process ids (instead of matching names); the first "
+                     "one's cgroup is the engine's container"),
     "logs.file": ("log_file", _opt_str, "engine log file to follow"),
     "logs.interval": ("logs_interval", parse_duration, "log read interval (default: interval)"),
     "store.enabled": ("store_enabled", _bool, "keep history in SQLite under data_dir"),
@@ -233,6 +252,8 @@ class AgentConfig:
     torch_interval: float | None = None
     process_enabled: bool = True
     process_interval: float | None = None
+    process_match: list[str] = field(default_factory=lambda: ["vllm"])
+    process_pids: list[int] | None = None
     log_file: str | None = None
     logs_interval: float | None = None
     store_enabled: bool = True

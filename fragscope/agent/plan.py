@@ -60,8 +60,10 @@ def plan_collectors(cfg: AgentConfig) -> list[Planned]:
         def mk_proc():
             from ..collectors.process import ProcessCollector
 
-            # the engine is the process serving the engine URLs (or running the probe), not a name match
-            return ProcessCollector(endpoints=cfg.vllm_urls, probe_dir=cfg.probe_dir)
+            # the engine is the given pids, else the process serving the engine URLs (or running the probe),
+            # a name match only as a labelled guess
+            return ProcessCollector(match=cfg.process_match, pids=cfg.process_pids, endpoints=cfg.vllm_urls,
+                                    probe_dir=cfg.probe_dir)
         plan.append(Planned("process", "process", mk_proc, cfg.interval_of("process"), 5.0))
     if cfg.log_file:
         def mk_logs():

@@ -44,6 +44,8 @@ def _duration(value: str | None, flag: str, default: str | None = None) -> float
 @click.option("--nvml/--no-nvml", "nvml", default=None, help="Force the NVML collector on or off. [default: auto]")
 @click.option("--nvml-recorded", metavar="FILE", default=None, help="Replay recorded NVML values (demo, tests).")
 @click.option("--no-process", is_flag=True, default=False, help="Do not sample the engine processes.")
+@click.option("--engine-pid", "engine_pids", metavar="PID", multiple=True, type=int,
+              help="The engine's process id (repeatable; default: processes whose command mentions vllm).")
 @click.option("--retention", metavar="DURATION", default=None, help="Keep history this long. [default: 7d]")
 @click.option("--max-store-size", metavar="SIZE", default=None, help="Bound on the history on disk. [default: 1GiB]")
 @click.option("--no-store", is_flag=True, default=False, help="Keep no history on disk (memory window only).")
@@ -53,7 +55,7 @@ def _duration(value: str | None, flag: str, default: str | None = None) -> float
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default=None)
 @click.option("--print-config", is_flag=True, default=False, help="Print the effective config as TOML and exit.")
 def agent_cmd(config_file, vllm, dcgm, listen, data_dir, interval, probe_dir, log_file, nvml, nvml_recorded,
-              no_process, retention, max_store_size, no_store, detect_interval, capture, log_level,
+              no_process, engine_pids, retention, max_store_size, no_store, detect_interval, capture, log_level,
               print_config) -> int:
     """Run the sidecar: sample, keep history, diagnose continuously, export to Prometheus."""
     from ..agent.config import ConfigError, load_config
@@ -63,7 +65,7 @@ def agent_cmd(config_file, vllm, dcgm, listen, data_dir, interval, probe_dir, lo
         "interval": interval, "torch.probe_dir": probe_dir, "logs.file": log_file,
         "nvml.enabled": None if nvml is None else ("true" if nvml else "false"),
         "nvml.recorded": nvml_recorded, "process.enabled": False if no_process else None,
-        "store.retention": retention, "store.max_size": max_store_size,
+        "process.pids": list(engine_pids) or None, "store.retention": retention, "store.max_size": max_store_size,
         "store.enabled": False if no_store else None, "detect.interval": detect_interval,
         "capture.enabled": capture, "log_level": log_level,
     }
