@@ -128,7 +128,7 @@ class Agent:
         self.log = open(os.path.join(data_dir, "agent.log"), "w+")
         self.p = subprocess.Popen([*CLI, "agent", "--listen", f"127.0.0.1:{self.port}", "--data-dir", data_dir,
                                    "--interval", "1s", "--detect-interval", "3s", "--no-nvml", "--no-store",
-                                   "--vllm", engine.url, "--engine-pid", str(engine.p.pid)],
+                                   "--vllm", engine.url],
                                   stdout=self.log, stderr=subprocess.STDOUT)
 
     def findings(self) -> dict:
