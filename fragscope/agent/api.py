@@ -287,7 +287,9 @@ class _Handler(BaseHTTPRequestHandler):
 
             now, st = time.time(), self.state
             w = st.ring.window_at(now, "fragscope agent (live)") if st.ring is not None else None
-            self._send(200, agent_page(st.report, st.report_at, w, now).encode(), "text/html; charset=utf-8")
+            page = agent_page(st.report, st.report_at, w, now, collectors=[h.to_dict() for h in st.collectors.values()],
+                              ready_reasons=readiness_problems(st))
+            self._send(200, page.encode(), "text/html; charset=utf-8")
             return
         self._json(200, {"service": "fragscope agent", "version": __version__, "endpoints": [
             "/metrics", "/healthz", "/readyz", "/api/v1/findings", "/api/v1/signals?names=&start=&end=&step=",

@@ -16,12 +16,14 @@ from .svg import esc
 from .trace_html import render_trace_html
 
 def render_html(report: Report, window: Window | None = None, *, title: str | None = None,
-                generated_at: float | None = None, banner: str = "", judged: bool = True) -> str:
+                generated_at: float | None = None, banner: str = "", judged: bool = True,
+                before: str = "") -> str:
     """The report of a recording, a live window or the agent's recent window, as one HTML page.
 
     ``window`` gives the timeline and panels (drawn from detectors.frame.build_frame); without it
     the page has the findings only and says so. ``judged=False``: the detectors have not run yet
-    (the agent's first minutes), so no "No finding." either."""
+    (the agent's first minutes), so no "No finding." either. ``before``: HTML (escaped by the caller)
+    placed under the header, before the findings (the agent's collector summary)."""
     from .series import frame_of, panels
 
     d = report.to_dict()
@@ -31,6 +33,8 @@ def render_html(report: Report, window: Window | None = None, *, title: str | No
                     (w["start"], w["end"]), generated_at=generated_at)]
     if banner:
         body.append(f"<p><b>{esc(banner)}</b></p>")
+    if before:
+        body.append(before)
     body.append(summary_table(findings))
     frame = frame_of(window)
     body.append("<h2>Timeline</h2>")
@@ -50,7 +54,7 @@ def render_html(report: Report, window: Window | None = None, *, title: str | No
             body.append('<p class="absent">None of the report\'s signals are in this window.</p>')
     body += findings_section(findings, d["inconclusive"], list((d.get("signals") or {}).get("notes") or []),
                               judged)
-    return page(f"fragscope: {report.source or 'diagnosis'}", body)
+    return page(f"fragscope{' ' + title if title else ''}: {report.source or 'diagnosis'}", body)
 
 
 __all__ = ["render_html", "render_trace_html", "render_snapshot_html", "copy_snippets", "CSP"]
