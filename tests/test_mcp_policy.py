@@ -65,6 +65,17 @@ def test_escapes_are_refused(tree, path, why):
         Policy.build([str(allowed)]).resolve_file(path)
 
 
+def test_an_allowed_directory_given_through_a_link_answers_to_both_spellings(tree, tmp_path):
+    allowed, _ = tree
+    os.symlink(allowed, tmp_path / "incidents")
+    p = Policy.build([str(tmp_path / "incidents")])
+    real = os.path.join(os.path.realpath(allowed), "a.txt")
+    assert p.resolve_file(str(tmp_path / "incidents" / "a.txt"))[0] == real
+    assert p.resolve_file(str(allowed / "a.txt"))[0] == real
+    with pytest.raises(PolicyError, match="symbolic link leads out"):
+        p.resolve_file(str(tmp_path / "incidents" / "abs-escape.txt"))
+
+
 def test_absolute_path_outside_and_special_files_refused(tree):
     allowed, outside = tree
     p = Policy.build([str(allowed)])

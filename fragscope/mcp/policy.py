@@ -86,18 +86,25 @@ class Policy:
     allow_dirs: list[str] = field(default_factory=list)  # real paths, no symlinks
     allow_urls: list[UrlRule] = field(default_factory=list)
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
+    spellings: dict = field(default_factory=dict)  # real path -> the absolute spellings it was given as
     _dns: dict = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
     def build(cls, allow_dirs=(), allow_urls=(), max_file_bytes: int = DEFAULT_MAX_FILE_BYTES) -> "Policy":
-        dirs = []
+        dirs: list[str] = []
+        spellings: dict[str, list[str]] = {}
         for d in allow_dirs:
             real = os.path.realpath(d)
             if not os.path.isdir(real):
                 raise PolicyError(f"--allow-dir {d}: not a directory")
-            dirs.append(real)
-        return cls(allow_dirs=dirs, allow_urls=[UrlRule.parse(u) for u in allow_urls], max_file_bytes=max_file_bytes)
+            if real not in dirs:
+                dirs.append(real)
+            names = spellings.setdefault(real, [real])
+            if os.path.abspath(d) not in names:  # ./incidents given as a link: its own spelling works too
+                names.append(os.path.abspath(d))
+        return cls(allow_dirs=dirs, allow_urls=[UrlRule.parse(u) for u in allow_urls], max_file_bytes=max_file_bytes,
+                   spellings=spellings)
 
     # --- files -----------------------------------------------------------------------------------
     def how_to_allow_dirs(self) -> str:
@@ -144,7 +151,7 @@ class Policy:
         if os.path.isabs(path):
             norm = os.path.normpath(path)
             for root in self.allow_dirs:
-                for spelling in dict.fromkeys((root, os.path.abspath(root))):
+                for spelling in self.spellings.get(root, [root]):
                     if norm == spelling or norm.startswith(spelling.rstrip("/") + "/"):
                         out.append((root, _parts(os.path.relpath(norm, spelling))))
                         break
