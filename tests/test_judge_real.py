@@ -314,3 +314,23 @@ def test_one_gpu_memory_utilization_answer_for_one_log(tmp_path):
     acts = " ".join(a for f in d["findings"] for a in f["playbook"]["actions"])
     assert f"--gpu-memory-utilization {u:.2f} (currently 0.90)" in acts
     assert "not exposed" not in acts and "0.85" not in acts
+
+
+# --- one preemption, then a crash -------------------------------------------------------------------------------
+@pytest.mark.parametrize("name, crash", [("vllm_pr6102_first_preemption_then_crash.log", 2),
+                                         ("vllm_issue8219_first_preemption_engine_died.log", 2)])
+def test_first_preemption_then_crash_is_not_a_storm(name, crash):
+    d = _logs(DATA / name)
+    (f,) = [x for x in d["findings"] if x["id"] == "kv-cache-pressure"]
+    assert d["log"]["preemptions"]["count"] == 1
+    assert f["severity"] == "info" and f"followed by a crash at line {crash}" in f["summary"]
+    acts = " ".join(f["playbook"]["actions"])
+    assert f"Read the crash at line {crash}" in acts and "replica" not in acts.lower()
+
+
+def test_preemptions_without_a_crash_keep_their_severity(tmp_path):
+    # confounder: the same first preemption with no crash after it stays as it was (a warning in its first minute)
+    p = tmp_path / "alone.log"
+    p.write_text((DATA / "vllm_pr6102_first_preemption_then_crash.log").read_text().splitlines()[0] + "\n")
+    (f,) = [x for x in _logs(p)["findings"] if x["id"] == "kv-cache-pressure"]
+    assert f["severity"] == "warning" and "crash" not in f["summary"]

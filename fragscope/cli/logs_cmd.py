@@ -296,7 +296,7 @@ def analyse_log_file(file: str, tz_offset: float = 0.0, max_bytes: int = 512 << 
     except (OSError, ValueError):  # read above already; a race or a decode problem leaves sizing out
         judged = []
     summary, findings = analyse_log(events, expected_kv_tokens=expected, estimate_inputs=inputs, source=file,
-                                    job_markers=info.job_markers, startup=acc)
+                                    job_markers=info.job_markers, startup=acc, crash_lines=info.crash_lines)
     summary["input"] = {"lines": info.lines, "engine_lines": info.engine_lines, "undated_lines": info.undated_lines,
                         "truncated_lines": info.truncated_lines, "text_bytes": info.text_bytes,
                         "compressed": info.compressed}

@@ -292,6 +292,22 @@ def _pressure_finding(events: Sequence[LogEvent], pre: dict, cfg: Config) -> Fin
                    missing=missing, subject={})
 
 
+def _first_preemption_then_crash(f: Finding, events: Sequence[LogEvent], pre: dict, crash_lines) -> Finding:
+    """One preemption (vLLM V0 warns on the 1st and every 50th) followed by a crash: the crash is the story, not
+    a storm; the finding stays as information and points at the crash's line (``crash_lines``: LogParser's)."""
+    if pre["count"] != 1:
+        return f
+    pre_lines = [e.line_no for e in events if e.kind == "preemption"]
+    after = [n for n in crash_lines if pre_lines and n > max(pre_lines)]
+    if not after:
+        return f
+    f.severity = Severity.INFO
+    f.summary = (f"1 preemption (the engine's first) at line {max(pre_lines)}, followed by a crash at line {after[0]}: "
+                 "one preemption is not a storm; the crash is what stopped the run. " + f.summary)
+    f.context["crash_line"] = after[0]
+    return f
+
+
 def kv_capacity_check(cap: dict | None, expected_tokens: float | None, inputs: dict | None,
                       events: Sequence[LogEvent], ooms: list[dict], cfg: Config = Config()) -> dict | None:
     """Compare the logged KV capacity with an estimate and rank the likely reasons for a gap."""
@@ -415,7 +431,7 @@ def _kv_gap_findings(events: Sequence[LogEvent], check: dict | None, cfg: Config
 
 def analyse_log(events: Iterable[LogEvent], kv_budget_estimate=None, expected_kv_tokens: float | None = None,
                 *, estimate_inputs: dict | None = None, cfg: Config = Config(),
-                source: str = "", job_markers=(), startup=None) -> tuple[dict, list[Finding]]:
+                source: str = "", job_markers=(), startup=None, crash_lines=()) -> tuple[dict, list[Finding]]:
     """Summary (JSON contract, docs/logs.md#json) and findings for one engine log.
 
     ``kv_budget_estimate``: a :class:`fragscope.kvbudget.KvBudget` (its ``cached_tokens`` is used);
@@ -460,6 +476,8 @@ def analyse_log(events: Iterable[LogEvent], kv_budget_estimate=None, expected_kv
                                 "from /metrics (diagnose --vllm URL)")
     findings: list[Finding] = []
     f = _pressure_finding(evs, pre, cfg)
+    if f is not None:
+        f = _first_preemption_then_crash(f, evs, pre, crash_lines)
     if f is None:  # no preemption logged (V1 logs no count): a full pool shows as requests queued at ~100 % KV
         f = full_pool_queue_finding(evs, startup, summary["job_kind"])
     if f is not None:

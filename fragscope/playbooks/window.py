@@ -98,6 +98,9 @@ FRAGMENTATION = Diagnosis(
 # --- kv-cache-pressure -------------------------------------------------------------------------
 def _kv_actions(ctx: dict, config: dict) -> list[str]:
     acts: list[str] = []
+    if ctx.get("crash_line"):  # one preemption, then the run died: the crash is what to read (detectors/logs.py)
+        return [f"Read the crash at line {int(ctx['crash_line'])} (its traceback's last line names the error; diagnose "
+                "logs lists it when it is an OOM); one preemption needs no change of its own."]
     gmu = _f(config.get("gpu_memory_utilization"))
     running = _f(ctx.get("running"))
     cap = _f(ctx.get("cap_sequences"))

@@ -168,7 +168,7 @@ class StartupParser:
             # the same line again (a progress bar redrawn, a worker's identical echo) sets what it set
             return
         self._last_raw = raw
-        if ("is preempted by" in raw or (self.acc.served and ("Avg prompt throughput" in raw or "batch" in raw))) \
+        if ("is preempted " in raw or (self.acc.served and ("Avg prompt throughput" in raw or "batch" in raw))) \
                 and "out of memory" not in raw:
             return  # stats lines after start-up: the run-time summary reads them, not this parser
         line = _ANSI.sub("", raw).rstrip("\r\n") if "\x1b" in raw else raw.rstrip("\r\n")

@@ -12,6 +12,10 @@ from .prefixes import Clock, split_line
 from .rejoin import MAX_LINES as REJOIN_MAX_LINES, best_join, has_head
 
 
+# a line that opens a traceback or says the engine died (vLLM V0 async engine, V1 engine core)
+CRASH_MARKERS = ("Traceback (most recent call last)", "Engine background task failed", "EngineDeadError",
+                 "encountered a fatal error")
+
 # the last field each engine prints on a stats line: a record without it may continue on the next line
 _LAST_FIELD = {"vllm-v0": "kv_usage_ratio", "vllm-v1": "kv_usage_ratio", "sglang": "waiting"}
 
@@ -36,6 +40,7 @@ class LogParser:
         self.engine_lines = 0
         self.undated_lines = 0
         self.job_markers: set[str] = set()  # kinds of job whose own text was seen (jobkind.MARKERS)
+        self.crash_lines: list[int] = []  # lines that open a traceback or say the engine died (first 16)
         self.last_ts: float | None = None
         self._last_oom: tuple | None = None
         self._last_oom_ts: float | None = None
@@ -59,6 +64,8 @@ class LogParser:
         events: list[LogEvent] = []
         counted = False
         note_markers(line, self.job_markers, self.line_no)
+        if len(self.crash_lines) < 16 and any(m in line for m in CRASH_MARKERS):
+            self.crash_lines.append(self.line_no)
         recs = split_line(line, self.clock, self.last_ts)
         if self._async is not None and recs:
             if self._async_lines < 8 and fill_async_oom(self._async.fields, recs[0].msg):

@@ -64,7 +64,7 @@ def _ratio_pct(s: str) -> float:
 
 # --- preemption / retraction -----------------------------------------------------------------
 # V0 core/scheduler.py::_preempt, WARNING on the 1st and every 50th preemption
-_PREEMPT = re.compile(r"(?:Sequence group|Request) (\S{1,200}) is preempted by PreemptionMode\.(\w{1,20})")
+_PREEMPT = re.compile(r"(?:Sequence group|Request) (\S{1,200}) is preempted (?:by|in) PreemptionMode\.(\w{1,20})")
 _PREEMPT_COUNT = re.compile(r"(?:total_num_cumulative_preemption|total_cumulative_preemption_cnt)=" + INT)
 
 

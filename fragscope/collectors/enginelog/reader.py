@@ -43,6 +43,7 @@ class LogRead:
     text_bytes: int = 0  # bytes of text read (decompressed)
     compressed: bool = False
     job_markers: set = field(default_factory=set)  # kinds of job whose own text appeared (jobkind.py)
+    crash_lines: list = field(default_factory=list)  # lines opening a traceback / saying the engine died
     head: str = ""  # the first 4 KiB of text, for describing a file that is not an engine log
     mtime: float | None = None
 
@@ -172,6 +173,7 @@ def read_log_file(path: str, *, reference: float | None = None, tz: tzinfo | Non
     if parser is not None:
         info.lines, info.engine_lines, info.undated_lines = parser.line_no, parser.engine_lines, parser.undated_lines
         info.job_markers = set(parser.job_markers)
+        info.crash_lines = list(parser.crash_lines)
     return info
 
 
