@@ -1,7 +1,9 @@
 """Agent overhead: CPU % of one core, RSS and /metrics scrape latency at 1 s sampling with the vllm,
-dcgm, torch, process and logs collectors on, against two baselines measured over the same seconds:
-a bare prometheus_client exporter process (what any Python exporter costs) and a minimal 1 s sampler
-doing the same I/O and nothing else (what any 1 s sampler of this pod costs on this machine). Also
+dcgm, torch, process and logs collectors on, against three baselines measured over the same seconds:
+a Prometheus server scraping the same two endpoints at the same interval with fragscope's alert and
+triage rules loaded (what a user would run instead to watch this pod; target: the agent <= 1.0x its CPU,
+and RSS <= its RSS), a bare prometheus_client exporter process (what any Python exporter costs) and a
+minimal 1 s sampler doing the same I/O and nothing else (a floor no deployment runs). Also
 prints the machine's cold-tick factor (a fixed workload back to back vs once a second).
 
     python bench/bench_agent.py [--seconds 30] [--rounds 3] [--interval 1]
@@ -77,6 +79,36 @@ while True:
         except psutil.Error:
             pass
 """
+
+
+RULES_DIR = os.path.join(ROOT, "dashboards", "rules")
+
+
+def start_prometheus(tmp: str, targets: list[str], interval: float, port: int,
+                     rule_interval: float = 5.0) -> subprocess.Popen | None:
+    """What a user would run instead to watch this pod: a Prometheus server scraping the same endpoints at
+    the same interval, with fragscope's alert and triage rules loaded (evaluated every ``rule_interval`` s;
+    a group that sets its own interval keeps it). None when prometheus is not installed."""
+    import shutil
+    from urllib.parse import urlsplit
+
+    prom = shutil.which("prometheus")
+    if not prom:
+        return None
+    rules = sorted(os.path.join(RULES_DIR, f) for f in os.listdir(RULES_DIR) if f.endswith(".yml"))
+    lines = ["global:", f"  scrape_interval: {interval:g}s", f"  scrape_timeout: {min(interval, 10):g}s",
+             f"  evaluation_interval: {rule_interval:g}s", "rule_files:"] + [f"  - {r}" for r in rules]
+    lines.append("scrape_configs:")
+    for i, url in enumerate(targets):
+        u = urlsplit(url)
+        lines += [f"  - job_name: t{i}", f"    metrics_path: {u.path}", "    static_configs:",
+                  f"      - targets: ['{u.netloc}']", "        labels: {namespace: llm, pod: bench}"]
+    cfg = os.path.join(tmp, "prometheus.yml")
+    with open(cfg, "w") as fh:
+        fh.write("\n".join(lines) + "\n")
+    return subprocess.Popen([prom, f"--config.file={cfg}", f"--storage.tsdb.path={os.path.join(tmp, 'prom')}",
+                             f"--web.listen-address=127.0.0.1:{port}"], stdout=subprocess.DEVNULL,
+                            stderr=open(os.path.join(tmp, "prometheus.log"), "w"), start_new_session=True)
 
 
 def cold_tick_factor() -> tuple[float, float, float]:
@@ -231,14 +263,22 @@ def main() -> None:
                                    stderr=open(os.path.join(tmp, "minimal.log"), "w"),
                                    env=dict(os.environ, MINIMAL_INTERVAL=str(args.interval)))
         procs.append(minimal)
+        pport = free_port()
+        prom = start_prometheus(tmp, [base + "/vllm/metrics", base + "/dcgm/metrics"], args.interval, pport)
+        if prom is not None:
+            procs.append(prom)
         wait_http(aport, "/readyz")
         wait_http(bport, "/metrics")
+        if prom is not None:
+            wait_http(pport, "/-/ready")
         time.sleep(args.warmup)
         print(f"measuring {args.rounds} rounds of {args.seconds:g} s at {args.interval:g} s sampling (vllm, dcgm, "
               "torch, process, logs): agent, bare exporter and minimal sampler over the same seconds; a scrape "
               "of each every 15 s", flush=True)
         watched = {"agent": psutil.Process(agent.pid), "bare": psutil.Process(bare.pid),
                    "minimal": psutil.Process(minimal.pid)}
+        if prom is not None:
+            watched["prometheus"] = psutil.Process(prom.pid)
         rounds = []
         for i in range(args.rounds):
             r = measure(watched, {"agent": aport, "bare": bport}, args.seconds, aport)
@@ -246,7 +286,10 @@ def main() -> None:
             parts = ", ".join(f"{k} {v:.2f}" for k, v in r["parts_pct"].items())
             print(f"  round {i + 1}: agent {r['agent']['cpu_pct']:.2f} %, bare exporter {r['bare']['cpu_pct']:.2f} %, "
                   f"minimal sampler {r['minimal']['cpu_pct']:.2f} % (agent / minimal "
-                  f"{r['agent']['cpu_pct'] / max(r['minimal']['cpu_pct'], 1e-3):.2f}), load {r['load']:.2f}; "
+                  f"{r['agent']['cpu_pct'] / max(r['minimal']['cpu_pct'], 1e-3):.2f})"
+                  + (f", Prometheus {r['prometheus']['cpu_pct']:.2f} % (agent / Prometheus "
+                     f"{r['agent']['cpu_pct'] / max(r['prometheus']['cpu_pct'], 1e-3):.2f})" if "prometheus" in r else "")
+                  + f", load {r['load']:.2f}; "
                   f"agent's own accounting (% of a core): {parts}", flush=True)
         hot, cold, factor = cold_tick_factor()
         print(f"cold-tick factor of this machine: a fixed Python workload costs {hot * 1e3:.2f} ms back to back, "
@@ -278,6 +321,18 @@ def main() -> None:
               f"{a['cpu_pct'] / max(b['cpu_pct'], 1e-3):>9.1f}{'< 1':>10}")
         print(f"{'  vs minimal 1 s sampler':28}{a['cpu_pct']:>12.2f}{m['cpu_pct']:>16.2f}"
               f"{a['cpu_pct'] / max(m['cpu_pct'], 1e-3):>9.1f}")
+        if prom is not None:
+            pr = {f: med("prometheus", f) for f in ("cpu_pct", "rss_mb")}
+            pr_max = max(r["prometheus"]["rss_max_mb"] for r in rounds)
+            print(f"{'  vs Prometheus (same 2':28}{a['cpu_pct']:>12.2f}{pr['cpu_pct']:>16.2f}"
+                  f"{a['cpu_pct'] / max(pr['cpu_pct'], 1e-3):>9.2f}{'<= 1.0':>10}")
+            print(f"{'   scrapes, rules loaded)':28}")
+            print(f"{'RSS (MB) vs Prometheus':28}{a['rss_mb']:>12.1f}{pr['rss_mb']:>16.1f}"
+                  f"{a['rss_mb'] / pr['rss_mb']:>9.2f}{'<= 1.0':>10}")
+            print(f"{'RSS max (MB) vs Prometheus':28}{a['rss_max_mb']:>12.1f}{pr_max:>16.1f}"
+                  f"{a['rss_max_mb'] / pr_max:>9.2f}")
+        else:
+            print("Prometheus baseline: prometheus not installed (apt-get install prometheus)")
         print(f"{'RSS (MB)':28}{a['rss_mb']:>12.1f}{b['rss_mb']:>16.1f}{a['rss_mb'] / b['rss_mb']:>9.2f}{'< 60':>10}")
         print(f"{'RSS max (MB)':28}{a['rss_max_mb']:>12.1f}{b['rss_max_mb']:>16.1f}"
               f"{a['rss_max_mb'] / b['rss_max_mb']:>9.2f}")
@@ -288,7 +343,7 @@ def main() -> None:
     finally:
         for p in reversed(procs):
             if p.poll() is None:
-                p.terminate()
+                p.terminate()  # (Prometheus too: its own session, SIGTERM shuts it down)
                 try:
                     p.wait(timeout=15)
                 except subprocess.TimeoutExpired:

@@ -2,6 +2,7 @@
 """Fleet diagnosis benchmark: N pods x 6 h at 15 s in a real Prometheus, triage against full download (issue 15).
 
     python bench/bench_fleet.py [--sizes 20,50,100,200] [--hours 6] [--baseline-max 100] [--rules] [--keep DIR]
+    python bench/bench_fleet.py --pods 2000 --hours 1 [--subset 200] [--queries] [--keep DIR]
 
 Generates one recording per pod (fragscope.scenarios: healthy replicas of one model with 5 incidents
 among the first 20 pods: two allocator-fragmentation, kv-cache-pressure, clock-throttling,
@@ -166,6 +167,149 @@ def summary(doc: dict | None) -> str:
             f"findings {found}")
 
 
+def _families(text: str) -> list[tuple[str, str]]:
+    """OpenMetrics text -> [(family header lines, sample lines)] in order (# EOF dropped)."""
+    out: list[tuple[str, list[str]]] = []
+    for line in text.splitlines(keepends=True):
+        if line.startswith("# EOF"):
+            continue
+        if line.startswith("#"):
+            if not out or out[-1][1]:
+                out.append((line, []))
+            else:
+                out[-1] = (out[-1][0] + line, out[-1][1])
+        else:
+            out[-1][1].append(line)
+    return [(h, "".join(b)) for h, b in out]
+
+
+def big_backfill(work: str, tsdb: str, pods: int, duration: float, promtool: str, batch: int,
+                 templates: int = 20) -> tuple[float, float, float, float, int]:
+    """A large fleet, fast: ``templates`` healthy pods and the incident pods generated once, each pod's
+    text their template's with its own pod label, ``batch`` pods per OpenMetrics file (families kept
+    contiguous), one promtool backfill per file. Returns (generate s, backfill s, start, end, samples)."""
+    import io
+
+    from fragscope.scenarios.writers import write_columns as _wc
+
+    g0 = time.perf_counter()
+    placeholder = "@@POD@@"
+    tmpl: dict[object, list[tuple[str, str]]] = {}
+    start = end = None
+    samples = 0
+    for key in [("healthy", k) for k in range(templates)] + [(kind, i) for i, kind in INCIDENTS.items()]:
+        kind, seed = key
+        cols, types, _ = generate(Scenario(kind, duration_s=duration, seed=100 + seed))
+        cols = {SeriesKey(k.name, make_labels(dict(k.labels, namespace="llm", pod=placeholder))): v
+                for k, v in cols.items()}
+        buf = io.StringIO()
+        _wc(cols, types, buf, openmetrics=True)
+        tmpl[key] = _families(buf.getvalue())
+        s0 = min(float(t[0]) for t, _ in cols.values())
+        e0 = max(float(t[-1]) for t, _ in cols.values())
+        start, end = (s0, e0) if start is None else (min(start, s0), max(end, e0))
+        samples_per = sum(len(t) for t, _ in cols.values())
+    gen_s, bf_s = time.perf_counter() - g0, 0.0
+    path = os.path.join(work, "batch.om")
+    for lo in range(0, pods, batch):
+        g0 = time.perf_counter()
+        heads: dict[str, str] = {}
+        bodies: dict[str, list[str]] = {}
+        for i in range(lo, min(pods, lo + batch)):
+            key = (INCIDENTS[i], i) if i in INCIDENTS else ("healthy", i % templates)
+            name = pod_name(i)
+            for head, body in tmpl[key]:
+                fam = head.rsplit("# TYPE ", 1)[-1].split(" ", 1)[0]
+                heads.setdefault(fam, head)
+                bodies.setdefault(fam, []).append(body.replace(placeholder, name))
+            samples += samples_per
+        with open(path, "w") as fh:
+            for fam, head in heads.items():
+                fh.write(head)
+                fh.writelines(bodies[fam])
+            fh.write("# EOF\n")
+        gen_s += time.perf_counter() - g0
+        b0 = time.perf_counter()
+        subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", path, tsdb], check=True,
+                       capture_output=True)
+        bf_s += time.perf_counter() - b0
+        os.unlink(path)
+    return gen_s, bf_s, start, end, samples
+
+
+def _proc_cpu(pid: int) -> float:
+    """user + system CPU seconds of a process (/proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat") as fh:
+        f = fh.read().rsplit(")", 1)[1].split()
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _proc_rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def big_fleet(a, prom_bin: str, promtool: str) -> int:
+    """--pods N: one fleet of N pods, the triage recording rules backfilled, then `diagnose --prometheus`
+    with the rules over the whole fleet and over its first --subset pods (the same incidents): fragscope's
+    wall time and peak RSS, and the Prometheus server's CPU and RSS for the same run beside them."""
+    work = a.keep or tempfile.mkdtemp(prefix="fragscope-bench-fleet-")
+    os.makedirs(work, exist_ok=True)
+    tsdb = os.path.join(work, "tsdb")
+    t_all = time.perf_counter()
+    print(f"machine: {os.cpu_count()} cores, load average {' '.join(open('/proc/loadavg').read().split()[:3])}; "
+          f"{a.pods:,} pods x {a.hours:g} h at 15 s; incidents at pods "
+          f"{', '.join(f'{pod_name(i)} ({k})' for i, k in sorted(INCIDENTS.items()))}", flush=True)
+    if not os.path.isdir(tsdb) or not os.listdir(tsdb):
+        g, b, start, end, n = big_backfill(work, tsdb, a.pods, a.hours * 3600, promtool, a.batch)
+        with open(os.path.join(work, "span.json"), "w") as fh:
+            json.dump({"start": start, "end": end, "samples": n}, fh)
+        print(f"      generated in {g:.0f} s, backfilled with promtool in {b:.0f} s ({n:,} samples)", flush=True)
+    with open(os.path.join(work, "span.json")) as fh:
+        span = json.load(fh)
+    start, end = span["start"], span["end"]
+    srv = Server(prom_bin, work, tsdb)
+    try:
+        print(f"      (TSDB compaction settled {srv.settle():.0f} s after start)", flush=True)
+        if not os.path.exists(os.path.join(work, "rules-done")):
+            r0 = time.perf_counter()
+            out = os.path.join(work, "rule-blocks")
+            shutil.rmtree(out, ignore_errors=True)
+            subprocess.run([promtool, "tsdb", "create-blocks-from", "rules", "--start", str(int(start)),
+                            "--end", str(int(end) + 60), "--url", srv.url, "--output-dir", out, RULES],
+                           check=True, capture_output=True)
+            srv.close()
+            for blk in os.listdir(out):
+                shutil.move(os.path.join(out, blk), os.path.join(tsdb, blk))
+            open(os.path.join(work, "rules-done"), "w").close()
+            print(f"      triage rules backfilled with promtool in {time.perf_counter() - r0:.0f} s", flush=True)
+            srv = Server(prom_bin, work, tsdb)
+            srv.settle()
+        print(f"{'pods':>6} {'path':<24} {'seconds':>8} {'peak RSS MB':>12}  {'server CPU s':>12} "
+              f"{'server RSS MB':>13}  what")
+        sub = f'{{pod=~"vllm-(?:{"|".join(f"{i:03d}" for i in range(min(a.subset, a.pods)))})"}}'
+        runs = [(a.pods, "triage (rules)", ("--triage", "rules")),
+                (min(a.subset, a.pods), "triage (rules), subset", ("--triage", "rules", "--selector", sub))]
+        if a.queries:
+            runs.append((a.pods, "triage (queries)", ("--triage", "queries")))
+        for n, label, extra in runs:
+            run_cli_rss(srv.url, start, end, *extra)  # the server's page cache warm once
+            c0 = _proc_cpu(srv.proc.pid)
+            wall, rss, doc, err = run_cli_rss(srv.url, start, end, *extra)
+            cpu = _proc_cpu(srv.proc.pid) - c0
+            print(f"{n:>6} {label:<24} {wall:>8.2f} {rss:>12.0f}  {cpu:>12.2f} {_proc_rss_mb(srv.proc.pid):>13.0f}  "
+                  f"{summary(doc)} {err[:200]}", flush=True)
+    finally:
+        srv.close()
+    print(f"total benchmark time {time.perf_counter() - t_all:.0f} s")
+    if not a.keep:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="20,50,100,200")
@@ -173,12 +317,20 @@ def main() -> int:
     ap.add_argument("--baseline-max", type=int, default=100, help="full download only up to this many pods")
     ap.add_argument("--rules", action="store_true", help="also backfill the triage rules at the largest size")
     ap.add_argument("--keep", default=None, help="keep the TSDB in this directory")
+    ap.add_argument("--pods", type=int, default=0,
+                    help="instead: one fleet of this many pods (healthy pods from 20 generated templates), the "
+                         "rules backfilled, diagnosed with the rules; e.g. --pods 2000 --hours 1")
+    ap.add_argument("--batch", type=int, default=100, help="--pods: pods per promtool backfill")
+    ap.add_argument("--subset", type=int, default=200, help="--pods: also diagnose only the first N pods")
+    ap.add_argument("--queries", action="store_true", help="--pods: also --triage queries (slow on the server)")
     a = ap.parse_args()
     sizes = sorted(int(x) for x in a.sizes.split(","))
     prom_bin, promtool = shutil.which("prometheus"), shutil.which("promtool")
     if not prom_bin or not promtool:
         print("needs prometheus and promtool (apt-get install prometheus)", file=sys.stderr)
         return 2
+    if a.pods:
+        return big_fleet(a, prom_bin, promtool)
     work = a.keep or tempfile.mkdtemp(prefix="fragscope-bench-fleet-")
     os.makedirs(work, exist_ok=True)
     tsdb = os.path.join(work, "tsdb")

@@ -44,6 +44,9 @@ from fragscope.collectors.kineto import read_kineto  # noqa: E402
 from fragscope.collectors.nsys import read_nsys  # noqa: E402
 from fragscope.detectors.timeline import analyse, judge  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "bench"))
+from benchproc import DIAGNOSE, installed_env, whole as _whole  # noqa: E402
+
 HTA_SCRIPT = r"""
 import sys, time, logging, warnings, shutil, tempfile, os
 warnings.filterwarnings("ignore"); logging.disable(logging.CRITICAL)
@@ -132,18 +135,6 @@ def gen_kineto(path: Path, n: int = 100_000) -> Path:
     return path
 
 
-def _whole(cmd: list[str], reps: int, env: dict | None = None) -> tuple[float, str]:
-    """Best wall seconds of N fresh processes running ``cmd``."""
-    best, status = float("inf"), "ok"
-    for _ in range(reps):
-        t = time.perf_counter()
-        r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
-        best = min(best, time.perf_counter() - t)
-        if r.returncode not in (0, 1):
-            status = f"rc={r.returncode} {(r.stderr.strip().splitlines() or [''])[-1][:80]}"
-    return best, status
-
-
 def bench_kineto(hta_python: str | None, tmp: Path, ns_path: Path, reps_whole: int = 3) -> None:
     print("== Kineto: fragscope vs HTA (parse + temporal breakdown + idle breakdown + launch stats; best of N); "
           f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
@@ -152,6 +143,7 @@ def bench_kineto(hta_python: str | None, tmp: Path, ns_path: Path, reps_whole: i
     decoder = "msgspec" if importlib.util.find_spec("msgspec") and \
         os.environ.get("FRAGSCOPE_JSON_DECODER", "") != "stdlib" else "stdlib json"
     print(f"   fragscope's JSON decoder: {decoder}")
+    env = installed_env(tmp / "pycache")  # compiled bytecode, as installed (bench/benchproc.py)
     traces = [DATA / "hta_alexnet_critical_path.json.gz", DATA / "hta_timeline_sampled_rank0.json.gz"]
     real = ns_trace(ns_path)
     if real is not None:
@@ -171,8 +163,8 @@ def bench_kineto(hta_python: str | None, tmp: Path, ns_path: Path, reps_whole: i
         else:
             line += "  HTA not available (--hta-python)"
         print(line, flush=True)
-        ours_w, st = _whole([sys.executable, "-c", "from fragscope.cli import diagnose_main; diagnose_main()",
-                             "trace", str(p), "--format", "json", "--fail-on", "never"], reps_whole)
+        ours_w, st = _whole(DIAGNOSE + ["trace", str(p), "--format", "json", "--fail-on", "never"], reps_whole,
+                            env)
         line = f"{'':40s} {'':8s}     whole process: fragscope {ours_w * 1e3:8.1f} ms [{st}]"
         if hta_python:
             hta_w, st = _whole([hta_python, "-c", HTA_WHOLE, str(p)], reps_whole)
