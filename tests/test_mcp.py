@@ -46,24 +46,28 @@ def _cli_json(*args, prog="diagnose") -> dict:
 
 
 class Served:
-    """An in-process server over ``policy`` (installed, as `fragscope mcp` does), called with the SDK client."""
+    """An in-process server over ``policy``, installed (as `fragscope mcp` does) while the SDK client calls it."""
 
     def __init__(self, policy: Policy, limits: Limits | None = None) -> None:
         self.policy = policy
         self.server = build_server(policy, limits)
 
     def __enter__(self):
-        pol.install(self.policy)
         return self
 
     def __exit__(self, *exc):
-        pol.uninstall()
+        pass
 
     def run(self, fn):
+        """Installed while the client talks to it only: the CLI runs beside it unconfined, as a user runs it."""
         async def go():
             async with Client(self.server) as c:
                 return await fn(c)
-        return anyio.run(go)
+        pol.install(self.policy)
+        try:
+            return anyio.run(go)
+        finally:
+            pol.uninstall()
 
     def call(self, name: str, args: dict):
         return self.run(lambda c: c.call_tool(name, args))
@@ -227,13 +231,19 @@ def test_nsys_sqlite_export_read_inside_and_refused_through_a_link(tmp_path):
     with gzip.open(os.path.join(DATA, "trace", "nsys_weatherbench2_no_kernels.sqlite.gz"), "rb") as src:
         (allowed / "report.sqlite").write_bytes(src.read())
     (tmp_path / "out.sqlite").write_bytes((allowed / "report.sqlite").read_bytes())
-    with Served(Policy.build([str(allowed)])) as s:
-        r = s.call("diagnose_file", {"path": "report.sqlite"})
-        import sqlite3
+    import sqlite3
 
+    policy = Policy.build([str(allowed)])
+    with Served(policy) as s:
+        r = s.call("diagnose_file", {"path": "report.sqlite"})
+    pol.install(policy)
+    try:
         with pytest.raises(PermissionError, match="refused by fragscope mcp"):
             sqlite3.connect(f"file:{tmp_path / 'out.sqlite'}?mode=ro", uri=True)
-    sqlite3.connect(":memory:").close()
+        sqlite3.connect(f"file:{allowed / 'report.sqlite'}?mode=ro", uri=True).close()
+    finally:
+        pol.uninstall()
+    sqlite3.connect(f"file:{tmp_path / 'out.sqlite'}?mode=ro", uri=True).close()  # lifted with the policy
     real = os.path.join(os.path.realpath(allowed), "report.sqlite")
     if r.is_error:  # an export the trace reader refuses: the same one line as the CLI's
         p = cli("trace", real, "--format", "json")
