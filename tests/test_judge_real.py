@@ -334,3 +334,27 @@ def test_preemptions_without_a_crash_keep_their_severity(tmp_path):
     p.write_text((DATA / "vllm_pr6102_first_preemption_then_crash.log").read_text().splitlines()[0] + "\n")
     (f,) = [x for x in _logs(p)["findings"] if x["id"] == "kv-cache-pressure"]
     assert f["severity"] == "warning" and "crash" not in f["summary"]
+
+
+# --- figures that cannot be -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name, pool_gib, total_gib", [
+    ("torch_oom_ipassr9_allocated_over_total.log", 19.15, 8.00),            # YingqianWang/iPASSR#9
+    ("torch_oom_replacer74_allocated_over_total.log", 16.16 + 144.59 / 1024, 11.99)])  # sd-webui-replacer#74
+def test_pool_larger_than_the_gpu_is_flagged_not_clipped(name, pool_gib, total_gib):
+    d = _logs(DATA / name)
+    (o,) = d["log"]["ooms"]
+    assert o["figures_inconsistent"] and o["held_outside_pytorch_bytes"] is None  # not "0 held elsewhere"
+    over = f"{pool_gib - total_gib:.2f} GiB more than the device has"
+    assert over in o["inconsistency"] and "system memory" in o["inconsistency"]
+    (f,) = d["findings"]
+    assert f["id"] == "oom-capacity" and "cannot all be true" in f["summary"] and over in f["summary"]
+    assert _size(DATA / name)["outcome"]["oom_verdict"] == "capacity"
+
+
+def test_sglang_headroom_is_the_lowest_free_figure_after_the_pool():
+    # tests/data/sizing/sglang_gemma3_startup.log: "Memory pool end. avail mem=14.61 GB", then "Capture cuda graph
+    # begin ... avail mem=13.95 GB" (workspaces taken in between): the headroom is 13.95, not 14.61
+    r = cli("size", "--log", DATA.parent / "sizing" / "sglang_gemma3_startup.log", "--format", "json", prog="fragscope")
+    rec = json.loads(r.stdout)["recommendation"]
+    assert rec["outcome"]["activation_headroom_bytes"] == pytest.approx(13.95 * GIB)
+    assert any("13.95 GiB (free when graph capture began); 14.61 GiB at pool end" in a for a in rec["arithmetic"])

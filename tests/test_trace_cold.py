@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from fragscope.trace_pipeline import analyse_trace_file
 from test_trace import T0, _kernel, _kineto, _launch
 
@@ -68,3 +70,14 @@ def test_real_traces_that_free_and_reallocate_keep_the_finding():
     assert a["host"]["steady_malloc_calls"] == 16 and a["host"]["steady_free_calls"] == 4
     assert a["host"]["steady_malloc_after_free_calls"] > 0
     assert "allocator-stalls" in [f.id for f in findings]
+
+
+def test_share_above_100_percent_is_flagged_not_clipped(tmp_path):
+    # synthetic: two host threads each blocked in cudaStreamSynchronize over the same 6 ms of a 10 ms window:
+    # 12 ms of synchronizing calls in 10.02 ms = 119.8 %: kept as is, and the note says why it can exceed 100 %
+    ev = _pass()
+    ev.append(_launch(2000.0, 6000.0, 20_001, name="cudaStreamSynchronize", tid=100))
+    ev.append(_launch(2000.0, 6000.0, 20_002, name="cudaStreamSynchronize", tid=101))
+    a, _ = analyse_trace_file(str(_kineto(tmp_path / "two.json", ev)))
+    assert a["host"]["sync_api_ratio"] == pytest.approx(12000 / 10000, rel=0.01)
+    assert any("sync_api_ratio is 1" in n and "overlap" in n for n in a["notes"]), a["notes"]

@@ -177,6 +177,14 @@ def _other_finding(gpu: str, verdict: str, items: list[dict]) -> Finding:
     held = o["held_outside_pytorch_bytes"]
     bigger = (o["requested_bytes"] is not None and o["total_bytes"] is not None
               and o["requested_bytes"] > o["total_bytes"])
+    if o.get("figures_inconsistent"):
+        ev.append(Evidence("log_oom_reserved_bytes", o["reserved_bytes"] if o["reserved_bytes"] is not None
+                           else o["allocated_bytes"], threshold=o["total_bytes"], unit="bytes", agrees=False,
+                           note="more than the device can hold: the figures are flagged, not used"))
+        summary = (f"{where}: OOM at {_hms(o['time'])} {_figures(o)}: the figures cannot all be true: "
+                   f"{o['inconsistency']}; the workload is far past the GPU's capacity{count}.")
+        return Finding("oom-capacity", Severity.CRITICAL, 0.6, summary, onset=o["time"], evidence=ev,
+                       missing=["gpu_memory_used_bytes (NVML: dedicated vs shared memory)"], subject=subject)
     summary = (f"{where}: OOM at {_hms(o['time'])} {_figures(o)}: "
                + ("the request alone is larger than the GPU" if bigger else
                   f"PyTorch's own pool filled the GPU (stranded inside it: {_gib(o['reserved_unallocated_bytes'])}; "

@@ -77,6 +77,12 @@ def analyse(tl: Timeline, cfg: Config = Config()) -> dict:
     if host is None:
         host = host_job()
     epoch = tl.epoch_offset_ns
+    for name in ("sync_api_ratio", "steady_malloc_free_ratio"):
+        share = host.get(name)
+        if share is not None and share > 1.0:
+            # calls summed over several host threads, or running past the window's ends: flagged, never clipped
+            notes.append(f"{name} is {share * 100:.1f} % of its window: host calls overlap (several threads) or run "
+                         "past the window's ends, so it is a sum of call time, not a share of wall time")
     return {
         "source": tl.source,
         "format": tl.format,

@@ -96,7 +96,9 @@ def _judge_device(d: dict, cfg: Config, win, onset, host: dict, wl: str, finding
         if host["sync_api_ratio"] >= 0.1:
             conf += 0.15
         ev.append(Evidence("sync_api_ratio", host["sync_api_ratio"], unit="ratio", window=win,
-                           note=f"{host['sync_api_calls']} synchronizing calls, {host['sync_api_seconds']:.3g} s",
+                           note=f"{host['sync_api_calls']} synchronizing calls, {host['sync_api_seconds']:.3g} s"
+                           + ("; above 100 %: calls overlap across host threads (a sum, not a share of wall time)"
+                              if host["sync_api_ratio"] > 1.0 else ""),
                            agrees=host["sync_api_ratio"] >= 0.1))
         if host["pageable_async_copy_calls"]:
             conf += 0.1

@@ -20,9 +20,18 @@ def sglang(acc, runtime, cfg, rec, target_concurrency, target_len) -> None:
     bpt = acc.kv_bytes_per_token
     if bpt:
         A.append(f"KV bytes per token = {g(acc.kv_cache_bytes)} / {acc.pool_tokens:,} tokens = {bpt / 1024:.1f} KiB")
-    head = acc.sglang_free_after_graphs_bytes or acc.sglang_free_after_pool_bytes
+    # the headroom is the lowest free figure logged after the pool: workspaces and graph capture take from it after
+    # "Memory pool end" (sglang_gemma3_startup.log: 14.61 GB at pool end, 13.95 GB when graph capture began)
+    seen = [(n, v) for n, v in (("at pool end", acc.sglang_free_after_pool_bytes),
+                                ("when graph capture began", acc.sglang_free_at_graph_begin_bytes),
+                                ("after graph capture / at serving start", acc.sglang_free_after_graphs_bytes))
+            if v is not None]
+    head = min(v for _, v in seen) if seen else None
     if head is not None:
-        A.append(f"left outside the pool for activations after start-up: {g(head)}")
+        where = min(seen, key=lambda x: x[1])[0]
+        A.append(f"left outside the pool for activations after start-up: {g(head)} (free {where})"
+                 + ("; " + ", ".join(f"{g(v)} {n}" for n, v in seen if v != head) if len(seen) > 1 else ""))
+        rec.outcome["activation_headroom_bytes"] = head
     if m0 is None:
         rec.missing.append("mem_fraction_static in force (the server_args line; SGLang picks it per GPU when unset)")
     if T is None:

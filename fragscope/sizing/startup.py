@@ -21,7 +21,7 @@ from ..collectors.enginelog.patterns import async_oom_complete, fill_async_oom
 from .wordings import (_ANSI, _AVAIL_KV, _BLOCKS, _CFG, _ENGINE_V, _GRAPH, _GRAPH_EST, _GRAPH_POOL,
                        _GRAPH_PROFILING_OFF, _GRAPH_PROFILING_ON, _KV_INSUFF, _KV_INSUFF_EST, _KV_INSUFF_OLD,
                        _KV_TOKENS, _MAX_CONC, _NEW_STARTUP, _NO_CACHE, _PHASES, _READY, _SG_AVAIL, _SG_FIELDS,
-                       _SG_GRAPH_END, _SG_KV, _SG_LOAD_BEGIN, _SG_LOAD_END, _SG_MAX_TOTAL, _SG_POOL_END,
+                       _SG_GRAPH_BEGIN, _SG_GRAPH_END, _SG_KV, _SG_LOAD_BEGIN, _SG_LOAD_END, _SG_MAX_TOTAL, _SG_POOL_END,
                        _SHORTFALL, _SUMMARY_DESIRED, _SUMMARY_FIT, _SUMMARY_FREE, _SUMMARY_FULL, _SUMMARY_INUSE,
                        _SUMMARY_PARTS, _V0_KV, _V0_KV_GMU, _V0_PROSE, _V0_PROSE_BUDGET, _V0_TABLE, _V0_TABLE_GMU,
                        _VERSION, _WEIGHTS, _gate, _gib, _int, _size, _sz)
@@ -69,6 +69,7 @@ class StartupAccounting:
     sglang_free_after_weights_bytes: float | None = None
     sglang_free_after_pool_bytes: float | None = None
     sglang_free_after_graphs_bytes: float | None = None
+    sglang_free_at_graph_begin_bytes: float | None = None  # "Capture cuda graph begin ... avail mem=" (after workspaces)
     max_total_num_tokens: int | None = None
     max_running_requests: int | None = None
     context_len: int | None = None
@@ -341,6 +342,9 @@ class StartupParser:
         m = _SG_POOL_END.search(line)
         if m:
             self._set("sglang_free_after_pool_bytes", _size(m))
+        m = _SG_GRAPH_BEGIN.search(line)
+        if m:
+            self._set("sglang_free_at_graph_begin_bytes", _size(m))
         m = _SG_GRAPH_END.search(line)
         if m:
             self._set("cuda_graph_seconds", float(m.group(1)))

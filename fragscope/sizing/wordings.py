@@ -105,6 +105,8 @@ _SG_LOAD_END = re.compile(r"Load weight end\..*?avail mem=" + _SIZE + r", mem us
 _SG_KV = re.compile(r"KV Cache is allocated\.(?: dtype: [\w.]+,)? #tokens: ([\d,]+), K size: " + _SIZE +
                     r", V size: " + _SIZE)
 _SG_POOL_END = re.compile(r"Memory pool end\. avail mem=" + _SIZE)
+# "Capture cuda graph begin. This can take up to several minutes. avail mem=13.95 GB": after workspaces, before graphs
+_SG_GRAPH_BEGIN = re.compile(r"Capture cuda graph begin\..{0,80}?avail mem=" + _SIZE)
 _SG_GRAPH_BEGIN = re.compile(r"Capture cuda graph begin\..*?avail mem=" + _SIZE)
 _SG_GRAPH_END = re.compile(r"Capture cuda graph end\. Time elapsed: ([\d.]+) s\.(?: mem usage=" + _SIZE +
                            r"\.)?(?: avail mem=" + _SIZE + r")?")

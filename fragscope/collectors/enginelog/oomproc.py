@@ -101,7 +101,21 @@ def judge_oom(f: dict, contributing_ratio: float = CONTRIBUTING_RATIO,
     pool = reserved if reserved is not None else alloc  # allocated: a lower bound of the pool when reserved is cut off
     others, self_pid = split_self(listed, pool, used, in_use_self)
     others_bytes = float(sum(o["bytes"] for o in others)) if others else None
-    outside = max(0.0, used - pool) if used is not None and pool is not None else None
+    outside = (used - pool) if used is not None and pool is not None else None
+    inconsistency = None
+    if pool is not None and total is not None and pool > total * 1.01:
+        # more than the device holds: a driver that spills into system memory (Windows WDDM shared GPU memory, the
+        # CUDA "sysmem fallback" policy); the message's figures cannot all describe device memory
+        inconsistency = (f"PyTorch holds {_size(pool)} on a {_size(total)} GPU ({_size(pool - total)} more than the "
+                         "device has): the driver is spilling into system memory (Windows shared GPU memory, the "
+                         "CUDA sysmem fallback policy), so the figures do not add up on the device")
+    elif outside is not None and outside < -max(ALLOC_SLACK_BYTES, 0.01 * (total or 0.0)):
+        inconsistency = (f"PyTorch's pool ({_size(pool)}) is larger than the memory in use on the device "
+                         f"({_size(used)} = total - free): the figures do not add up")
+    if inconsistency is not None:
+        outside = None  # flagged, never clipped to 0
+    elif outside is not None:
+        outside = max(0.0, outside)  # within the message's rounding
     out = {"requested_bytes": req, "total_bytes": total, "free_bytes": free, "allocated_bytes": alloc,
            "reserved_bytes": reserved, "reserved_unallocated_bytes": unalloc,
            "reserved_unallocated_derived": bool(f.get("reserved_unallocated_derived")),
@@ -113,6 +127,7 @@ def judge_oom(f: dict, contributing_ratio: float = CONTRIBUTING_RATIO,
            "held_outside_pytorch_bytes": outside,
            "non_pytorch_this_process_bytes": (max(0.0, in_use_self - pool) if in_use_self is not None
                                               and pool is not None else None),
+           "figures_inconsistent": inconsistency is not None, "inconsistency": inconsistency,
            "fragmentation_ratio": None, "shortfall_bytes": None, "unmet_bytes": None,
            "verdict": "unknown", "judged_by": "the message lacks the figures to judge"}
     if f.get("wording") == "cuda-error":
@@ -176,7 +191,9 @@ def judge_oom(f: dict, contributing_ratio: float = CONTRIBUTING_RATIO,
         out["judged_by"] = "the message stops before PyTorch's own figures (reserved / allocated)"
     else:
         out["verdict"] = "capacity"
-        if unalloc is not None and ratio is not None and unalloc >= unmet:
+        if inconsistency is not None:
+            out["judged_by"] = inconsistency + "; the workload is past the GPU's capacity"
+        elif unalloc is not None and ratio is not None and unalloc >= unmet:
             out["judged_by"] = (f"the {_size(unalloc)} reserved but unallocated would cover the {_size(unmet)} the "
                                 f"allocation lacked, but it is only {_pct(ratio)} of reserved: the allocator's "
                                 "ordinary rounding, not fragmentation; the pool is full of live tensors")
