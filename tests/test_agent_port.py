@@ -29,7 +29,9 @@ def test_help_and_print_config_show_the_constant():
     from fragscope.cli import fragscope_group
 
     r = CliRunner().invoke(fragscope_group, ["agent", "--help"])
-    assert "0.0.0.0:9655" in " ".join(r.output.split()) and "9400" not in r.output
+    text = " ".join(r.output.split())
+    assert "[default: 0.0.0.0:9655]" in text
+    assert all("dcgm" in text[max(0, m.start() - 80): m.start()] for m in re.finditer("9400", text))
     r = CliRunner().invoke(fragscope_group, ["agent", "--print-config", "--no-store"])
     assert 'listen = "0.0.0.0:9655"  # default' in r.output
 

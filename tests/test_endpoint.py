@@ -243,3 +243,17 @@ def test_agent_process_with_a_base_url_collects(vllm, tmp_path):
     finally:
         p.terminate()
         p.wait(10)
+
+
+def test_agent_config_takes_an_address_like_diagnose(vllm):
+    """`fragscope agent --vllm 127.0.0.1:PORT` (as `diagnose 127.0.0.1:PORT` takes it) finds the page too."""
+    from fragscope.agent.config import ConfigError, load_config
+    from fragscope.agent.plan import plan_collectors
+
+    cfg = load_config(None, {}, {"vllm.urls": [f"127.0.0.1:{vllm.port}"], "process.enabled": False,
+                                 "nvml.enabled": "false"})
+    assert cfg.vllm_urls == [vllm.base]
+    (p,) = plan_collectors(cfg)
+    assert p.make().collect(1.0).up
+    with pytest.raises(ConfigError, match="expected an http"):
+        load_config(None, {}, {"vllm.urls": ["ftp://x/metrics"]})

@@ -76,10 +76,17 @@ def parse_listen(v: str, what: str = "listen") -> tuple[str, int]:
 
 
 def _url(v: Any, what: str) -> str:
+    """An engine or exporter address as every command takes it (collectors/endpoint.py): ``http(s)://...``
+    or ``host:port[/path]`` (made ``http://``); the page behind it is found when the collector runs."""
+    from ..collectors.endpoint import EndpointError, looks_like_url, normalise
+
     s = str(v).strip()
-    if not re.match(r"^https?://[^\s/]+", s):
-        raise ConfigError(f"{what}: expected an http(s):// URL, got {v!r}")
-    return s
+    if not looks_like_url(s) or re.search(r"\s", s):
+        raise ConfigError(f"{what}: expected an http(s):// URL or host:port, got {v!r}")
+    try:
+        return normalise(s)
+    except EndpointError as e:
+        raise ConfigError(f"{what}: {e}") from None
 
 
 def _bool(v: Any, what: str) -> bool:
@@ -159,11 +166,11 @@ _KEYS: dict[str, tuple[str, Any, str]] = {
     "data_dir": ("data_dir", _opt_str, "directory of the SQLite history (created if missing)"),
     "interval": ("interval", parse_duration, "default sampling interval of every collector"),
     "log_level": ("log_level", _log_level, "debug | info | warning | error"),
-    "vllm.urls": ("vllm_urls", _url_list, "vLLM /metrics URLs (one collector each)"),
+    "vllm.urls": ("vllm_urls", _url_list, "engine addresses, http://host:8000 or the /metrics URL (one collector each)"),
     "vllm.interval": ("vllm_interval", parse_duration, "vLLM scrape interval (default: interval)"),
     "vllm.timeout": ("vllm_timeout", parse_duration, "vLLM scrape timeout"),
     "vllm.max_bytes": ("vllm_max_bytes", parse_size, "largest /metrics body accepted"),
-    "dcgm.url": ("dcgm_url", _opt_url, "dcgm-exporter /metrics URL"),
+    "dcgm.url": ("dcgm_url", _opt_url, "dcgm-exporter address, http://host:9400 or the /metrics URL"),
     "dcgm.interval": ("dcgm_interval", parse_duration, "dcgm scrape interval (default: interval)"),
     "dcgm.timeout": ("dcgm_timeout", parse_duration, "dcgm scrape timeout"),
     "nvml.enabled": ("nvml_enabled", _tristate, "auto | true | false (auto: on unless dcgm.url is set)"),

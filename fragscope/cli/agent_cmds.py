@@ -34,8 +34,11 @@ def _duration(value: str | None, flag: str, default: str | None = None) -> float
 @click.command("agent")
 @click.option("--config", "config_file", metavar="FILE", default=None,
               help="TOML config file (env FRAGSCOPE_CONFIG). Flags override env, env overrides the file.")
-@click.option("--vllm", "vllm", metavar="URL", multiple=True, help="vLLM /metrics URL (repeatable).")
-@click.option("--dcgm", metavar="URL", default=None, help="dcgm-exporter /metrics URL (then NVML is off unless --nvml).")
+@click.option("--vllm", "vllm", metavar="URL", multiple=True,
+              help="Engine address: http://host:8000, host:8000 or the /metrics URL (repeatable; vLLM, SGLang, TGI, "
+                   "Triton).")
+@click.option("--dcgm", metavar="URL", default=None,
+              help="dcgm-exporter address, http://host:9400 or its /metrics URL (then NVML is off unless --nvml).")
 @click.option("--listen", metavar="HOST:PORT", default=None, help=f"Exporter and API address. [default: {DEFAULT_LISTEN}]")
 @click.option("--data-dir", metavar="DIR", default=None, help="History directory. [default: /var/lib/fragscope]")
 @click.option("--interval", metavar="SECONDS", default=None, help="Default sampling interval, e.g. 1s, 5s. [default: 1s]")
@@ -101,8 +104,9 @@ def _setup_logging(level: str) -> None:
 
 # ---------------------------------------------------------------------------------------------
 @click.command("record")
-@click.option("--vllm", "vllm", metavar="URL", multiple=True, help="vLLM /metrics URL (repeatable).")
-@click.option("--dcgm", metavar="URL", default=None, help="dcgm-exporter /metrics URL.")
+@click.option("--vllm", "vllm", metavar="URL", multiple=True,
+              help="Engine address: http://host:8000, host:8000 or the /metrics URL (repeatable).")
+@click.option("--dcgm", metavar="URL", default=None, help="dcgm-exporter address or /metrics URL.")
 @click.option("--agent", metavar="URL", default=None, help="Export a running agent's history instead of sampling.")
 @click.option("--since", metavar="DURATION", default=None, help="With --agent: how far back. [default: 1h]")
 @click.option("--duration", metavar="DURATION", default=None, help="How long to sample, e.g. 10m. [default: 2m]")
