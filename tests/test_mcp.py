@@ -404,6 +404,15 @@ def test_diagnose_url_samples_a_real_page(site):
                                 if ln.startswith("scrapes:")).split(": ")[1]) <= 4
 
 
+def test_every_call_is_bounded_in_time(site):
+    host, _, _ = site
+    with Served(Policy.build(allow_urls=[f"http://{host}"]), Limits(call_timeout_s=0.3, max_live_seconds=5)) as s:
+        r = s.call("diagnose_url", {"url": f"http://{host}", "duration_seconds": 0.8, "interval_seconds": 0.2})
+        assert r.is_error and "no answer within the server's 0.3 s bound" in r.content[0].text
+        r = s.call("diagnose_url", {"url": f"http://{host}", "duration_seconds": 6})
+        assert r.is_error and "at most 5 s through this server" in r.content[0].text
+
+
 def test_redirects_to_disallowed_addresses_are_not_followed(site):
     host, _, redirect_to = site
     port = int(host.rsplit(":", 1)[1])

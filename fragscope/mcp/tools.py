@@ -219,6 +219,9 @@ def diagnose_url(policy: Policy, url: str, duration_seconds: float | None = None
     from ..cli import agent_cmds
 
     full = _url(policy, url)
+    if duration_seconds is not None and isinstance(duration_seconds, (int, float)) and duration_seconds > max_seconds:
+        raise ToolFailure(f"duration_seconds: at most {max_seconds:g} s through this server (the call's time "
+                          "bound); for longer, run fragscope agent and read its history")
     try:
         target = resolve(full)
     except LiveError as e:
