@@ -359,3 +359,15 @@ def test_cli_capture_errors_one_line(tmp_path, args, expect):
     p = run_cli("capture", "--out", str(tmp_path / "out"), *args)
     assert p.returncode == 2 and expect in p.stderr
     assert len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr
+
+
+def test_cli_capture_profile_takes_the_metrics_url_or_host_port(tmp_path):
+    """`fragscope capture --kind profile --vllm host:port/metrics`: the profiler paths hang off the server's
+    base URL, found by the same resolver as every other command."""
+    tdir = tmp_path / "traces"
+    tdir.mkdir()
+    with FakeVllm(tdir) as srv:
+        addr = srv.url.split("://", 1)[1] + "/metrics"  # host:port/metrics, no scheme
+        run_cli("capture", "--kind", "profile", "--vllm", addr, "--profiler-dir", str(tdir),
+                "--seconds", "100ms", "--timeout", "1s", "--out", str(tmp_path / "out"), "--format", "json")
+    assert srv.calls[:2] == ["/start_profile", "/stop_profile"]

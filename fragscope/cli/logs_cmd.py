@@ -339,7 +339,8 @@ def analyse_log_file(file: str, tz_offset: float = 0.0, max_bytes: int = 512 << 
 @click.option("--kind", type=click.Choice(["snapshot", "profile"]), required=True)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True, help="Where captures are kept.")
 @click.option("--probe-dir", type=click.Path(file_okay=False), default=None, help="The probe's shared directory.")
-@click.option("--vllm", "vllm_urls", multiple=True, help="vLLM base URL (for --kind profile).")
+@click.option("--vllm", "vllm_urls", multiple=True,
+              help="vLLM address, http://host:8000, host:8000 or its /metrics URL (for --kind profile).")
 @click.option("--profiler-dir", type=click.Path(file_okay=False), default=None,
               help="vLLM's torch profiler directory (VLLM_TORCH_PROFILER_DIR), as mounted here.")
 @click.option("--seconds", type=Duration(hi=600.0), default="5s", show_default=True,
@@ -358,6 +359,12 @@ def capture_cmd(kind: str, out_dir: str, probe_dir: str | None, vllm_urls: tuple
         fail("--kind snapshot needs --probe-dir (the directory the fragscope probe in the engine watches)")
     if kind == "profile" and not vllm_urls:
         fail("--kind profile needs --vllm URL (a server started with VLLM_TORCH_PROFILER_DIR set)")
+    from ..collectors.endpoint import EndpointError, base_of, normalise
+
+    try:  # the server's base URL, however it was written (host:port, .../metrics): the profiler paths hang off it
+        vllm_urls = tuple(base_of(normalise(u)) for u in vllm_urls)
+    except EndpointError as e:
+        fail(f"--vllm: {e}")
     try:
         mgr = CaptureManager(out_dir, probe_dir=probe_dir, vllm_urls=vllm_urls, profiler_dir=profiler_dir,
                              profile_seconds=seconds, snapshot_timeout=timeout, trace_timeout=timeout,
