@@ -207,8 +207,10 @@ def _from_events(events: list, n_events: int, source: str, doc: dict) -> Timelin
                     raise NeedTextTimes
                 if t2 is float and (dur >= f_exact or dur <= -f_exact):
                     raise Fallback
-            if not ((t1 is float or t1 is int) and (t2 is float or t2 is int) and -ts_max <= ts <= ts_max
-                    and -ts_max <= dur <= ts_max):
+            if t1 is _Dec and (t2 is float or t2 is int) and -ts_max <= dur <= ts_max:
+                exact = True  # (epoch µs with sub-µs digits: the large number's text, checked when converted)
+            elif not ((t1 is float or t1 is int) and (t2 is float or t2 is int) and -ts_max <= ts <= ts_max
+                      and -ts_max <= dur <= ts_max):
                 if not _num(ts) or not _num(dur):
                     continue
                 if type(ts) is _Dec or type(dur) is _Dec:

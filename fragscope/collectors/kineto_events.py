@@ -169,7 +169,10 @@ def raw_value(r):
         return r
     b = bytes(r)
     if b[0] in _DIGITS:
-        if b"." in b or b"e" in b or b"E" in b:
+        dot = b.find(b".")
+        if dot >= 15 and b"e" not in b and b"E" not in b:  # 14+ integer digits: above 2**41, kept as text
+            return Dec(b.decode())
+        if dot >= 0 or b"e" in b or b"E" in b:
             return parse_float(b)
         try:
             return int(b)
