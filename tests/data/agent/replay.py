@@ -10,6 +10,12 @@ Serves recorded scrapes on 127.0.0.1 over real HTTP, changing over time, and fau
     /slow/metrics     answers after --slow seconds
     /control?mode=M   switch /vllm/metrics to M: ok | html | garbage | error (HTTP 500) | slow
 
+With --vllm-pages FILE (gzip, pages separated by a ``# fragscope-replay page`` line: a recorded
+sequence, e.g. a preemption storm) those pages are served in turn instead; with --loop the sequence
+starts again after its last page, counters (``_total``, ``_bucket``, ``_count``, ``_sum``) carried on
+from where the last page left them, so rates stay what the recording had. ``/metrics`` is the same page
+as ``/vllm/metrics`` (an engine's own path).
+
 With --probe-dir it also publishes a PyTorch-probe record (format fragscope-probe/1) for a fake
 pid every second, with reserved - allocated growing, plus a half-written record of another pid;
 with --log-file it appends vLLM V1 stats lines every second. Prints ``PORT <n>`` when listening.
@@ -18,7 +24,9 @@ Stops after --max-seconds (bounded), or on SIGTERM.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
+import re
 import os
 import signal
 import sys
@@ -29,9 +37,36 @@ from urllib.parse import parse_qs, urlsplit
 
 MODE = {"vllm": "ok"}
 START = time.monotonic()
+PAGE_MARK = b"# fragscope-replay page\n"
+_COUNTER = re.compile(rb"^([a-zA-Z_:][a-zA-Z0-9_:]*(?:_total|_bucket|_count|_sum)(?:\{[^}]*\})?) (\S+)$", re.M)
 
 
-def _make_handler(args, vllm_bodies: list[bytes], dcgm_body: bytes | None):
+class Pages:
+    """Recorded pages in turn, one every ``period`` seconds; with ``loop``, again and again, each pass's
+    counters raised by what the whole sequence added (last page minus first)."""
+
+    def __init__(self, bodies: list[bytes], period: float, loop: bool) -> None:
+        self.bodies, self.period, self.loop = bodies, period, loop
+        first = {m.group(1): float(m.group(2)) for m in _COUNTER.finditer(bodies[0])}
+        last = {m.group(1): float(m.group(2)) for m in _COUNTER.finditer(bodies[-1])}
+        self.delta = {k: max(0.0, v - first.get(k, 0.0)) for k, v in last.items()}
+        self._cache: dict[tuple[int, int], bytes] = {}
+
+    def current(self) -> bytes:
+        k = int((time.monotonic() - START) / self.period)
+        if not self.loop:
+            return self.bodies[min(k, len(self.bodies) - 1)]
+        i, n = k % len(self.bodies), k // len(self.bodies)
+        if n == 0:
+            return self.bodies[i]
+        if (i, n) not in self._cache:
+            def bump(m):
+                return m.group(1) + b" " + repr(float(m.group(2)) + n * self.delta.get(m.group(1), 0.0)).encode()
+            self._cache = {(i, n): _COUNTER.sub(bump, self.bodies[i])}  # one page kept
+        return self._cache[(i, n)]
+
+
+def _make_handler(args, vllm_bodies: list[bytes], dcgm_body: bytes | None, pages: Pages | None = None):
     class H(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
@@ -54,8 +89,10 @@ def _make_handler(args, vllm_bodies: list[bytes], dcgm_body: bytes | None):
             if p == "/control":
                 MODE["vllm"] = parse_qs(u.query).get("mode", ["ok"])[0]
                 return self._send(200, b"ok\n")
-            if p == "/vllm/metrics":
+            if p in ("/vllm/metrics", "/metrics"):
                 mode = MODE["vllm"]
+                if mode == "ok" and pages is not None:
+                    return self._send(200, pages.current())
                 if mode == "ok":
                     i = min(int((time.monotonic() - START) / args.period), len(vllm_bodies) - 1)
                     return self._send(200, vllm_bodies[i])
@@ -122,6 +159,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--vllm", action="append", default=[])
+    ap.add_argument("--vllm-pages", default=None, help="gzip file of recorded pages (see the docstring)")
+    ap.add_argument("--loop", action="store_true", help="with --vllm-pages: start again after the last page")
     ap.add_argument("--dcgm", default=None)
     ap.add_argument("--period", type=float, default=5.0)
     ap.add_argument("--slow", type=float, default=30.0)
@@ -131,7 +170,12 @@ def main() -> None:
     args = ap.parse_args()
     vllm_bodies = [open(p, "rb").read() for p in args.vllm] or [b"# no vllm file\n"]
     dcgm_body = open(args.dcgm, "rb").read() if args.dcgm else None
-    srv = ThreadingHTTPServer(("127.0.0.1", args.port), _make_handler(args, vllm_bodies, dcgm_body))
+    pages = None
+    if args.vllm_pages:
+        with gzip.open(args.vllm_pages, "rb") as fh:
+            bodies = [b for b in fh.read().split(PAGE_MARK) if b.strip()]
+        pages = Pages(bodies, args.period, args.loop)
+    srv = ThreadingHTTPServer(("127.0.0.1", args.port), _make_handler(args, vllm_bodies, dcgm_body, pages))
     srv.daemon_threads = True
     stop = threading.Event()
     if args.probe_dir:
