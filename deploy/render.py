@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
-"""Keep the Helm chart's copies of the dashboard and rules in step, and render the plain manifests.
+"""Render the Helm chart's plain manifests (deploy/kubernetes/), or any render of it.
 
-    python deploy/render.py            # copy dashboards/ into the chart, render deploy/kubernetes/*.yaml
-    python deploy/render.py --check    # exit 1 if a copy or a rendered manifest is out of date
+    python deploy/render.py            # render deploy/kubernetes/*.yaml from the chart's default values
+    python deploy/render.py --check    # exit 1 if a rendered manifest is out of date
     python deploy/render.py --set agent.port=9700 --stdout   # render with values, print, write nothing
 
-Helm reads files only from inside a chart, so dashboards/fragscope.json and dashboards/rules/*.yml
-are copied into deploy/helm/fragscope/files/ (the chart's PrometheusRule and dashboard ConfigMap read
-them with .Files). Rendering uses Helm's own template engine: the `helm` binary when it is on PATH,
-else the Helm v4 Go SDK through the `helm-python-sdk` package (pip install helm-python-sdk; the `test`
+Helm reads files only from inside a chart: deploy/helm/fragscope/files/rules and files/fragscope.json are
+symbolic links to dashboards/rules and dashboards/fragscope.json (Helm's loader follows them, and `helm package`
+stores their contents), so the chart's PrometheusRule and dashboard ConfigMap read the one copy with
+.Files. After a change under dashboards/, render again. Rendering uses Helm's own template engine: the
+`helm` binary when it is on PATH, else the Helm v4 Go SDK through the `helm-python-sdk` package (pip install helm-python-sdk; the `test`
 extra installs it). docs/deploy.md.
 """
 from __future__ import annotations
@@ -36,35 +37,13 @@ HEADER = ("# Rendered from deploy/helm/fragscope with its default values by `pyt
           "# (change the chart or its values and render again). docs/deploy.md explains every object.\n")
 
 
-def chart_copies() -> dict[str, str]:
-    """Chart file (relative to the chart) -> its source in dashboards/."""
-    out = {"files/dashboards/fragscope.json": os.path.join(ROOT, "dashboards", "fragscope.json")}
-    for src in sorted(glob.glob(os.path.join(ROOT, "dashboards", "rules", "*.yml"))):
-        out[f"files/rules/{os.path.basename(src)}"] = src
-    return out
-
-
-def stale_copies() -> list[str]:
-    """Chart copies that differ from their sources, or have no source any more."""
-    want = chart_copies()
+def chart_links_ok() -> list[str]:
+    """The chart's files/ links that do not lead to dashboards/ (empty: all do)."""
     bad = []
-    for rel, src in want.items():
-        dst = os.path.join(CHART, rel)
-        if not os.path.exists(dst) or open(dst, "rb").read() != open(src, "rb").read():
-            bad.append(rel)
-    for dst in glob.glob(os.path.join(CHART, "files", "rules", "*")):
-        rel = os.path.relpath(dst, CHART)
-        if rel not in want:
-            bad.append(rel)
+    for rel, target in (("files/rules", ("dashboards", "rules")), ("files/fragscope.json", ("dashboards", "fragscope.json"))):
+        if os.path.realpath(os.path.join(CHART, rel)) != os.path.realpath(os.path.join(ROOT, *target)):
+            bad.append(f"deploy/helm/fragscope/{rel}")
     return bad
-
-
-def sync_copies() -> None:
-    shutil.rmtree(os.path.join(CHART, "files", "rules"), ignore_errors=True)
-    for rel, src in chart_copies().items():
-        dst = os.path.join(CHART, rel)
-        os.makedirs(os.path.dirname(dst), exist_ok=True)
-        shutil.copyfile(src, dst)
 
 
 def _set(values: dict, dotted: str, value) -> None:
@@ -85,6 +64,7 @@ def render(values: dict | None = None, chart: str = CHART, release: str = RELEAS
         import helm_python
     except ImportError:
         raise SystemExit("render.py: needs Helm: the `helm` binary on PATH, or `pip install helm-python-sdk`")
+    helm_python.disable_logging()  # its INFO lines on following the files/ links
     out = helm_python.Chart.load(chart).render(values=values or {}, name=release, namespace=namespace,
                                                is_install=True)
     return {os.path.basename(k): v for k, v in out.items() if "/templates/" in k and not k.endswith(".tpl")}
@@ -122,7 +102,7 @@ def plain_manifests(rendered: dict[str, str]) -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--check", action="store_true", help="exit 1 if the chart copies or manifests are stale")
+    ap.add_argument("--check", action="store_true", help="exit 1 if the manifests are stale")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a chart value (repeatable)")
     ap.add_argument("--stdout", action="store_true", help="print the rendered objects; write nothing")
     a = ap.parse_args(argv)
@@ -138,8 +118,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"---\n# Source: {name}\n{text.strip()}")
         return 0
     if a.check:
-        bad = stale_copies()
-        if not bad:  # render only from up-to-date copies
+        bad = chart_links_ok()
+        if not bad:
             for name, text in plain_manifests(render(values)).items():
                 p = os.path.join(PLAIN, name)
                 if not os.path.exists(p) or open(p).read() != text:
@@ -148,7 +128,6 @@ def main(argv: list[str] | None = None) -> int:
             print("out of date (run python deploy/render.py): " + ", ".join(bad), file=sys.stderr)
             return 1
         return 0
-    sync_copies()
     os.makedirs(PLAIN, exist_ok=True)
     for name, text in plain_manifests(render(values)).items():
         with open(os.path.join(PLAIN, name), "w") as fh:

@@ -9,6 +9,8 @@ Serves recorded scrapes on 127.0.0.1 over real HTTP, changing over time, and fau
     /huge/metrics     a 40 MB body of valid-looking lines
     /slow/metrics     answers after --slow seconds
     /control?mode=M   switch /vllm/metrics to M: ok | html | garbage | error (HTTP 500) | slow
+    /control?period=S with --vllm-pages: serve the next pages every S seconds from now on (a storm that
+                      speeds up or slows down: its counters' rates scale by the old period / S)
 
 With --vllm-pages FILE (gzip, pages separated by a ``# fragscope-replay page`` line: a recorded
 sequence, e.g. a preemption storm) those pages are served in turn instead; with --loop the sequence
@@ -47,13 +49,18 @@ class Pages:
 
     def __init__(self, bodies: list[bytes], period: float, loop: bool) -> None:
         self.bodies, self.period, self.loop = bodies, period, loop
+        self.t0, self.k0 = START, 0.0  # page position k0 at time t0; then one page per period
         first = {m.group(1): float(m.group(2)) for m in _COUNTER.finditer(bodies[0])}
         last = {m.group(1): float(m.group(2)) for m in _COUNTER.finditer(bodies[-1])}
         self.delta = {k: max(0.0, v - first.get(k, 0.0)) for k, v in last.items()}
         self._cache: dict[tuple[int, int], bytes] = {}
 
+    def set_period(self, period: float) -> None:
+        now = time.monotonic()
+        self.k0, self.t0, self.period = self.k0 + (now - self.t0) / self.period, now, period
+
     def current(self) -> bytes:
-        k = int((time.monotonic() - START) / self.period)
+        k = int(self.k0 + (time.monotonic() - self.t0) / self.period)
         if not self.loop:
             return self.bodies[min(k, len(self.bodies) - 1)]
         i, n = k % len(self.bodies), k // len(self.bodies)
@@ -87,7 +94,11 @@ def _make_handler(args, vllm_bodies: list[bytes], dcgm_body: bytes | None, pages
             u = urlsplit(self.path)
             p = u.path
             if p == "/control":
-                MODE["vllm"] = parse_qs(u.query).get("mode", ["ok"])[0]
+                q = parse_qs(u.query)
+                if "period" in q and pages is not None:
+                    pages.set_period(float(q["period"][0]))
+                else:
+                    MODE["vllm"] = q.get("mode", ["ok"])[0]
                 return self._send(200, b"ok\n")
             if p in ("/vllm/metrics", "/metrics"):
                 mode = MODE["vllm"]
