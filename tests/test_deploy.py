@@ -81,6 +81,14 @@ def test_every_rendered_object_validates(variant):
             raise AssertionError(f"{variant}: {o['kind']} {o['metadata']['name']}: {str(e)[:600]}") from None
 
 
+def test_helm_lint_strict():
+    helm_python = pytest.importorskip("helm_python", reason="helm-python-sdk (the test extra)")
+    for values in VARIANTS.values():
+        report = helm_python.lint(CHART, values, strict=True)
+        assert not report["errors"], report
+        assert [m for m in report["messages"] if m["severity"] >= 2] == [], report["messages"]
+
+
 @needs_helm
 def test_a_misspelt_monitor_field_is_caught():
     """The CRD check can fail: a PodMonitor with a field the operator does not know is refused."""
