@@ -358,3 +358,20 @@ def test_sglang_headroom_is_the_lowest_free_figure_after_the_pool():
     rec = json.loads(r.stdout)["recommendation"]
     assert rec["outcome"]["activation_headroom_bytes"] == pytest.approx(13.95 * GIB)
     assert any("13.95 GiB (free when graph capture began); 14.61 GiB at pool end" in a for a in rec["arithmetic"])
+
+
+# --- an unfilled config.pbtxt template ----------------------------------------------------------------------------
+def test_unfilled_triton_template_says_fill_it_first():
+    # tensorrtllm_backend's all_models/inflight_batcher_llm/tensorrt_llm/config.pbtxt: 51 distinct ${...}
+    # placeholders (max_batch_size: ${triton_max_batch_size}, decoupled: ${decoupled_mode}, ...)
+    cfg = DATA.parent / "engines" / "triton_configs" / "tensorrtllm_backend_template_unfilled.pbtxt"
+    import re as _re
+    holes = list(dict.fromkeys(_re.findall(r"\$\{[A-Za-z0-9_]+\}", cfg.read_text())))
+    assert len(holes) == 51 and holes[:3] == ["${triton_backend}", "${triton_max_batch_size}", "${decoupled_mode}"]
+    scrape = DATA.parent / "engines" / "triton_trtllm_readme_nv_inference.prom"
+    r = cli("triton-batching", scrape, "--config", cfg)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert "unfilled template (51 placeholder(s): ${triton_backend}" in r.stderr and "fill the template first" in r.stderr
+    assert "line " not in r.stderr  # not a parser error
+    r = cli(cfg)
+    assert r.returncode == 2 and "fill the template first" in r.stderr

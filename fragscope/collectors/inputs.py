@@ -278,6 +278,10 @@ def _other_tool(s: str, lines: list[str]) -> str | None:
     config.pbtxt (read by ``diagnose triton-batching``), nvidia-smi output (XML, CSV, -q text)."""
     head = "\n".join(lines[:60])
     if len(_PBTXT.findall(head)) >= 2 and not any(ln.startswith("# TYPE") for ln in lines[:60]):
+        if re.search(r"\$\{[A-Za-z_]\w*\}", s):
+            return ("a Triton model configuration template (config.pbtxt with ${...} placeholders), not metrics text: "
+                    "fill the template first (tensorrtllm_backend: tools/fill_template.py), then judge its batching "
+                    "with: diagnose triton-batching --config FILE SCRAPE")
         return ("a Triton model configuration (config.pbtxt), not metrics text; judge its batching against the "
                 "model's counters with: diagnose triton-batching --config FILE SCRAPE")
     if _NVSMI.search(head):

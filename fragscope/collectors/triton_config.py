@@ -146,7 +146,25 @@ class TritonModelConfig:
         return dict(self.__dict__)
 
 
+# "${decoupled_mode}": a template's placeholder (tensorrtllm_backend ships its all_models/ configs this way and fills
+# them with tools/fill_template.py); such a file is not a config yet
+_PLACEHOLDER = re.compile(r"\$\{[A-Za-z_][A-Za-z0-9_]{0,80}\}")
+
+
+def unfilled_placeholders(text: str) -> list[str]:
+    """The distinct ``${name}`` placeholders in ``text``, in order of first appearance."""
+    seen: dict[str, None] = {}
+    for m in _PLACEHOLDER.finditer(text[:MAX_BYTES]):
+        seen.setdefault(m.group(0), None)
+    return list(seen)
+
+
 def read_config(text: str) -> TritonModelConfig:
+    holes = unfilled_placeholders(text)
+    if holes:
+        shown = ", ".join(holes[:4]) + (f" and {len(holes) - 4} more" if len(holes) > 4 else "")
+        raise ConfigError(f"an unfilled template ({len(holes)} placeholder(s): {shown}): fill the template first "
+                          "(tensorrtllm_backend: python3 tools/fill_template.py -i config.pbtxt name:value,...)")
     msg = parse_text_format(text)
     if not msg:
         raise ConfigError("empty config (no fields)")
