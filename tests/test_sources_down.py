@@ -146,3 +146,12 @@ def test_live_page_that_never_answered_is_a_source_down():
     for i in range(3):
         assert t.collect(float(i)).up
     assert t.never_answered() == ["http://b/metrics: no scrape succeeded (last: http://b/metrics: HTTP 503)"]
+
+
+def test_html_report_says_sources_down_first(agent_engine_down, capsys, tmp_path):
+    out = tmp_path / "r.html"
+    rc, _, _ = _diagnose(capsys, "--agent", agent_engine_down, "--since", "5m", "--html", str(out))
+    page = out.read_text()
+    assert rc == 4
+    i = page.index('class="sources-down"')
+    assert i < page.index("<h2>") and "vllm collector down since" in page[i:i + 600]

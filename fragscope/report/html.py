@@ -31,6 +31,10 @@ def render_html(report: Report, window: Window | None = None, *, title: str | No
     w = d["window"]
     body = [header(title or "diagnosis", report.source or (window.source if window else ""),
                     (w["start"], w["end"]), generated_at=generated_at)]
+    down = (d.get("signals") or {}).get("sources_down")
+    if isinstance(down, list) and down:  # never read as healthy: first thing under the header (docs/cli.md)
+        body.append('<p class="sources-down"><b>Sources down: this verdict is incomplete.</b> '
+                    + " · ".join(esc(x) for x in down) + "</p>")
     if banner:
         body.append(f"<p><b>{esc(banner)}</b></p>")
     if before:

@@ -47,7 +47,7 @@ svg .marklabel{font:600 12px system-ui,"DejaVu Sans",sans-serif}
 svg .inbar{font:600 11.5px system-ui,sans-serif;fill:#fff}
 details{margin:4px 0}summary{cursor:pointer;color:var(--mut)}
 .absent{color:var(--mut);font-size:13px}
-.collectors{font-size:13px}.collectors .up{color:#1b5e20}.collectors .down{color:var(--crit)}.collectors .pending{color:var(--mut)}
+.sources-down{color:var(--crit);font-size:14px}.collectors{font-size:13px}.collectors .up{color:#1b5e20}.collectors .down{color:var(--crit)}.collectors .pending{color:var(--mut)}
 """
 
 
