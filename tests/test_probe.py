@@ -294,7 +294,9 @@ def test_launcher_errors_are_one_line(tmp_path, capsys, monkeypatch):
     code, out, err = _launcher(["--dir", "/proc/forbidden/x", "true"], capsys, monkeypatch)
     assert code == 2 and "cannot create /proc/forbidden/x" in err and len(err.splitlines()) == 1
     code, out, err = _launcher(["--interval", "0", "true"], capsys, monkeypatch)
-    assert code == 2 and "--interval must be a positive number" in err
+    assert code == 2 and "--interval: must be a positive duration" in err and len(err.splitlines()) == 1
+    code, out, err = _launcher(["--print-env", "--interval", "500ms"], capsys, monkeypatch)
+    assert code == 0 and "FRAGSCOPE_PROBE_INTERVAL=0.5" in out
     code, out, err = _launcher(["--print-env", "--dir", str(tmp_path)], capsys, monkeypatch)
     assert code == 0 and "export FRAGSCOPE_PROBE=1" in out and f"export FRAGSCOPE_PROBE_DIR={tmp_path}" in out
     assert out.splitlines()[0].startswith(f"export PYTHONPATH={BOOT_DIR}")

@@ -1,7 +1,7 @@
 """``fragscope-probe``: run a command with the PyTorch allocator probe in each of its Python processes.
 
-    fragscope-probe [--dir DIR] [--interval SECONDS] [--] vllm serve MODEL ...
-    fragscope-probe --print-env [--dir DIR] [--interval SECONDS]
+    fragscope-probe [--dir DIR] [--interval DURATION] [--] vllm serve MODEL ...
+    fragscope-probe --print-env [--dir DIR] [--interval DURATION]
 
 Like ``opentelemetry-instrument``: prepends the directory holding the probe's
 ``sitecustomize.py`` to PYTHONPATH, sets FRAGSCOPE_PROBE=1, FRAGSCOPE_PROBE_DIR and
@@ -38,7 +38,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Run COMMAND with fragscope's PyTorch allocator probe in each of its Python processes.",
         epilog="Example: fragscope-probe --dir /var/run/fragscope vllm serve meta-llama/Llama-3.1-8B")
     p.add_argument("--dir", help=f"where the probe publishes (default $FRAGSCOPE_PROBE_DIR or {core.DEFAULT_DIR})")
-    p.add_argument("--interval", type=float, help="sampling interval in seconds (default 5)")
+    p.add_argument("--interval", help="sampling interval, e.g. 5s, 500ms, or seconds (default 5s)")
     p.add_argument("--print-env", action="store_true",
                    help="print the environment to set instead of running a command (for images/pods)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command to run, e.g. vllm serve MODEL")
@@ -47,9 +47,14 @@ def _parser() -> argparse.ArgumentParser:
 
 def launcher_main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
-    if args.interval is not None and not (args.interval > 0):
-        print("fragscope-probe: --interval must be a positive number of seconds", file=sys.stderr)
-        raise SystemExit(2)
+    if args.interval is not None:
+        from ..units import parse_duration  # the one duration parser of every option (stdlib only)
+
+        try:
+            args.interval = parse_duration(args.interval)
+        except ValueError as e:
+            print(f"fragscope-probe: --interval: {e}", file=sys.stderr)
+            raise SystemExit(2) from None
     env = probe_env(dict(os.environ), args.dir, args.interval)
     if args.print_env:
         for k in ("PYTHONPATH", "FRAGSCOPE_PROBE", "FRAGSCOPE_PROBE_DIR", "FRAGSCOPE_PROBE_INTERVAL"):
