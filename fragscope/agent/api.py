@@ -24,6 +24,7 @@ from .. import __version__
 from ..units import json_safe
 from ..model import Window
 from .config import AgentConfig, ConfigError, parse_duration
+from .budget import limits_status
 from .exporter import Exporter
 from .health import readiness_problems
 from . import memory
@@ -429,6 +430,7 @@ class _Handler(BaseHTTPRequestHandler):
                          "watch_cpu_seconds": round(st.detector.watch_cpu_seconds, 4),
                          "watch_runs": st.detector.watch_runs, "watch_skipped": st.detector.watch_skipped},
             "housekeeping": {"cpu_seconds": round(st.housekeeping_cpu_seconds, 4)},
+            "limits": limits_status(st),
             "notes": st.notes})
 
 

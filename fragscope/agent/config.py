@@ -207,6 +207,11 @@ _KEYS: dict[str, tuple[str, Any, str]] = {
                            "and the directory's owner"),
     "collector.max_backoff": ("max_backoff", parse_duration, "longest wait between retries of a failing collector"),
     "api.max_points": ("api_max_points", _pos_int, "largest number of points one API response carries"),
+    "limits.series_per_collector": ("max_series_per_collector", _pos_int,
+                                    "series one collector may export; past it the excess is dropped (counted)"),
+    "limits.label_value_bytes": ("max_label_value_bytes", _pos_int, "longest label value kept (longer: series dropped)"),
+    "limits.ring_series": ("max_ring_series", _pos_int, "series held in the detection window (least recent evicted)"),
+    "limits.ring_points": ("max_ring_points", _pos_int, "points held in the detection window, all series"),
 }
 
 
@@ -282,6 +287,11 @@ class AgentConfig:
     max_backoff: float = 60.0
     # 16 bytes a point in numpy while a response streams out; 3 h at 15 s of 250 series is 180k
     api_max_points: int = 200_000
+    # the memory budget for what the engine exports (agent/budget.py, docs/agent.md#memory-budget)
+    max_series_per_collector: int = 2048
+    max_label_value_bytes: int = 2048
+    max_ring_series: int = 4096
+    max_ring_points: int = 2_000_000
     sources: dict[str, str] = field(default_factory=dict)  # key -> "default" | "file" | "env" | "flag"
 
     # -----------------------------------------------------------------------------------------

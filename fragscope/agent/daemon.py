@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 from ..model import Report, Sample, Window
 from . import loops, memory
+from .budget import Limits, SeriesBudget
 from .clock import CLOCK_JUMP_S, ClockWatch
 from .config import AgentConfig
 from .loops import HOUSEKEEPING_S, finding_key as _finding_key  # noqa: F401 - kept importable
@@ -40,7 +41,10 @@ class Agent:
                  detect: Callable[[Window], Report] | None = None, serve: bool = True) -> None:
         self.cfg = cfg
         self.state = AgentState(cfg)
-        self.state.ring = Ring(cfg.detect_window, cfg.detect_step)
+        self.state.ring = Ring(cfg.detect_window, cfg.detect_step, cfg.max_ring_series, cfg.max_ring_points)
+        self._limits = Limits(max_series_per_collector=cfg.max_series_per_collector,
+                              max_label_value_bytes=cfg.max_label_value_bytes,
+                              max_ring_series=cfg.max_ring_series, max_ring_points=cfg.max_ring_points)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._detect = detect
@@ -101,6 +105,7 @@ class Agent:
             self._add(h, obj)
 
     def _add(self, h: CollectorHealth, obj: Any) -> None:
+        h.budget = SeriesBudget(self._limits)
         self.state.collectors[h.name] = h
         self._collectors.append((h, obj))
 

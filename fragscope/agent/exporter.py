@@ -168,7 +168,35 @@ class SnapshotCollector:
                 last.add_sample("fragscope_collector_last_success_timestamp_seconds", lab, h.last_success)
             n.add_sample("fragscope_collector_samples", lab, float(len(h.latest)))
             cpu.add_sample("fragscope_collector_cpu_seconds_total", lab, float(h.cpu_seconds))
-        return [up, dur, err, runs, last, n, cpu]
+        return [up, dur, err, runs, last, n, cpu] + self._limits()
+
+    def _limits(self) -> list[Metric]:
+        """What the memory budget left out (agent/budget.py): never silent."""
+        st = self.state
+        drop = Metric("fragscope_series_dropped", "What a collector's source held past the agent's limits, "
+                      "left out (samples: series_limit, label_limit, label_length; lines: line_limit, "
+                      "log_lines; probe files and devices: probe_*)", "counter")
+        held = Metric("fragscope_collector_series", "Series a collector's budget follows", "gauge")
+        for name, h in sorted(st.collectors.items()):
+            b = getattr(h, "budget", None)
+            if b is None:
+                continue
+            for reason, v in sorted(b.counts().items()):
+                drop.add_sample("fragscope_series_dropped_total", {"collector": name, "reason": reason}, float(v))
+            held.add_sample("fragscope_collector_series", {"collector": name}, float(b.series))
+        out = [drop, held]
+        ring = st.ring
+        if ring is not None:
+            ev = Metric("fragscope_ring_series_evicted", "Series evicted from the detection window, least "
+                        "recently seen first, to stay within limits.ring_series / ring_points", "counter")
+            ev.add_sample("fragscope_ring_series_evicted_total", {}, float(ring.evicted))
+            rd = Metric("fragscope_ring_samples_dropped", "Samples of new series the detection window had no "
+                        "room for", "counter")
+            rd.add_sample("fragscope_ring_samples_dropped_total", {}, float(ring.dropped))
+            rs = Metric("fragscope_ring_series", "Series held in the detection window", "gauge")
+            rs.add_sample("fragscope_ring_series", {}, float(len(ring)))
+            out += [ev, rd, rs]
+        return out
 
     def _store(self) -> list[Metric]:
         st = self.state.store
@@ -188,6 +216,8 @@ class SnapshotCollector:
                  s["points_dropped"]),
                 ("fragscope_store_points_expired", "Points removed by retention", "counter",
                  s["points_expired"]),
+                ("fragscope_store_series_evicted", "Series removed from the history, least recently written "
+                 "first, to stay within its series bound", "counter", s.get("series_evicted", 0)),
                 ("fragscope_store_degraded", "1 while writes to the history fail", "gauge",
                  1 if s["degraded"] else 0)):
             fam = name[: -len("_total")] if name.endswith("_total") else name

@@ -84,6 +84,13 @@ def collector_loop(agent: Any, h: CollectorHealth, obj: Any) -> None:
             if was is not False or (prev_err or "")[:60] != err[:60]:
                 log.warning("collector %s: down (%s); retrying with backoff up to %gs", h.name, err,
                             agent.cfg.max_backoff)
+        h.budget.note(obj)  # what the collector left out itself (lines, files, devices past its caps)
+        if res.samples:  # the memory budget: series and labels past the limits dropped, counted
+            try:
+                res.samples = h.budget.admit(res.samples)
+            except Exception as e:  # noqa: BLE001 - a bad sample must not stop the collector
+                log.error("collector %s: samples not admitted (%s)", h.name, one_line(e))
+                res.samples = []
         # latest values for the exporter: on failure keep nothing stale (absent, not old values)
         h.latest = res.samples
         h.missing = res.missing

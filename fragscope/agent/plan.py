@@ -54,7 +54,7 @@ def plan_collectors(cfg: AgentConfig) -> list[Planned]:
         def mk_torch():
             from ..collectors.torch import TorchProbeCollector
 
-            return TorchProbeCollector(cfg.probe_dir)
+            return TorchProbeCollector(cfg.probe_dir, extra_uids=tuple(cfg.capture_probe_uids))
         plan.append(Planned("torch", "torch", mk_torch, cfg.interval_of("torch"), 5.0))
     if cfg.process_enabled:
         def mk_proc():

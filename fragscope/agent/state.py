@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..model import Missing, Report, Sample
+from .budget import SeriesBudget
 from .config import AgentConfig
 from .ring import Ring
 from .store import Store
@@ -35,6 +36,7 @@ class CollectorHealth:
     cpu_seconds: float = 0.0  # thread CPU spent collecting and storing this collector's samples
     latest: list[Sample] = field(default_factory=list)
     missing: list[Missing] = field(default_factory=list)
+    budget: SeriesBudget = field(default_factory=SeriesBudget)  # series and labels admitted (agent/budget.py)
 
     def to_dict(self) -> dict:
         return {"name": self.name, "kind": self.kind, "interval_seconds": self.interval, "up": self.up,
@@ -42,7 +44,7 @@ class CollectorHealth:
                 "duration_seconds": self.last_duration, "last_success": self.last_success,
                 "down_since": self.down_since,
                 "backoff_seconds": self.backoff, "cpu_seconds": round(self.cpu_seconds, 4),
-                "samples": len(self.latest),
+                "samples": len(self.latest), "limits": self.budget.to_dict(),
                 "missing": [{"name": m.name, "labels": dict(m.labels), "reason": str(getattr(m.reason, "value",
                                                                                                m.reason)),
                              "detail": m.detail} for m in self.missing[:50]]}

@@ -17,6 +17,7 @@ import os
 import sqlite3
 import threading
 import time
+from collections import OrderedDict
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -46,7 +47,12 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 _SCHEMA_VERSION = "1"
 _HIST_SUFFIXES = ("_bucket", "_count", "_sum")
 CHUNK = 5000  # rows per write transaction
-MAX_BUFFER = 1_000_000  # samples kept in memory while the store cannot write (then the oldest go)
+# Samples kept in memory while the store cannot write (then the oldest go): a buffered row is ~100 bytes
+# (a tuple and a float pair), so this is ~10 MB, a minute of 1,600 series at 1 s.
+MAX_BUFFER = 100_000
+# Series the history holds; a new one past it evicts the series written least recently (its points
+# too), counted in series_evicted. An id costs ~300 bytes of memory (its key in _ids): ~3 MB.
+MAX_SERIES = 10_000
 
 
 def series_type(name: str) -> str:
@@ -118,7 +124,7 @@ class Store:
     the API ``query``s (reads run on their own connection; WAL lets them proceed during a write)."""
 
     def __init__(self, path: str, retention_s: float = 7 * 86400.0, max_bytes: int = 1024**3,
-                 keep: str = "signals") -> None:
+                 keep: str = "signals", max_series: int = MAX_SERIES) -> None:
         self.path = path
         self.retention_s = float(retention_s)
         self.max_bytes = int(max_bytes)
@@ -132,7 +138,10 @@ class Store:
         self._buf_lock = threading.Lock()
         self._wlock = threading.Lock()
         self._rlock = threading.Lock()
-        self._ids: dict[tuple[str, Labels], int] = {}
+        self.max_series = max(1, int(max_series))
+        self.series_evicted = 0  # series removed (with their points) to stay within max_series
+        # (name, labels) -> id of every series held, least recently written first
+        self._ids: OrderedDict[tuple[str, Labels], int] = OrderedDict()
         self._logged: set[str] = set()
         self._degraded_logged_at = -1e9
         d = os.path.dirname(os.path.abspath(path))
@@ -151,8 +160,7 @@ class Store:
                 raise StoreError(f"{path}: history schema {cur[0]} is not {_SCHEMA_VERSION}; "
                                  "move the file away or point --data-dir elsewhere")
             self._w.commit()
-            for sid, name, labels in self._w.execute("SELECT id, name, labels FROM series"):
-                self._ids[(name, tuple(tuple(p) for p in json.loads(labels)))] = sid
+            self._load_ids()
             self._r = self._connect()
         except sqlite3.DatabaseError as e:
             raise StoreError(f"{path}: cannot open the history ({e}); move the file away or point "
@@ -193,14 +201,39 @@ class Store:
         return len(self._buf)
 
     def _sid(self, name: str, labels: Labels) -> int:
-        sid = self._ids.get((name, labels))
+        ids = self._ids
+        key = (name, labels)
+        sid = ids.get(key)
         if sid is None:
+            while len(ids) >= self.max_series:  # evict the series written least recently, points and all
+                _, old = ids.popitem(last=False)
+                self._w.execute("DELETE FROM points WHERE sid=?", (old,))
+                self._w.execute("DELETE FROM series WHERE id=?", (old,))
+                self.series_evicted += 1
             lj = _labels_json(labels)
             self._w.execute("INSERT OR IGNORE INTO series (name, labels, type) VALUES (?, ?, ?)",
                             (name, lj, series_type(name)))
             sid = self._w.execute("SELECT id FROM series WHERE name=? AND labels=?", (name, lj)).fetchone()[0]
-            self._ids[(name, labels)] = sid
+            ids[key] = sid
+        else:
+            ids.move_to_end(key)
         return sid
+
+    def _load_ids(self) -> None:
+        """The ids of the series held, oldest first; a history holding more than ``max_series`` (written
+        by an earlier version without the bound) keeps the newest ones (within the transaction)."""
+        c = self._w
+        n = c.execute("SELECT count(*) FROM series").fetchone()[0]
+        if n > self.max_series:
+            cut = c.execute("SELECT id FROM series ORDER BY id DESC LIMIT 1 OFFSET ?",
+                            (self.max_series - 1,)).fetchone()[0]
+            c.execute("BEGIN")
+            c.execute("DELETE FROM points WHERE sid < ?", (cut,))
+            c.execute("DELETE FROM series WHERE id < ?", (cut,))
+            c.execute("COMMIT")
+            self.series_evicted += n - self.max_series
+        self._ids = OrderedDict(((name, tuple(tuple(p) for p in json.loads(labels))), sid) for sid, name, labels
+                                in c.execute("SELECT id, name, labels FROM series ORDER BY id"))
 
     def flush(self) -> int:
         """Write buffered samples, in transactions of at most ``CHUNK`` rows (oldest first, so on a
@@ -263,12 +296,12 @@ class Store:
             self._w.execute("ROLLBACK")
         except sqlite3.Error:
             pass
-        # ids created in a rolled-back transaction are gone: reload
+        # ids created (or evicted) in a rolled-back transaction: reload
         try:
-            self._ids = {(n, tuple(tuple(p) for p in json.loads(lj))): i
-                         for i, n, lj in self._w.execute("SELECT id, name, labels FROM series")}
+            self._ids = OrderedDict(((n, tuple(tuple(p) for p in json.loads(lj))), i) for i, n, lj in
+                                    self._w.execute("SELECT id, name, labels FROM series ORDER BY id"))
         except sqlite3.Error:
-            self._ids = {}
+            self._ids = OrderedDict()
 
     def _mark_degraded(self, why: str) -> None:
         was = self.degraded
@@ -432,6 +465,7 @@ class Store:
                 "retention_seconds": self.retention_s, "series": len(self._ids),
                 "points_written": self.points_written, "points_dropped": self.points_dropped,
                 "points_expired": self.points_expired, "pending": self.pending(),
+                "max_series": self.max_series, "series_evicted": self.series_evicted,
                 "degraded": self.degraded}
 
     def close(self) -> None:

@@ -14,6 +14,7 @@ from ..model import CollectResult, Missing, Reason, Sample
 from ..signals import SIGNALS
 from .exposition import LineCache, ParseError, scrape_kept
 from .endpoint import DCGM_PAGE_KINDS, Endpoint
+from .exposition_parse import keep_line
 from .http import DEFAULT_MAX_BYTES, Fetch, FetchError, http_get
 from .logonce import LogOnce
 
@@ -62,14 +63,14 @@ def is_blank(value: float, name: str = "") -> bool:
 
 
 def parse_dcgm_metrics(text: str, ts: float, source: str = "dcgm", key_cache: dict | None = None,
-                       lines: LineCache | None = None) -> list[Sample]:
+                       lines: LineCache | None = None, counts: dict | None = None) -> list[Sample]:
     """A dcgm-exporter body -> kept samples stamped ``ts`` (pure but for the caches). Raises ParseError.
 
     ``lines`` (kept by the caller between scrapes): a page whose lines were all seen before is read with
     one dict hit and one float a line, as in collectors/vllm.py."""
     scraped = lines.scrape(_FIELD_LINE.finditer(text), ts) if lines is not None else None
     if scraped is None:
-        scraped = _parse(text, ts, source, key_cache, lines)
+        scraped = _parse(text, ts, source, key_cache, lines, counts)
     out = []
     for s in scraped:
         if s.name not in KEEP or is_blank(s.value, s.name):
@@ -81,13 +82,14 @@ def parse_dcgm_metrics(text: str, ts: float, source: str = "dcgm", key_cache: di
     return out
 
 
-def _parse(text: str, ts: float, source: str, key_cache: dict | None, lines: LineCache | None) -> list[Sample]:
+def _parse(text: str, ts: float, source: str, key_cache: dict | None, lines: LineCache | None,
+           counts: dict | None = None) -> list[Sample]:
     # only the kept fields' lines are parsed, found by a regex (no list of every line): bounded work
     # and memory on a hostile body (collectors/vllm.py does the same)
     kept = []
     for m in _FIELD_LINE.finditer(text):
         if m.group(1) in KEEP:
-            kept.append(m.group())
+            keep_line(kept, m.group(), lines, counts)
         elif lines is not None:
             lines.drop(m.group())
     return scrape_kept(kept, text, ts, source, KEEP, key_cache, lines)
@@ -107,6 +109,7 @@ class DcgmCollector:
         self.fetch = fetch
         self._log = LogOnce(log, f"dcgm {url}")
         self._keys: dict = {}  # parsed series lines, reused scrape after scrape
+        self.dropped: dict[str, int] = {}  # lines past the line cap (agent/budget.py exports it)
         self._lines = LineCache()  # the page's lines as parsed: the fast path of the next scrapes
 
     def _down(self, now: float, reason: Reason | str, msg: str) -> CollectResult:
@@ -120,7 +123,8 @@ class DcgmCollector:
             except FetchError as e:
                 return self._down(now, e.reason, str(e))
             try:
-                samples = parse_dcgm_metrics(text, now, source=self.url, key_cache=self._keys, lines=self._lines)
+                samples = parse_dcgm_metrics(text, now, source=self.url, key_cache=self._keys, lines=self._lines,
+                                             counts=self.dropped)
             except ParseError as e:
                 return self._down(now, Reason.PARSE_ERROR, str(e))
             if not samples:

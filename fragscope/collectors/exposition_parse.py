@@ -30,6 +30,25 @@ _BAD_RATIO_LIMIT = 0.05
 _PASTE_BAD_LINES = 3
 # A sample wrapped over more than this many lines is not rejoined.
 _MAX_PIECES = 64
+# Live scrapes' caches of parsed series heads (key_cache, LineCache): entries, and the longest head kept
+# (a vLLM V1 page has ~600 series lines of ~100 bytes; a page whose labels churn, or one 3.9 MB label
+# value, must not be memoised: ~8,192 entries of at most 4 KiB stay under a few MB).
+MAX_KEY_CACHE = 8192
+MAX_CACHED_HEAD = 4096
+# Series lines one live scrape parses (collectors/vllm.py, dcgm.py): a vLLM V1 page keeps ~200, a
+# dcgm-exporter of 8 GPUs ~400. Past it only lines of series already known are read, the rest counted
+# (a page of 40,000 churning series parsed in full made ~20 MB of short-lived objects a scrape, whose
+# few survivors kept the allocator's arenas from being returned: 110 MB RSS after the churn stopped).
+MAX_KEPT_LINES = 8192
+
+
+def keep_line(kept: list, line: str, line_cache: "LineCache | None", counts: dict | None) -> None:
+    """Append ``line`` to ``kept`` while under MAX_KEPT_LINES, or past it when its series is known to
+    ``line_cache``; otherwise count it in ``counts["line_limit"]``."""
+    if len(kept) < MAX_KEPT_LINES or (line_cache is not None and line.rsplit(None, 1)[0] in line_cache.heads):
+        kept.append(line)
+    elif counts is not None:
+        counts["line_limit"] = counts.get("line_limit", 0) + 1
 
 
 @dataclass
@@ -101,7 +120,8 @@ class LineCache:
         """``head`` as the full parser took it (mode 3, no # TYPE line seen) and the series it names (None:
         dropped). Only heads a raw line can be read back by (:meth:`scrape`) are kept: not starting like a
         paste or a comment, no ``&`` (the parser unescapes HTML in such lines)."""
-        if head[0] in _PASTE_START or head[0] == "#" or "&" in head or head.startswith(("HELP ", "TYPE ")):
+        if (len(head) > MAX_CACHED_HEAD or head[0] in _PASTE_START or head[0] == "#" or "&" in head
+                or head.startswith(("HELP ", "TYPE "))):
             return
         if len(self.heads) >= self.max_heads:
             self.clear()
@@ -117,7 +137,7 @@ class LineCache:
     def drop(self, line: str) -> None:
         """A line whose series the collector does not keep, by its name alone (the name is in the head)."""
         parts = line.rsplit(None, 1)
-        if len(parts) == 2:
+        if len(parts) == 2 and len(parts[0]) <= MAX_CACHED_HEAD:
             if len(self.heads) >= self.max_heads:
                 self.clear()
             self.heads[parts[0]] = _DROP
@@ -346,8 +366,8 @@ def parse_lines(lines: Iterable[str], default_ts: float | None = None, source: s
                     if not _NAME_RE.match(name):
                         raise ValueError(f"bad metric name {name[:60]!r}")
                     name = normalise_name(name)
-                    if key_cache is not None:
-                        if len(key_cache) > 50_000:  # label churn (e.g. request ids): stay bounded
+                    if key_cache is not None and len(head) <= MAX_CACHED_HEAD:
+                        if len(key_cache) >= MAX_KEY_CACHE:  # label churn (e.g. request ids): stay bounded
                             key_cache.clear()
                         key_cache[head] = (name, labels)
                 t = _family_type(types, family_types, name)

@@ -17,6 +17,7 @@ from typing import Mapping
 from ..model import CollectResult, Missing, Reason, Sample, make_labels
 from .enginelog import (GIB, KIB, KINDS, MIB, LogEvent, LogInputError, LogParser, LogState, iter_file_lines,
                         parse_log, parse_log_line, parse_size, read_log_file)
+from .safefile import printable
 from .tail import FileTail, NotRegularFile
 
 log = logging.getLogger(__name__)
@@ -37,6 +38,7 @@ M_WAITING = "fragscope_log_requests_waiting"
 M_KV_USAGE = "fragscope_log_kv_cache_usage_ratio"
 M_GEN_TPS = "fragscope_log_generation_tokens_per_second"
 M_KV_BYTES = "fragscope_log_kv_cache_bytes"  # the KV pool's size from the last start-up (sizing, docs/sizing.md)
+M_SKIPPED = "fragscope_log_lines_skipped_total"  # lines the parsers failed on, skipped (not a signal)
 SIGNAL_NAMES = (M_PREEMPTIONS, M_KV_CAPACITY, M_KV_BLOCKS, M_OOMS, M_OOM_UNALLOC, M_RUNNING, M_WAITING,
                 M_KV_USAGE, M_GEN_TPS, M_KV_BYTES)
 
@@ -69,6 +71,8 @@ class LogCollector:
         self._down_logged = False
         self.events_read = 0
         self.bytes_read = 0
+        self.bad_lines = 0  # lines whose parsing failed, skipped (fragscope_log_lines_skipped_total)
+        self.dropped = {"log_lines": 0}  # the same count, exported by the agent with the other limits
         from ..sizing.startup import StartupParser  # the start-up accounting (sizing reads this module's patterns)
 
         self.startup = StartupParser()
@@ -86,9 +90,10 @@ class LogCollector:
     def collect(self, now: float) -> CollectResult:
         try:
             return self._collect(now)
-        except Exception as e:  # never raise into the agent
-            self.tail.close()
-            return self._down(now, Reason.PARSE_ERROR, f"{self.path}: {type(e).__name__}: {e}")
+        except Exception as e:  # never raise into the agent; the tail keeps its offset (the lines it
+            # handed over are read: reopening would read them again, and fail again, for good)
+            return self._down(now, Reason.PARSE_ERROR, f"{printable(self.path)}: {type(e).__name__}: "
+                                                       f"{printable(str(e), 200)}")
 
     def _down(self, now: float, reason: Reason, detail: str) -> CollectResult:
         if not self._down_logged:
@@ -119,14 +124,22 @@ class LogCollector:
         new_oom = False
         stats_engines: set[str] = set()
         for line in lines:
-            self.startup.feed(line)
-            for ev in self.parser.feed(line):
-                self.events_read += 1
-                st.apply(ev)
-                if ev.kind == "oom":
-                    new_oom = True
-                elif ev.kind == "stats":
-                    stats_engines.add(ev.engine)
+            try:
+                self.startup.feed(line)
+                for ev in self.parser.feed(line):
+                    self.events_read += 1
+                    st.apply(ev)
+                    if ev.kind == "oom":
+                        new_oom = True
+                    elif ev.kind == "stats":
+                        stats_engines.add(ev.engine)
+            except Exception as e:  # noqa: BLE001 - one bad line (a 400-digit figure in a logged prompt) is
+                self.bad_lines += 1  # skipped, counted, logged once; never the collector
+                self.dropped["log_lines"] = self.bad_lines
+                if self.bad_lines == 1 or self.bad_lines in (10, 100, 1000, 10000):
+                    log.warning("logs collector: %s: line skipped (%s: %s): %r; %d skipped so far",
+                                printable(self.path), type(e).__name__, printable(str(e), 120), line[:120],
+                                self.bad_lines)
         return CollectResult(samples=self._samples(now, new_oom, stats_engines), missing=self._missing(now))
 
     def _lab(self, **extra: str) -> tuple:
@@ -135,6 +148,8 @@ class LogCollector:
     def _samples(self, now: float, new_oom: bool, stats_engines: set[str]) -> list[Sample]:
         st = self.state
         out = [Sample(M_OOMS, self.labels, now, float(st.ooms_total))]
+        if self.bad_lines:
+            out.append(Sample(M_SKIPPED, self.labels, now, float(self.bad_lines)))
         if st.preemptions_total is not None:
             out.append(Sample(M_PREEMPTIONS, self.labels, now, st.preemptions_total))
         if st.capacity_tokens is not None:

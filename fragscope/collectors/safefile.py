@@ -119,3 +119,60 @@ def open_regular(path: str) -> IO[bytes]:
     """Binary reading of a regular file, observed for progress. Raises as open_regular_fd."""
     fd, st = open_regular_fd(path)
     return fdopen_observed(fd, st.st_size, str(path))
+
+
+class UnsafeFile(OSError):
+    """A file in a directory another process writes that the agent refuses to read (one line)."""
+
+
+def printable(name: str, limit: int = 200) -> str:
+    """A file name (or any outside text) safe to put in one log line: control characters (a newline
+    would forge a line of its own), backslashes and non-printable characters escaped, length bounded."""
+    s = str(name)
+    if not s.isprintable() or "\\" in s:
+        s = "".join(c if c.isprintable() and c != "\\" else c.encode("unicode_escape").decode("ascii") for c in s)
+    return s if len(s) <= limit else s[: limit - 1] + "…"
+
+
+def read_untrusted(path: str, uids: frozenset[int] | None, max_bytes: int) -> bytes:
+    """The bytes of ``path``, a file another process publishes (the probe directory), read the way the
+    agent's captures take files: never through a symbolic link (O_NOFOLLOW), never a FIFO or device
+    (O_NONBLOCK, then a regular-file check on the open descriptor), owned by one of ``uids`` (None: any),
+    not writable by everyone, at most ``max_bytes`` (checked on the descriptor and while reading).
+    Raises UnsafeFile or OSError."""
+    import errno
+
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+                     | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise UnsafeFile(errno.ELOOP, "a symbolic link; refused") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsafeFile(errno.EINVAL, f"{kind_of(st.st_mode)}, not a regular file; refused")
+        if uids is not None and st.st_uid not in uids:
+            raise UnsafeFile(errno.EPERM, f"owned by uid {st.st_uid}, expected one of {sorted(uids)} (the agent's "
+                                          "user or the directory's owner; see capture.probe_uids); refused")
+        if st.st_mode & stat.S_IWOTH:
+            raise UnsafeFile(errno.EPERM, "writable by every user; refused")
+        if st.st_size > max_bytes:
+            raise UnsafeFile(errno.EFBIG, f"{st.st_size} bytes, over the {max_bytes} byte limit; refused")
+        chunks = []
+        n = 0
+        while True:
+            try:
+                chunk = os.read(fd, min(1 << 20, max_bytes + 1 - n))
+            except BlockingIOError:  # O_NONBLOCK on a regular file never blocks; be safe anyway
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+            n += len(chunk)
+            if n > max_bytes:
+                raise UnsafeFile(errno.EFBIG, f"grew past the {max_bytes} byte limit while read; refused")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)

@@ -16,6 +16,7 @@ from ..model import CollectResult, Missing, Reason, Sample, make_labels
 from ..signals import SIGNALS, normalise_name
 from .exposition import LineCache, ParseError, scrape_kept
 from .endpoint import Endpoint
+from .exposition_parse import keep_line
 from .http import DEFAULT_MAX_BYTES, Fetch, FetchError, http_get
 from .logonce import LogOnce
 
@@ -83,13 +84,15 @@ def _present(names: set[str], metric: str) -> bool:
 
 
 def parse_vllm_metrics(text: str, ts: float, source: str = "vllm", key_cache: dict | None = None,
-                       lines: LineCache | None = None) -> list[Sample]:
+                       lines: LineCache | None = None, counts: dict | None = None) -> list[Sample]:
     """A vLLM ``/metrics`` body -> the kept samples, stamped ``ts`` (pure but for the caches).
 
     ``lines``, kept by the caller between scrapes of one server, reads a page whose series lines were all
     seen before with one dict hit and one float a line (the same samples; ~0.5 ms instead of ~2 ms a scrape
     of a vLLM V1 page, bench/bench_agent.py); anything else takes the full path below, which teaches it.
-    Raises exposition.ParseError (one line) when the text is not Prometheus/OpenMetrics.
+    At most MAX_KEPT_LINES series lines are parsed (past it, only series ``lines`` knows); the others are
+    counted in ``counts["line_limit"]``. Raises exposition.ParseError (one line) when the text is not
+    Prometheus/OpenMetrics.
     """
     if lines is not None:
         first = _FIRST_LINE.match(text)
@@ -106,7 +109,7 @@ def parse_vllm_metrics(text: str, ts: float, source: str = "vllm", key_cache: di
         line = m.group()
         name = normalise_name(line.split("{", 1)[0].split(None, 1)[0])
         if name in KEEP:
-            kept.append(line)
+            keep_line(kept, line, lines, counts)
         elif lines is not None:
             lines.drop(line)
     if not kept and any(n in text for n in ("sglang:", "tgi_", "nv_inference_", "nv_trt_llm_")):
@@ -141,6 +144,7 @@ class VllmCollector:
         self._said_missing: set[str] = set()
         self._keys: dict = {}  # parsed series lines, reused scrape after scrape
         self._lines = LineCache()  # the page's lines as parsed: the fast path of the next scrapes
+        self.dropped: dict[str, int] = {}  # lines past the line cap (agent/budget.py exports it)
 
     def _down(self, now: float, reason: Reason | str, msg: str) -> CollectResult:
         self._log.problem(msg)
@@ -162,7 +166,7 @@ class VllmCollector:
             return self._down(now, e.reason, str(e))
         try:
             samples = parse_vllm_metrics(text, now, source=self.url, key_cache=self._keys,
-                                         lines=self._lines)
+                                         lines=self._lines, counts=self.dropped)
         except ParseError as e:
             return self._down(now, Reason.PARSE_ERROR, str(e))
         if not samples:

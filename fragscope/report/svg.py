@@ -80,8 +80,12 @@ def nice_ticks(lo: float, hi: float, n: int = 4) -> list[float]:
     if not (math.isfinite(lo) and math.isfinite(hi)) or hi <= lo:
         return [lo] if math.isfinite(lo) else []
     raw = (hi - lo) / max(1, n)
-    mag = 10 ** math.floor(math.log10(raw))
-    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
+    if not (raw > 0 and math.isfinite(raw)):  # a denormal span (5e-324 / 4 is 0) or an overflowed one
+        return [lo]
+    mag = 10.0 ** math.floor(math.log10(raw))
+    step = next((m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw), raw)
+    if not (step > 0 and math.isfinite(step)):
+        return [lo]
     first = math.ceil(lo / step - 1e-9) * step
     out = []
     x = first
