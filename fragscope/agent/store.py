@@ -51,8 +51,9 @@ CHUNK = 5000  # rows per write transaction
 # (a tuple and a float pair), so this is ~10 MB, a minute of 1,600 series at 1 s.
 MAX_BUFFER = 100_000
 # Series the history holds; a new one past it evicts the series written least recently (its points
-# too), counted in series_evicted. An id costs ~300 bytes of memory (its key in _ids): ~3 MB.
-MAX_SERIES = 10_000
+# too), counted in series_evicted. An id costs ~300 bytes of memory (its key in _ids): ~1.2 MB. A large
+# 8-GPU pod writes ~700 signal series (store.keep = "signals").
+MAX_SERIES = 4096
 
 
 def series_type(name: str) -> str:

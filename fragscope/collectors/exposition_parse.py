@@ -35,16 +35,28 @@ _MAX_PIECES = 64
 # value, must not be memoised: ~8,192 entries of at most 4 KiB stay under a few MB).
 MAX_KEY_CACHE = 8192
 MAX_CACHED_HEAD = 4096
-# Series lines one live scrape parses (collectors/vllm.py, dcgm.py): a vLLM V1 page keeps ~200, a
-# dcgm-exporter of 8 GPUs ~400. Past it only lines of series already known are read, the rest counted
+# Series lines one live scrape parses (collectors/vllm.py, dcgm.py), twice the agent's series per collector:
+# a vLLM V1 engine keeps ~200, a dcgm-exporter of 8 GPUs ~400. Past it only lines of series already known are
+# read, the rest counted
 # (a page of 40,000 churning series parsed in full made ~20 MB of short-lived objects a scrape, whose
 # few survivors kept the allocator's arenas from being returned: 110 MB RSS after the churn stopped).
-MAX_KEPT_LINES = 8192
+MAX_KEPT_LINES = 4096
+
+
+# The longest series line a live scrape reads (a vLLM line is ~100-900 bytes; the agent keeps label values
+# of at most 2 KiB anyway, agent/budget.py): one 3.9 MB label value cost a 717 MB peak through the old
+# label regex and still ~40 MB of copies through the parse.
+MAX_SCRAPE_LINE = 16384
 
 
 def keep_line(kept: list, line: str, line_cache: "LineCache | None", counts: dict | None) -> None:
     """Append ``line`` to ``kept`` while under MAX_KEPT_LINES, or past it when its series is known to
-    ``line_cache``; otherwise count it in ``counts["line_limit"]``."""
+    ``line_cache``; otherwise count it in ``counts["line_limit"]``. A line longer than MAX_SCRAPE_LINE is
+    counted in ``counts["line_length"]``, never parsed."""
+    if len(line) > MAX_SCRAPE_LINE:
+        if counts is not None:
+            counts["line_length"] = counts.get("line_length", 0) + 1
+        return
     if len(kept) < MAX_KEPT_LINES or (line_cache is not None and line.rsplit(None, 1)[0] in line_cache.heads):
         kept.append(line)
     elif counts is not None:
