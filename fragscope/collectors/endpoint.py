@@ -100,32 +100,44 @@ def candidates(url: str) -> list[str]:
     return out
 
 
+_NAME_AT_LINE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)", re.M)
+_AGENT_ONLY = frozenset({"fragscope_agent_info", "fragscope_collector_up", "fragscope_diagnosis_active"})
+
+
 def classify(text: str) -> list[str]:
-    """The kinds of page ``text`` is, from its metric names (several for a concatenated page)."""
+    """The kinds of page ``text`` is, from its metric names (several for a concatenated page). Streams
+    the names (no list of lines, no set of every name): a hostile page of a million lines costs no
+    more memory than its text."""
     head = text.lstrip()[:2000]
     if head.startswith("{"):
         return ["agent"] if '"fragscope agent"' in head else []
-    names = set()
-    for line in text.splitlines():
-        if line and line[0] != "#":
-            names.add(line.split("{", 1)[0].split(None, 1)[0])
-    if names & {"fragscope_agent_info", "fragscope_collector_up", "fragscope_diagnosis_active"}:
-        return ["agent"]  # families only the agent's exporter writes
+    others = other_engine_names()
+    vllm = v1 = v0 = sglang = dcgm = engine = False
+    for m in _NAME_AT_LINE.finditer(text):
+        n = m.group(1)
+        if n in _AGENT_ONLY:
+            return ["agent"]  # families only the agent's exporter writes
+        if n.startswith("ray_vllm:"):
+            n = n[4:]
+        if n.startswith("vllm:"):
+            vllm = True
+            v1 = v1 or n == "vllm:kv_cache_usage_perc" or n.startswith("vllm:inter_token_latency")
+            v0 = v0 or n == "vllm:gpu_cache_usage_perc"
+        elif n.startswith("sglang:"):
+            sglang = True
+        elif n.startswith("DCGM_FI_"):
+            dcgm = True
+        elif not engine and n in others:
+            engine = True  # TGI, Triton / TensorRT-LLM: read through the signal table (docs/engines.md)
     kinds = []
-    vllm = {n[4:] if n.startswith("ray_") else n for n in names if n.startswith(("vllm:", "ray_vllm:"))}
     if vllm:
-        if "vllm:kv_cache_usage_perc" in vllm or any(n.startswith("vllm:inter_token_latency") for n in vllm):
-            kinds.append("vllm-v1")
-        elif "vllm:gpu_cache_usage_perc" in vllm:
-            kinds.append("vllm-v0")
-        else:
-            kinds.append("vllm")
-    if any(n.startswith("sglang:") for n in names):
+        kinds.append("vllm-v1" if v1 else "vllm-v0" if v0 else "vllm")
+    if sglang:
         kinds.append("sglang")
-    if any(n.startswith("DCGM_FI_") for n in names):
+    if dcgm:
         kinds.append("dcgm")
-    if names & other_engine_names():
-        kinds.append("engine")  # TGI, Triton / TensorRT-LLM: read through the signal table (docs/engines.md)
+    if engine:
+        kinds.append("engine")
     return kinds
 
 
