@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 
+from .collectors.engines import name_notes
 from .detectors import stats
 from .detectors.frame import Frame, build_frame
 from .model import Finding, Inconclusive, Report, Severity, Window, rank_findings
@@ -190,7 +191,7 @@ def signal_summary(f: Frame, window: Window) -> dict:
     out: dict = {"step_seconds": f.step, "scrape_interval_seconds": f.scrape_interval,
                  "engine_generation": f.engine_generation, "gpus": f.gpus(), "sources": dict(f.sources),
                  "engine": {}, "gpu": {}, "config": dict(f.config),
-                 "dropped_points": window.dropped_points, "notes": list(window.notes),
+                 "dropped_points": window.dropped_points, "notes": list(window.notes) + name_notes(window),
                  "timestamps": window.timestamps, "scrapes": window.scrapes,
                  "scrape_interval_known": window.scrape_interval_known}
 

@@ -375,3 +375,35 @@ def test_unfilled_triton_template_says_fill_it_first():
     assert "line " not in r.stderr  # not a parser error
     r = cli(cfg)
     assert r.returncode == 2 and "fill the template first" in r.stderr
+
+
+# --- metric names: SGLang's underscore form, and families nothing maps -------------------------------------------
+def test_sglang_underscore_names_read_and_unmapped_families_named():
+    # SGLang's documented scrape (sgl-project/sglang docs/references/production_metrics.md) rewritten in memory with
+    # "sglang_" for "sglang:" (the form exporters that rewrite colons produce; real consumers read both names):
+    # the same figures as the colon form (162 running, 2826 waiting, token usage 0.28)
+    from fragscope.collectors.engines import name_notes
+    from fragscope.detectors.frame import build_frame
+    from test_engines import SGL, scrape
+
+    text = (DATA.parent / "engines" / SGL).read_text().replace("sglang:", "sglang_")
+    w = scrape(SGL, text)
+    f = build_frame(w)
+    assert f.sources["requests_running"] == "sglang:num_running_reqs"
+    assert f.engine["requests_running"][-1] == 162.0 and f.engine["requests_waiting"][-1] == 2826.0
+    assert f.engine["kv_cache_usage_ratio"][-1] == 0.28
+    from fragscope.collectors.exposition import parse_text
+
+    notes = name_notes(parse_text(text, default_ts=1.7e9, source=SGL).to_window(SGL))  # the window as read
+    assert any("read as their sglang:* names" in n for n in notes)
+    (unm,) = [n for n in notes if "not mapped" in n]
+    # the families the table has no signal for, named with the engine they look like
+    assert "look like SGLang" in unm and "sglang_gen_throughput" in unm and "sglang_cache_hit_rate" in unm
+    assert "sglang_num_running_reqs" not in unm
+
+
+def test_unmapped_families_are_named_in_the_report():
+    # the project's real vLLM 0.32.0 CPU scrape: families the table does not read are listed, not silently dropped
+    r = cli(DATA.parent / "collectors" / "vllm_cpu_0.32.0_tiny.metrics.txt", "--format", "json")
+    notes = json.loads(r.stdout)["signals"]["notes"]
+    assert any("look like vLLM" in n and "not read" in n for n in notes), notes

@@ -74,8 +74,74 @@ def _collapse_ranks(window: Window) -> tuple[dict[SeriesKey, Series], int]:
     return keep, merged
 
 
+# Engines' metric-name prefixes, to name the families the signal table does not map (never silently nothing)
+ENGINE_PREFIXES = (("vllm:", "vLLM"), ("sglang:", "SGLang"), ("sglang_", "SGLang"), ("tgi_", "TGI"),
+                   ("nv_trt_llm_", "TensorRT-LLM (Triton backend)"), ("trtllm_", "TensorRT-LLM"),
+                   ("nv_inference_", "Triton"), ("lmdeploy_", "LMDeploy"))
+_SUFFIXES = ("_bucket", "_sum", "_count", "_total", "_created")
+
+
+def _underscore_aliases(window: Window) -> tuple[dict[SeriesKey, Series], int]:
+    """SGLang's names with ``_`` for ``:`` (``sglang_num_running_reqs``: exporters and gateways that rewrite colons,
+    several SGLang deployments) read as the table's ``sglang:`` names, unless the colon name is there too."""
+    names = window.names()
+    known = known_names()
+    out: dict[SeriesKey, Series] = {}
+    n = 0
+    for key, ser in window.series.items():
+        if key.name.startswith("sglang_"):
+            alias = "sglang:" + key.name[len("sglang_"):]
+            if alias in known and alias not in names:
+                nk = SeriesKey(alias, key.labels)
+                out[nk] = Series(nk, ser.ts, ser.values, ser.type)
+                n += 1
+                continue
+        out[key] = ser
+    return out, n
+
+
+def unmapped_families(window: Window) -> dict[str, list[str]]:
+    """Engine-looking families (by prefix) that no signal reads: {engine: [family, ...]} (a name drift between
+    releases shows here instead of reading as nothing)."""
+    known = known_names()
+    out: dict[str, set[str]] = {}
+    for name in window.names():
+        if name in known or (name.startswith("sglang_") and "sglang:" + name[7:] in known):
+            continue
+        eng = next((e for pre, e in ENGINE_PREFIXES if name.startswith(pre)), None)
+        if eng is None:
+            continue
+        fam = next((name[: -len(x)] for x in _SUFFIXES if name.endswith(x) and name[: -len(x)] in known), None)
+        if fam is not None:
+            continue
+        base = next((name[: -len(x)] for x in _SUFFIXES if name.endswith(x)), name)
+        out.setdefault(eng, set()).add(base)
+    return {e: sorted(v) for e, v in sorted(out.items())}
+
+
+def name_notes(window: Window) -> list[str]:
+    """What the names alone say about reading this window: SGLang underscore names read as their colon names, and
+    the engine-looking families no signal maps (named, with the engine they look like)."""
+    names = window.names()
+    known = known_names()
+    notes = []
+    aliased = sorted(n for n in names if n.startswith("sglang_") and "sglang:" + n[7:] in known
+                     and "sglang:" + n[7:] not in names)
+    if aliased:
+        notes.append(f"{len(aliased)} SGLang families named sglang_* (underscore) read as their sglang:* names")
+    for eng, fams in unmapped_families(window).items():
+        if fams:
+            notes.append(f"families not mapped to any signal (they look like {eng}; not read): " + ", ".join(fams[:12])
+                         + (f" and {len(fams) - 12} more" if len(fams) > 12 else ""))
+    return notes
+
+
 def derive(window: Window) -> Window:
     """The window with the engine adapters' derived series added (see the module docstring)."""
+    if any(n.startswith("sglang_") for n in window.names()):
+        series, aliased = _underscore_aliases(window)
+        if aliased:
+            window = dataclasses.replace(window, series=series)
     names = window.names()
     todo = [d for d in DERIVED if d.family in names and d.metric not in names]
     has_ranks = any(s.key.name.startswith(pre) and any(s.key.label(x) is not None for x in ls)
@@ -92,6 +158,26 @@ def derive(window: Window) -> Window:
 
 
 _OTHER: frozenset[str] | None = None
+_KNOWN: frozenset[str] | None = None
+
+
+def known_names() -> frozenset[str]:
+    """Every raw name the signal table reads (vLLM's included), with histogram and counter suffixes."""
+    global _KNOWN
+    if _KNOWN is None:
+        from ..signals import DERIVED, SIGNALS
+
+        out: set[str] = set()
+        for sig in SIGNALS.values():
+            for src in sig.sources:
+                m = src.metric
+                out.update((m, m + "_bucket", m + "_sum", m + "_count", m + "_total", m + "_created"))
+                if m.endswith("_total"):
+                    out.add(m[: -len("_total")])
+        out.update(d.family for d in DERIVED)
+        out.update(d.metric for d in DERIVED)
+        _KNOWN = frozenset(out)
+    return _KNOWN
 
 
 def other_engine_names() -> frozenset[str]:
@@ -118,4 +204,5 @@ def engine_samples(text: str, ts: float, source: str, key_cache: dict | None = N
     from .exposition import scrape_samples
 
     keep = other_engine_names()
-    return [x for x in scrape_samples(text, ts, source, key_cache) if x.name in keep]
+    return [x for x in scrape_samples(text, ts, source, key_cache)
+            if x.name in keep or (x.name.startswith("sglang_") and "sglang:" + x.name[7:] in keep)]
