@@ -257,3 +257,15 @@ def test_agent_config_takes_an_address_like_diagnose(vllm):
     assert p.make().collect(1.0).up
     with pytest.raises(ConfigError, match="expected an http"):
         load_config(None, {}, {"vllm.urls": ["ftp://x/metrics"]})
+
+
+def test_fleet_prometheus_takes_host_port_like_every_url_option(capsys):
+    """`diagnose --prometheus 127.0.0.1:PORT` is read as http://127.0.0.1:PORT (it was refused as not a URL)."""
+    from fragscope.cli import _main, diagnose_group
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    rc = _main(diagnose_group, "diagnose", ["--prometheus", f"127.0.0.1:{port}"])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"cannot reach Prometheus at http://127.0.0.1:{port}" in err

@@ -97,7 +97,15 @@ def _config(opts: dict):
             timeout = parse_duration(opts["prom_timeout"])
         except ValueError as e:
             fail(f"--timeout: {e}")
-    return PromConfig(opts["prometheus"], bearer_token=token, basic_auth=basic, headers=headers,
+    url = opts["prometheus"]
+    from ..collectors.endpoint import EndpointError, looks_like_url, normalise
+
+    if looks_like_url(url) and "://" not in url:  # host:port, as every other URL option takes it
+        try:
+            url = normalise(url)
+        except EndpointError as e:
+            fail(f"--prometheus: {e}")
+    return PromConfig(url, bearer_token=token, basic_auth=basic, headers=headers,
                       ca_bundle=ca, insecure=bool(opts.get("insecure")), timeout=timeout)
 
 
