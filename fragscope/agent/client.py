@@ -12,6 +12,7 @@ from typing import IO, Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 from ..model import Sample, SeriesKey, Window, make_labels
+from .config import DEFAULT_PORT
 from .store import infer_types, series_type
 
 MAX_RESPONSE_BYTES = 512 * 1024 * 1024
@@ -107,12 +108,25 @@ def _get_json_once(url: str, timeout_s: float) -> Any:
     return body
 
 
+def agent_base(agent_url: str) -> str:
+    """An agent's base URL from what was typed (``http://pod:9655``, ``pod:9655``, or its ``/metrics``
+    URL), through the one URL resolver's rules (collectors/endpoint.py). Raises ClientError."""
+    from ..collectors.endpoint import EndpointError, base_of, looks_like_url, normalise
+
+    hint = f"expected the URL of a fragscope agent (e.g. http://pod:{DEFAULT_PORT})"
+    s = str(agent_url).strip()
+    if not looks_like_url(s):
+        raise ClientError(f"{agent_url}: {hint}")
+    try:
+        return base_of(normalise(s))
+    except EndpointError as e:
+        raise ClientError(f"{e}; {hint}") from None
+
+
 def fetch_window(agent_url: str, since_s: float, step_s: float | None = None, timeout_s: float = 60.0) -> Window:
     """The last ``since_s`` seconds of a running agent's history (at ``step_s``, default the
     agent's detection step). Raises ClientError."""
-    base = agent_url.rstrip("/")
-    if not re.match(r"^https?://", base):
-        raise ClientError(f"{agent_url}: expected an http(s):// URL of a fragscope agent (e.g. http://pod:{DEFAULT_PORT})")
+    base = agent_base(agent_url)
     url = f"{base}/api/v1/window?since={since_s:g}"
     if step_s is not None:
         url += f"&step={step_s:g}"

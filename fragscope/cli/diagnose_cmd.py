@@ -136,7 +136,9 @@ def run_cmd(ctx: click.Context, file: str | None, fmt: str, fail_on: str, html: 
             fail("nothing to diagnose: give a recording FILE, a URL (http://host:port), --agent URL, "
                  "--vllm URL or --prometheus URL (see diagnose --help)")
         if opts.get("agent"):
-            report = agent_cmds.agent_verdict(window, opts["agent"].rstrip("/"))
+            from ..agent.client import agent_base
+
+            report = agent_cmds.agent_verdict(window, agent_base(opts["agent"]))
         else:
             from ..pipeline import diagnose
 
