@@ -214,7 +214,7 @@ def diagnose_url(policy: Policy, url: str, duration_seconds: float | None = None
                  max_seconds: float = MAX_LIVE_SECONDS) -> Answer:
     """``diagnose URL``: a vLLM / SGLang page or a dcgm-exporter sampled for a short while (first verdict after
     two scrapes), or a fragscope agent's history."""
-    from ..agent.client import ClientError, fetch_window
+    from ..agent.client import ClientError
     from ..agent.live import LiveError, resolve
     from ..cli import agent_cmds
 
