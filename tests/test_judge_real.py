@@ -407,3 +407,41 @@ def test_unmapped_families_are_named_in_the_report():
     r = cli(DATA.parent / "collectors" / "vllm_cpu_0.32.0_tiny.metrics.txt", "--format", "json")
     notes = json.loads(r.stdout)["signals"]["notes"]
     assert any("look like vLLM" in n and "not read" in n for n in notes), notes
+
+
+# --- nvidia-smi's table -------------------------------------------------------------------------------------------
+COL = DATA.parent / "collectors"
+
+
+def test_nvidia_smi_table_is_read_not_refused():
+    # wencolani/CrossE#2: "12799MiB / 16280MiB" on a P100 and an empty "Processes:" section: 12799 / 16280 = 78.6 %
+    # used by no listed process
+    p = COL / "nvidia_smi_table_crosse2_unlisted.txt"
+    r = cli(p)
+    assert r.returncode == 0 and "read as: diagnose nvidia-smi" in r.stderr
+    assert "12799 MiB of 16280 MiB used (78.6 %)" in r.stdout and "12799 MiB in use by no listed process" in r.stdout
+    d = json.loads(cli("nvidia-smi", p, "--format", "json").stdout)
+    (g,) = d["nvidia_smi"]["gpus"]
+    assert g["used_bytes"] == 12799 * MIB and g["total_bytes"] == 16280 * MIB and d["nvidia_smi"]["driver_version"] == "410.48"
+    assert d["findings"] == [] and d["inconclusive"]  # one snapshot: said, never "healthy"
+
+
+def test_nvidia_smi_process_section_and_new_layout():
+    # apache/mxnet#4242: GPU 1 holds 5369 + 1205 + 1011 = 7585 MiB in three processes, two named "Unknown Error"
+    d = json.loads(cli("nvidia-smi", COL / "nvidia_smi_processes_mxnet4242.txt", "--format", "json").stdout)
+    procs = d["nvidia_smi"]["processes"]
+    assert len(procs) == 6 and sum(p["used_bytes"] for p in procs if p["gpu"] == 1) == 7585 * MIB
+    assert any("GPU 1: processes listed hold 7585 MiB" in s for s in d["summary"])
+    assert any("'Unknown Error': pid 31794 on GPU 0, pid 27707 on GPU 1" in s for s in d["summary"])
+    # vllm-project/vllm#55169: the 89-column layout, two H100 at 0 of 81559 MiB
+    d = json.loads(cli("nvidia-smi", COL / "nvidia_smi_table_vllm55169_h100.txt", "--format", "json").stdout)
+    assert [(g["index"], g["name"], g["used_bytes"], g["total_bytes"]) for g in d["nvidia_smi"]["gpus"]] == \
+        [(0, "NVIDIA H100 80GB HBM3", 0, 81559 * MIB), (1, "NVIDIA H100 80GB HBM3", 0, 81559 * MIB)]
+    assert d["nvidia_smi"]["cuda_version"] == "13.0"
+
+
+def test_not_a_table_is_refused_in_one_line(tmp_path):
+    p = tmp_path / "x.txt"
+    p.write_text("hello\n")
+    r = cli("nvidia-smi", p)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "not nvidia-smi's table" in r.stderr

@@ -17,8 +17,8 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import click
 
 from .. import __version__
-from . import (agent_cmds, diagnose_cmd, engines_cmd, fleet_cmds, kv_budget_cmd, logs_cmd, mcp_cmd, sizing_cmd,
-               snapshot_cmd, trace_cmd)
+from . import (agent_cmds, diagnose_cmd, engines_cmd, fleet_cmds, kv_budget_cmd, logs_cmd, mcp_cmd, nvsmi_cmd,
+               sizing_cmd, snapshot_cmd, trace_cmd)
 from .common import EXIT_CRASH, EXIT_USAGE
 
 DEBUG_ENV = "FRAGSCOPE_DEBUG"
@@ -97,7 +97,7 @@ def fragscope_group() -> None:
 
 
 for _mod in (diagnose_cmd, kv_budget_cmd, snapshot_cmd, trace_cmd, logs_cmd, agent_cmds, fleet_cmds, sizing_cmd,
-             engines_cmd, mcp_cmd):
+             engines_cmd, mcp_cmd, nvsmi_cmd):
     _mod.register(fragscope_group, diagnose_group)
 # `fragscope diagnose ...` is the same as `diagnose ...`
 fragscope_group.add_command(diagnose_group, name="diagnose")

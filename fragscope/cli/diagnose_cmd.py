@@ -47,10 +47,11 @@ def _reroute(ctx: click.Context, other: _OtherKind, file: str, fmt: str, fail_on
     if refused:
         fail(f"{other} ({' and '.join(refused)} appl{'y' if len(refused) > 1 else 'ies'} to metrics recordings)")
     from .logs_cmd import logs_cmd
+    from .nvsmi_cmd import nvsmi_cmd
     from .snapshot_cmd import snapshot_cmd
     from .trace_cmd import trace_cmd
 
-    cmd = {"logs": logs_cmd, "trace": trace_cmd, "snapshot": snapshot_cmd}[other.reader]
+    cmd = {"logs": logs_cmd, "trace": trace_cmd, "snapshot": snapshot_cmd, "nvidia-smi": nvsmi_cmd}[other.reader]
     what = str(other).split(": ", 1)[-1].split(", not metrics text", 1)[0]
     kwargs = {"file": file, "fmt": fmt, "fail_on": fail_on}
     if html:

@@ -217,7 +217,7 @@ _LOG_WORDS = re.compile(r"KV cache|preempted|Avg prompt throughput|Decode batch|
                         r"Started server process|Loading model|vLLM|sglang", re.I)
 
 
-_READER = re.compile(r"(?:read it|read a [\w ]+?) with: diagnose (logs|trace|snapshot) FILE")
+_READER = re.compile(r"(?:read it|read a [\w ]+?) with: diagnose (logs|trace|snapshot|nvidia-smi) FILE")
 
 
 def reader_of(description: str | None) -> str | None:
@@ -284,6 +284,11 @@ def _other_tool(s: str, lines: list[str]) -> str | None:
                     "with: diagnose triton-batching --config FILE SCRAPE")
         return ("a Triton model configuration (config.pbtxt), not metrics text; judge its batching against the "
                 "model's counters with: diagnose triton-batching --config FILE SCRAPE")
+    from .nvsmi_table import looks_like_table  # the same layer
+
+    if looks_like_table(s):
+        return ("nvidia-smi's table (memory used / total per GPU and per listed process), not metrics text; "
+                "read it with: diagnose nvidia-smi FILE")
     if _NVSMI.search(head):
         return ("nvidia-smi output (XML, CSV or -q text), not metrics text; fragscope reads the GPU through NVML "
                 "(fragscope agent) or a dcgm-exporter's /metrics page (diagnose http://host:9400)")
