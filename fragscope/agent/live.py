@@ -16,14 +16,16 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..model import CollectResult, Reason, Report, Sample, SeriesKey, Window
-from .client import ClientError
-
 from ..collectors.endpoint import (KIND_TEXT, EndpointError, Resolved, candidates, classify,  # noqa: F401
-                                   looks_like_url)
+                                   looks_like_url)  # re-exported: live.py's names before the resolver moved
 from ..collectors.endpoint import normalise as _normalise
 from ..collectors.endpoint import other_engine_names as _other_engine_names
 from ..collectors.endpoint import resolve as _resolve
+from ..model import CollectResult, Report, Sample, SeriesKey, Window
+from .client import ClientError
+
+__all__ = ["KIND_TEXT", "LiveError", "PageCollector", "Target", "candidates", "classify", "looks_like_url",
+           "normalise", "resolve", "watch", "agent_status", "finding_line", "verdict_key", "parse_page"]
 
 Target = Resolved  # a resolved live source (collectors/endpoint.py)
 
