@@ -45,8 +45,9 @@ def render(values: dict | None = None) -> dict[str, str]:
 def objects(values: dict | None = None) -> list[dict]:
     """Every object the chart renders with these values."""
     out = []
-    for text in render(values).values():
-        out.extend(d for d in yaml.safe_load_all(text) if d)
+    for name, text in render(values).items():
+        if name.endswith(".yaml"):  # not NOTES.txt
+            out.extend(d for d in yaml.safe_load_all(text) if d)
     return out
 
 

@@ -81,6 +81,22 @@ def test_every_rendered_object_validates(variant):
             raise AssertionError(f"{variant}: {o['kind']} {o['metadata']['name']}: {str(e)[:600]}") from None
 
 
+def test_helm_package_stores_the_linked_files(tmp_path):
+    """`helm package` follows the chart's links to dashboards/: the archive carries the files themselves
+    (and not the rules' unit tests, .helmignore)."""
+    import tarfile
+
+    helm_python = pytest.importorskip("helm_python", reason="helm-python-sdk (the test extra)")
+    archive = helm_python.package(CHART, destination=str(tmp_path))
+    with tarfile.open(archive) as tf:
+        names = tf.getnames()
+        got = tf.extractfile("fragscope/files/fragscope.json").read()
+    with open(os.path.join(ROOT, "dashboards", "fragscope.json"), "rb") as fh:
+        assert got == fh.read()
+    assert "fragscope/files/rules/fragscope-alerts.yml" in names
+    assert not [n for n in names if "/rules/tests/" in n]
+
+
 def test_helm_lint_strict():
     helm_python = pytest.importorskip("helm_python", reason="helm-python-sdk (the test extra)")
     for values in VARIANTS.values():
