@@ -144,7 +144,7 @@ seccompProfile:
       containerPort: {{ .Values.agent.port }}
       protocol: TCP
   readinessProbe:
-    httpGet: {path: /readyz, port: fragscope}
+    httpGet: {path: {{ .Values.agent.readinessPath }}, port: fragscope}
     {{- toYaml .Values.agent.readinessProbe | nindent 4 }}
   livenessProbe:
     httpGet: {path: /healthz, port: fragscope}
