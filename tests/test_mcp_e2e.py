@@ -1,6 +1,7 @@
-"""`fragscope mcp`'s diagnose_fleet against a real Prometheus backfilled with scenario recordings (promtool
-tsdb create-blocks-from openmetrics): the same targets, triage and per-pod verdicts as `diagnose --prometheus
-URL --format json`, and the Prometheus host refused unless allowed."""
+"""`fragscope mcp` against real components (heavy: run by .ci/run after the fast suite): diagnose_fleet against a
+real Prometheus backfilled with scenario recordings (promtool tsdb create-blocks-from openmetrics), the same
+targets, triage and per-pod verdicts as `diagnose --prometheus URL --format json`; diagnose_url on a real
+fragscope agent whose engine source is down; the server over streamable HTTP (--listen)."""
 from __future__ import annotations
 
 import json
@@ -16,7 +17,7 @@ from test_mcp import Served, _cli_json, _quoted  # noqa: E402
 
 from fragscope.mcp.policy import Policy  # noqa: E402
 
-pytestmark = [needs_prometheus, pytest.mark.e2e]  # a real Prometheus backfilled: heavy, run by .ci/run
+pytestmark = pytest.mark.e2e
 
 PODS = {"vllm-0": dict(kind="healthy", seed=21), "vllm-1": dict(kind="allocator-fragmentation", seed=22)}
 
@@ -48,6 +49,7 @@ def _key(doc: dict) -> list:
             for t in doc["targets"]]
 
 
+@needs_prometheus
 def test_diagnose_fleet_matches_the_cli(prom):
     p, start, end = prom
     with Served(Policy.build(allow_urls=[p.url])) as s:
@@ -64,6 +66,7 @@ def test_diagnose_fleet_matches_the_cli(prom):
     assert json.dumps(got["mcp"]["could_not_judge"])  # always there, possibly empty
 
 
+@needs_prometheus
 def test_prometheus_host_refused_unless_allowed(prom):
     p, _, _ = prom
     with Served(Policy.build(allow_urls=["http://127.0.0.1:1"])) as s:
@@ -111,3 +114,47 @@ def test_streamable_http_listen(tmp_path):
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_diagnose_url_on_a_real_agent_with_its_engine_down():
+    """A real agent (scheduler, HTTP API) on 127.0.0.1 whose vLLM source is refused: diagnose_url recognises the
+    agent, reads its history and leads with SOURCES DOWN, as `diagnose URL` does (exit 4)."""
+    import time
+
+    from test_fleet_harness import free_port
+
+    from fragscope.agent.config import load_config
+    from fragscope.agent.daemon import Agent
+    from fragscope.collectors.vllm import VllmCollector
+    from fragscope.model import CollectResult, Sample
+
+    class _Gpu:  # a GPU collector that answers (NVML cannot run here)
+        name = "nvml"
+
+        def collect(self, now):
+            return CollectResult(samples=[Sample("fragscope_gpu_memory_used_bytes", (("gpu", "0"),), now, 1e9)])
+
+    port, dead = free_port(), free_port()
+    cfg = load_config(None, {}, {"listen": f"127.0.0.1:{port}", "store.enabled": False, "interval": "0.2s",
+                                 "detect.interval": "0.3s"})
+    ag = Agent(cfg, collectors=[("vllm", "vllm", VllmCollector(f"http://127.0.0.1:{dead}", timeout_s=0.5), 0.2, 2.0),
+                                ("nvml", "nvml", _Gpu(), 0.2, 2.0)])
+    ag.start()
+    try:
+        deadline = time.monotonic() + 15
+        while ag.state.report is None and time.monotonic() < deadline:  # bounded
+            time.sleep(0.05)
+        url = f"http://127.0.0.1:{port}"
+        with Served(Policy.build(allow_urls=[url])) as s:
+            r = s.call("diagnose_url", {"url": url, "since": "10m"})
+        want = _cli_json(url, "--since", "10m")
+    finally:
+        ag.close()
+    assert not r.is_error, r.content[0].text
+    got = r.structured_content
+    assert got["source"] == want["source"] == f"agent {url}"
+    assert got["signals"]["sources_down"] and len(got["signals"]["sources_down"]) == len(want["signals"]["sources_down"])
+    assert [f["id"] for f in got["findings"]] == [f["id"] for f in want["findings"]]
+    before = _quoted(r.content[0].text)[0]
+    assert before.startswith("SOURCES DOWN:")
+    assert got["mcp"]["could_not_judge"][0]["id"] == "source-down"
