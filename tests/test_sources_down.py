@@ -4,6 +4,7 @@ exit code (4, docs/cli.md#exit-codes), and the agent's /api/v1/status and /ready
 from __future__ import annotations
 
 import json
+import re
 import socket
 import time
 import urllib.error
@@ -147,6 +148,18 @@ def test_live_page_that_never_answered_is_a_source_down():
         assert t.collect(float(i)).up
     assert t.never_answered() == ["http://b/metrics: no scrape succeeded (last: http://b/metrics: HTTP 503)"]
 
+    class Flaky(Down):
+        n = 0
+
+        def collect(self, now):
+            self.n += 1
+            return Ok().collect(now) if self.n % 3 else super().collect(now)  # fails 1 in 3
+
+    t = _Together([Ok(), Flaky()])
+    for i in range(6):
+        t.collect(float(i))
+    assert t.never_answered() == []  # a page failing now and then is in the notes, not a source down
+
 
 def test_html_report_says_sources_down_first(agent_engine_down, capsys, tmp_path):
     out = tmp_path / "r.html"
@@ -155,3 +168,51 @@ def test_html_report_says_sources_down_first(agent_engine_down, capsys, tmp_path
     assert rc == 4
     i = page.index('class="sources-down"')
     assert i < page.index("<h2>") and "vllm collector down since" in page[i:i + 600]
+
+
+def test_live_sampling_with_a_page_that_stopped_answering_exits_4(capsys):
+    """diagnose --vllm A --dcgm B: B was found (resolved), then answered HTTP 503 at every scrape: the verdict
+    was judged without it, so it says so (first line, signals.sources_down, exit 4)."""
+    import os
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    data = os.path.join(os.path.dirname(__file__), "data", "agent")
+    pages = {"/metrics": open(os.path.join(data, "vllm_cpu_0.32.0_before.txt"), "rb").read(),
+             "/dcgm/metrics": open(os.path.join(data, "dcgm_l4_cncf.txt"), "rb").read()}
+    state = {"dcgm_hits": 0}
+
+    class H(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):  # noqa: N802
+            body = pages.get(self.path)
+            if self.path == "/dcgm/metrics":
+                state["dcgm_hits"] += 1
+                if state["dcgm_hits"] > 1:  # answered the resolver once, then went down
+                    body = None
+            self.send_response(200 if body is not None else 503)
+            body = body if body is not None else b"down"
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    base = f"http://127.0.0.1:{srv.server_address[1]}"
+    try:
+        rc, out, err = _diagnose(capsys, "--vllm", base, "--dcgm", base + "/dcgm/metrics", "--duration", "1s",
+                                 "--interval", "0.5s", "--format", "json", "--fail-on", "never")
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    d = json.loads(out)
+    assert rc == 4, err
+    (down,) = d["signals"]["sources_down"]
+    m = re.fullmatch(rf"{re.escape(base)}/dcgm/metrics: (\d+) of (\d+) scrapes failed \(last: .*HTTP 503.*\)", down)
+    assert m and 2 * int(m.group(1)) > int(m.group(2)), down  # read once (the resolver's body), then down

@@ -334,12 +334,13 @@ def diagnose_sources(fmt: str, fail_on: str, color: bool | None = None, html: st
 
 
 class _Together:
-    """Several pages sampled as one round: up when any answered; the others' errors kept, and
-    each page's successful scrapes counted (a page that never answered is a source down)."""
+    """Several pages sampled as one round: up when any answered; the others' errors kept, and each
+    page's scrapes counted (a page that failed most of them is a source down for the verdict)."""
 
     def __init__(self, collectors: list) -> None:
         self.collectors = collectors
         self.ok = [0] * len(collectors)
+        self.failed = [0] * len(collectors)
         self.errors: list[str | None] = [None] * len(collectors)
 
     def collect(self, now: float):
@@ -365,12 +366,19 @@ class _Together:
         if r.up and r.samples:
             self.ok[i] += 1
         else:
+            self.failed[i] += 1
             self.errors[i] = r.error or f"{self.collectors[i].name}: down"
 
     def never_answered(self) -> list[str]:
-        """One line for each page that no scrape read (the verdict was judged without it)."""
-        return [f"{c.name}: no scrape succeeded (last: {self.errors[i] or 'no samples'})"
-                for i, c in enumerate(self.collectors) if self.ok[i] == 0]
+        """One line for each page that failed more than half of its scrapes (the verdict was judged
+        mostly or wholly without it); a page that failed now and then is only counted in the notes."""
+        out = []
+        for i, c in enumerate(self.collectors):
+            n = self.ok[i] + self.failed[i]
+            if n and self.failed[i] * 2 > n:
+                what = ("no scrape succeeded" if self.ok[i] == 0 else f"{self.failed[i]} of {n} scrapes failed")
+                out.append(f"{c.name}: {what} (last: {self.errors[i] or 'no samples'})")
+        return out
 
 
 def sampling_plan(duration: str | None, interval: str | None) -> tuple[float, float]:
