@@ -445,3 +445,38 @@ def test_not_a_table_is_refused_in_one_line(tmp_path):
     p.write_text("hello\n")
     r = cli("nvidia-smi", p)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "not nvidia-smi's table" in r.stderr
+
+
+# --- queues the KV pool does not explain (from a log) ----------------------------------------------------------------
+def test_queue_with_a_quarter_of_the_pool_free_is_admission_capped():
+    # intel/llm-scaler#391: Running 1, Waiting 14, KV 76.5 / 76.7 / 76.8 % on all 3 stats lines (22:54:32-22:54:52):
+    # 23 % of the pool free, 14 waiting, 5.4-5.5 tokens/s generated (not stuck), no args line
+    d = _logs(DATA / "vllm_llmscaler391_queue_with_free_pool.log")
+    (f,) = [x for x in d["findings"] if x["id"] == "admission-capped"]
+    assert f["severity"] == "warning" and "14 requests waiting behind at most 1 running on 3 stats lines over 20 s " \
+        "(the whole log)" in f["summary"]
+    assert "76.8 % (23 % or more free)" in f["summary"] and "--max-num-seqs is not in this log" in f["summary"]
+    assert not [x for x in d["findings"] if x["id"] == "kv-cache-pressure"]
+
+
+def _stats_log(tmp_path, rows, args=None):
+    line = ("(APIServer pid=1) INFO 06-02 10:{m:02d}:{s:02d} [loggers.py:1] Engine 000: Avg prompt throughput: 0.0 "
+            "tokens/s, Avg generation throughput: {g} tokens/s, Running: {r} reqs, Waiting: {w} reqs, GPU KV cache "
+            "usage: {kv}%, Prefix cache hit rate: 0.0%\n")
+    text = (f"(APIServer pid=1) INFO 06-02 09:59:00 [utils.py:1] non-default args: {args}\n" if args else "")
+    text += "".join(line.format(m=i * 10 // 60, s=i * 10 % 60, **row) for i, row in enumerate(rows))
+    p = tmp_path / f"s{len(list(tmp_path.iterdir()))}.log"
+    p.write_text(text)
+    return _logs(p)
+
+
+def test_admission_capped_names_the_batch_cap_and_its_confounders_stay_quiet(tmp_path):
+    # synthetic: --max-num-seqs 4, 4 running, 9 waiting, KV 40 % on 4 lines over 30 s: the cap holds them
+    d = _stats_log(tmp_path, [dict(g=300.0, r=4, w=9, kv=40.0)] * 4, "{'model': 'm', 'max_num_seqs': 4}")
+    (f,) = [x for x in d["findings"] if x["id"] == "admission-capped"]
+    assert "at the configured --max-num-seqs 4" in f["summary"] and "Raise --max-num-seqs above 4" in \
+        " ".join(f["playbook"]["actions"])
+    # confounders: a full pool with a queue (the pool explains it), a queue on two lines only, one request waiting
+    for rows in ([dict(g=300.0, r=4, w=9, kv=99.0)] * 4, [dict(g=300.0, r=4, w=9, kv=40.0)] * 2
+                 + [dict(g=300.0, r=4, w=0, kv=40.0)] * 2, [dict(g=300.0, r=4, w=1, kv=40.0)] * 4):
+        assert not [x for x in _stats_log(tmp_path, rows)["findings"] if x["id"] == "admission-capped"]

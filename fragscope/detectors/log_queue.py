@@ -104,3 +104,79 @@ def full_pool_queue_finding(events: Sequence[LogEvent], acc=None, job_kind: str 
         missing.append("the engine's start-up lines (GPU KV cache size) to turn the pool's share into tokens")
     return Finding(ID, Severity.WARNING, 0.6 + (0.1 if span >= 60 else 0.0), "; ".join(parts) + ".",
                    onset=full[0].ts, evidence=ev, missing=missing, context=ctx, basis="log")
+
+
+# --- a queue the KV pool does not explain --------------------------------------------------------------------------
+ADMISSION_ID = "admission-capped"
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionConfig:
+    # vLLM and SGLang admit a waiting request at the next step (milliseconds) when its KV blocks are free and the
+    # batch is under its cap; a queue that stays for three stats lines (V1 logs one every 10 s) while a fifth of
+    # the pool or more is free is held by something other than KV memory
+    max_kv_usage: float = 0.80
+    min_lines: int = 3
+    min_seconds: float = 20.0
+    min_waiting: int = 2
+
+
+def admission_capped_finding(events: Sequence[LogEvent], acc=None, job_kind: str = "unknown",
+                             cfg: AdmissionConfig = AdmissionConfig()) -> Finding | None:
+    """Requests wait on every stats line while the KV pool keeps free room: admission is capped (the batch cap:
+    ``--max-num-seqs`` / ``--max-running-requests``), a request at the queue's head needs more blocks than are free,
+    or the engine is stuck. None unless it holds on every stats line of a stretch of ``min_seconds``."""
+    stats = [e for e in events if e.kind == "stats" and e.ts is not None and "waiting" in e.fields
+             and "kv_usage_ratio" in e.fields]
+    run: list[LogEvent] = []
+    best: list[LogEvent] = []
+    for e in stats:  # the longest stretch of consecutive stats lines that all show it
+        ok = e.fields["waiting"] >= cfg.min_waiting and e.fields["kv_usage_ratio"] <= cfg.max_kv_usage
+        run = run + [e] if ok else []
+        if len(run) > len(best):
+            best = list(run)
+    if len(best) < cfg.min_lines or best[-1].ts - best[0].ts < cfg.min_seconds:
+        return None
+    span = best[-1].ts - best[0].ts
+    whole = len(best) == len(stats)
+    r_max = max(e.fields.get("running", 0) for e in best)
+    w_min, w_max = min(e.fields["waiting"] for e in best), max(e.fields["waiting"] for e in best)
+    kv_max = max(e.fields["kv_usage_ratio"] for e in best)
+    gen = [e.fields["generation_tps"] for e in best if "generation_tps" in e.fields]
+    flag = _BATCH_FLAG.get(job_kind, "--max-num-seqs")
+    cap = None
+    if acc is not None:
+        cap = (getattr(acc, "max_running_requests", None) if job_kind == "sglang" else None) \
+            or getattr(acc, "max_num_seqs", None)
+    waiting_txt = f"{w_min:.0f}" if w_min == w_max else f"{w_min:.0f}–{w_max:.0f}"
+    parts = [f"{waiting_txt} requests waiting behind at most {r_max:.0f} running on {len(best)} stats lines over "
+             f"{span:.0f} s{' (the whole log)' if whole else ''}, while the KV pool stayed at or below "
+             f"{kv_max * 100:.1f} % ({(1 - kv_max) * 100:.0f} % or more free): the pool does not explain the queue"]
+    ctx: dict = {"running_max": r_max, "waiting_min": w_min, "kv_usage_max": kv_max, "batch_flag": flag,
+                 "job_kind": job_kind}
+    if cap is not None and r_max >= cap:
+        parts.append(f"the running batch is at the configured {flag} {cap}: admission is capped by it")
+        ctx["cause"] = "batch-cap"
+        ctx["batch_cap"] = cap
+    elif gen and max(gen) <= 0.0:
+        parts.append("no token generated on these lines: the engine is stuck (see engine-stalled)")
+        ctx["cause"] = "stuck"
+    else:
+        parts.append((f"the running batch ({r_max:.0f}) is under the configured {flag} {cap}" if cap is not None
+                      else f"the configured {flag} is not in this log")
+                     + ": a request at the head of the queue needing more KV blocks than are free (a long prompt "
+                       "waits; requests behind it wait too), the batched-token budget, or a stuck scheduler")
+        ctx["cause"] = "head-of-line-or-cap"
+    ev = [Evidence("log_requests_waiting", float(w_min), unit="requests", window=(best[0].ts, best[-1].ts),
+                   note=f"lines {best[0].line_no}–{best[-1].line_no}; at least this many on every line"),
+          Evidence("log_kv_cache_usage_ratio", kv_max, threshold=cfg.max_kv_usage, unit="ratio", agrees=True,
+                   note="the highest on those lines: the pool kept free room"),
+          Evidence("log_requests_running", float(r_max), threshold=float(cap) if cap is not None else None,
+                   unit="requests", note=f"the configured {flag}" if cap is not None else f"{flag} not in this log")]
+    if gen:
+        ev.append(Evidence("log_generation_tokens_per_second", float(max(gen)), unit="tokens/s",
+                           note="the highest on those lines"))
+    missing = [] if cap is not None else [f"the configured {flag} (the engine's args line)"]
+    sev = Severity.WARNING if span >= 60 or whole else Severity.INFO
+    return Finding(ADMISSION_ID, sev, 0.6 + (0.1 if cap is not None else 0.0), "; ".join(parts) + ".",
+                   onset=best[0].ts, evidence=ev, missing=missing, context=ctx, basis="log")

@@ -14,7 +14,7 @@ from ..collectors.enginelog.jobkind import job_kind
 from ..collectors.enginelog.state import LogState
 from ..model import Evidence, Finding, Severity
 from .log_oom import oom_findings
-from .log_queue import full_pool_queue_finding
+from .log_queue import admission_capped_finding, full_pool_queue_finding
 from .log_oom import oom_summary as _oom_summary
 
 
@@ -482,6 +482,9 @@ def analyse_log(events: Iterable[LogEvent], kv_budget_estimate=None, expected_kv
         f = full_pool_queue_finding(evs, startup, summary["job_kind"])
     if f is not None:
         findings.append(f)
+    capped = admission_capped_finding(evs, startup, summary["job_kind"])  # a queue with the pool not full
+    if capped is not None:
+        findings.append(capped)
     findings += oom_findings(ooms, cfg)
     findings += _kv_gap_findings(evs, check, cfg)
     for x in findings:

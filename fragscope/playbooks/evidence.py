@@ -40,6 +40,20 @@ def _oom_outside_actions(ctx: dict, config: dict) -> list[str]:
     return acts
 
 
+def _admission_actions(ctx: dict, config: dict) -> list[str]:
+    flag = ctx.get("batch_flag") or "--max-num-seqs"
+    cause = ctx.get("cause")
+    if cause == "batch-cap":
+        return [f"Raise {flag} above {ctx.get('batch_cap')}: the KV pool kept free room while requests waited "
+                "(check the activation peak at the larger batch: fragscope size --log FILE)."]
+    if cause == "stuck":
+        return ["The engine generated nothing while requests waited: restart it and read its log around the stall "
+                "(a blocked collective, a hung thread); see engine-stalled."]
+    return [f"Read the configured {flag} (the args line) and the lengths of the waiting requests: a request longer than "
+            "the free KV blocks waits at the queue's head (shorter --max-model-len, or route long prompts apart); if "
+            "the batch is at the cap, raise it; if nothing moves for minutes, the scheduler is stuck: restart."]
+
+
 DIAGNOSES = [
     _deep("snapshot", Playbook(
         "oom-capacity", "Out of memory: plain capacity",
@@ -83,6 +97,19 @@ DIAGNOSES = [
         [Action("Raise the cap to what the process needs, or lower the workload.",
                 ["no other process relies on the memory the cap protects"], [])],
         ["no OOM rejections (num_oom_rejections flat)"], []), also_from=("log",)),
+    _deep("log", Playbook(
+        "admission-capped", "Requests queued with KV memory free: admission capped",
+        "Requests waited while the KV pool kept free room, so memory did not hold them back: the running batch is at "
+        "its cap (vLLM --max-num-seqs, SGLang --max-running-requests), a request at the queue's head needs more KV "
+        "blocks than are free, the batched-token budget limits prefill, or the scheduler is stuck.",
+        ["Compare the running batch with the configured cap in the engine's args line."],
+        [Action("Raise the batch cap when the batch sits at it and the pool keeps free room.",
+                ["the activation peak at the larger batch still fits (fragscope size --log)"],
+                ["latency-bound traffic: a larger batch lengthens each decode step"]),
+         Action("Route very long prompts apart or lower --max-model-len when one long request blocks the queue.", [],
+                []),
+         Action("Restart a scheduler that admits nothing for minutes (no token generated).", [], [])],
+        ["waiting falls to ~0 while KV usage rises toward the pool's size"], []), actions=_admission_actions),
     _deep("log", Playbook(
         "kv-capacity-gap", "KV-cache capacity below the estimate",
         "The engine allocated fewer KV tokens than the kv-budget estimate for this model and GPU: memory went "
