@@ -76,7 +76,22 @@ def run_detectors(window: Window) -> Report:
 
 def diagnose(window: Window) -> Report:
     """Run every registered window detector over ``window`` and attach playbooks."""
-    return attach_playbooks(run_detectors(window))
+    report = run_detectors(window)
+    report.findings = rank_findings(report.findings + _triton_batch_shifts(window))
+    return attach_playbooks(report)
+
+
+def _triton_batch_shifts(window: Window) -> list[Finding]:
+    """Triton models whose batches shrank while queueing grew at unchanged traffic (counters alone, no config:
+    detectors/batching.py detect_shift); nothing for windows without Triton's per-model counters."""
+    from .detectors import batching
+
+    if not len(window) or not math.isfinite(window.start) or window.end <= window.start:
+        return []
+    out: list[Finding] = []
+    for model in batching.models_in(window):
+        out.extend(batching.detect_shift(window, model))
+    return out
 
 
 def judge_present(window: Window) -> list[Finding]:

@@ -480,3 +480,47 @@ def test_admission_capped_names_the_batch_cap_and_its_confounders_stay_quiet(tmp
     for rows in ([dict(g=300.0, r=4, w=9, kv=99.0)] * 4, [dict(g=300.0, r=4, w=9, kv=40.0)] * 2
                  + [dict(g=300.0, r=4, w=0, kv=40.0)] * 2, [dict(g=300.0, r=4, w=1, kv=40.0)] * 4):
         assert not [x for x in _stats_log(tmp_path, rows)["findings"] if x["id"] == "admission-capped"]
+
+
+# --- Triton: batches shrank while the queue grew, from the counters alone -------------------------------------------
+def _triton_recording(tmp_path, batch2: float, queue2_us: float, rate2: float = 60.0):
+    # synthetic recording in Triton's own family names and labels (tests/data/engines/
+    # triton_trtllm_readme_nv_inference.prom), 15 s apart for 20 min: first 10 min 60 requests/s in batches of 6 with
+    # 1 ms queue and 5 ms compute per request; then batch2, queue2_us and rate2
+    names = ("nv_inference_request_success", "nv_inference_count", "nv_inference_exec_count",
+             "nv_inference_queue_duration_us", "nv_inference_compute_infer_duration_us")
+    cum = dict.fromkeys(names, 0.0)
+    lines = [f"# TYPE {n} counter" for n in names]
+    t0 = 1_767_225_600
+    for i in range(81):
+        if i:
+            late = i > 40
+            rate, batch, q = (rate2, batch2, queue2_us) if late else (60.0, 6.0, 1000.0)
+            req = rate * 15
+            cum["nv_inference_request_success"] += req
+            cum["nv_inference_count"] += req
+            cum["nv_inference_exec_count"] += req / batch
+            cum["nv_inference_queue_duration_us"] += req * q
+            cum["nv_inference_compute_infer_duration_us"] += req * 5000.0
+        for n in names:
+            lines.append(f'{n}{{model="resnet",version="1"}} {cum[n]:.0f} {(t0 + 15 * i) * 1000}')
+    p = tmp_path / f"triton_{batch2}_{rate2}.prom"
+    p.write_text("\n".join(lines) + "\n")
+    return p
+
+
+def test_triton_batches_shrank_at_unchanged_traffic_from_counters_alone(tmp_path):
+    # first half 6.0 inferences per execution, queue 1 ms; second half 1.0 and 10 ms (10x) at 60 requests/s both
+    p = _triton_recording(tmp_path, batch2=1.0, queue2_us=10_000.0)
+    d = json.loads(cli(p, "--format", "json", "--fail-on", "never").stdout)
+    (f,) = [x for x in d["findings"] if x["id"] == "batching-misconfiguration"]
+    assert f["severity"] == "warning" and "average batch 6.0 -> 1.0" in f["summary"]
+    assert "1.0 ms -> 10.0 ms (10x)" in f["summary"] and "60.0 -> 60.0 requests/s" in f["summary"]
+    assert "diagnose triton-batching --config" in " ".join(f["playbook"]["actions"])
+
+
+def test_triton_shift_confounders_stay_quiet(tmp_path):
+    # the same shrink while traffic halved (the batches shrink because fewer requests arrive), and a steady model
+    for kw in (dict(batch2=1.0, queue2_us=10_000.0, rate2=30.0), dict(batch2=6.0, queue2_us=1000.0)):
+        d = json.loads(cli(_triton_recording(tmp_path, **kw), "--format", "json", "--fail-on", "never").stdout)
+        assert not [x for x in d["findings"] if x["id"] == "batching-misconfiguration"], kw

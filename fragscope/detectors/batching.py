@@ -242,6 +242,10 @@ def actions(ctx: dict, config: dict) -> list[str]:
     if p in ("delay-too-short", "delay-too-long"):
         return [f"Set {knob} {now} → {to} ({'more' if p == 'delay-too-short' else 'less'} time to gather a batch); "
                 "check the p99 latency budget: each request may wait up to this long."]
+    if p == "batches-shrank":
+        return [f"Compare {ctx.get('model')}'s config.pbtxt in force with the one before the change (dynamic_batching "
+                "dropped, a shorter max_queue_delay_microseconds, fewer preferred_batch_size) and judge it with: "
+                "diagnose triton-batching --config config.pbtxt SCRAPES."]
     if p in ("too-few-instances", "cannot-batch"):
         extra = "" if p == "cannot-batch" else " or raise max_batch_size if the model and memory allow"
         return [f"Set {knob} {now if now is not None else 'default (one per GPU)'} → {to}{extra}; "
@@ -270,3 +274,64 @@ PLAYBOOK = Playbook(
      "queue time per request falls below compute time; p99 latency within budget"],
     ["Triton docs: user_guide/model_configuration.md 'Dynamic Batcher', 'Instance Groups'",
      "Triton docs: user_guide/metrics.md (cumulative durations per request)"])
+
+
+# --- counters alone: the batches shrank while queueing grew at unchanged traffic --------------------------------
+@dataclass(frozen=True)
+class ShiftConfig:
+    min_executions: int = 50  # per half: fewer say nothing about batch sizes (Config.min_executions)
+    # batches at most half what they were (from >= 2): the batcher forms far smaller batches than before
+    batch_fall: float = 0.5
+    min_batch_before: float = 2.0
+    # queue time per request at least 3x what it was: waiting, not computing, grew
+    queue_rise: float = 3.0
+    # traffic unchanged: arrival rate within 25 % of the first half's
+    traffic_band: float = 0.25
+
+
+def _halves(window: Window, model: str) -> tuple[ModelCounters, ModelCounters] | None:
+    mid = window.start + (window.end - window.start) / 2
+    if not (math.isfinite(mid) and window.end > window.start):
+        return None
+    first, second = window.between(window.start, mid), window.between(mid, window.end)
+    a, b = model_counters(first, model), model_counters(second, model)
+    if a.interval_s is None or b.interval_s is None:
+        return None
+    return a, b
+
+
+def detect_shift(window: Window, model: str, cfg: ShiftConfig = ShiftConfig()) -> list[Finding]:
+    """Without config.pbtxt: the model's average batch in the window's second half fell to at most half of the
+    first half's while the queue time per request rose 3x or more at unchanged traffic: the batcher stopped
+    forming batches (a reload with another config: dynamic_batching dropped, a shorter delay, fewer preferred
+    sizes) and requests now wait for single executions. Pure."""
+    h = _halves(window, model)
+    if h is None:
+        return []
+    a, b = h
+    vals = (a.executions, b.executions, a.inferences, b.inferences, a.requests, b.requests, a.queue_us, b.queue_us)
+    if not all(math.isfinite(x) for x in vals) or min(a.executions, b.executions) < cfg.min_executions \
+            or a.requests <= 0 or b.requests <= 0:
+        return []
+    b1, b2 = a.inferences / a.executions, b.inferences / b.executions
+    q1, q2 = a.queue_us / a.requests, b.queue_us / b.requests
+    l1, l2 = a.requests / a.interval_s, b.requests / b.interval_s
+    if not (b1 >= cfg.min_batch_before and b2 <= cfg.batch_fall * b1 and q1 > 0 and q2 >= cfg.queue_rise * q1
+            and l1 > 0 and abs(l2 / l1 - 1) <= cfg.traffic_band):
+        return []
+    subject = {"model": model or "?"}
+    ev = [Evidence("average_batch_size", round(b2, 3), baseline=round(b1, 3), threshold=round(cfg.batch_fall * b1, 3),
+                   unit="inferences/execution", note=f"{b.inferences:.0f} inferences in {b.executions:.0f} executions "
+                   f"(before: {a.inferences:.0f} in {a.executions:.0f})"),
+          Evidence("queue_time_per_request_seconds", q2 * 1e-6, baseline=q1 * 1e-6, threshold=cfg.queue_rise * q1 * 1e-6,
+                   unit="seconds", note=f"queue {_us(q1)} -> {_us(q2)} per request"),
+          Evidence("requests_per_second", round(l2, 3), baseline=round(l1, 3), unit="requests/s", agrees=True,
+                   note=f"traffic within {cfg.traffic_band * 100:.0f} % of the first half: unchanged")]
+    summary = (f"{model}: average batch {b1:.1f} -> {b2:.1f} while queue time per request rose {_us(q1)} -> "
+               f"{_us(q2)} ({q2 / q1:.0f}x) at unchanged traffic ({l1:.1f} -> {l2:.1f} requests/s): the dynamic batcher "
+               "stopped forming batches (a reload with another config.pbtxt?), so requests now wait for single "
+               "executions.")
+    ctx = {"model": model, "problem": "batches-shrank", "avg_batch_before": b1, "avg_batch": b2,
+           "queue_us_before": q1, "queue_us": q2, "arrival_per_s": l2}
+    return [Finding(ID, Severity.WARNING, 0.6, summary, evidence=ev, subject=subject, context=ctx, basis="change",
+                    missing=["the model's config.pbtxt (diagnose triton-batching --config FILE SCRAPES)"])]
