@@ -216,3 +216,17 @@ def test_live_sampling_with_a_page_that_stopped_answering_exits_4(capsys):
     (down,) = d["signals"]["sources_down"]
     m = re.fullmatch(rf"{re.escape(base)}/dcgm/metrics: (\d+) of (\d+) scrapes failed \(last: .*HTTP 503.*\)", down)
     assert m and 2 * int(m.group(1)) > int(m.group(2)), down  # read once (the resolver's body), then down
+
+
+def test_no_gpu_is_said_with_the_way_to_turn_it_off():
+    from fragscope.agent.health import sources_down
+
+    status = {"collectors": [
+        {"name": "nvml", "kind": "nvml", "up": False, "error": "NVML: no NVIDIA driver or GPU", "down_since": None,
+         "missing": [{"name": "fragscope_gpu_memory_used_bytes", "labels": {}, "reason": "no_gpu", "detail": ""}]},
+        {"name": "vllm", "kind": "vllm", "up": True, "error": None, "missing": []}]}
+    (line,) = sources_down(status, {"status": "ready"})
+    assert line.startswith("nvml collector down: NVML: no NVIDIA driver or GPU") and "--no-nvml" in line
+    assert sources_down(None, None) == [
+        "the agent's /api/v1/status could not be read: whether its sources are up is unknown",
+        "the agent's /readyz could not be read: whether it is ready is unknown"]

@@ -150,7 +150,15 @@ def sources_down(status: Mapping[str, Any] | None, ready: Mapping[str, Any] | No
     out: list[str] = []
     cols = status.get("collectors") if isinstance(status, Mapping) else None
     if isinstance(cols, list):
-        out += [down_text(d, now) for d in down_collectors(c for c in cols if isinstance(c, Mapping))]
+        cols = [c for c in cols if isinstance(c, Mapping)]
+        no_gpu = {str(c.get("name")) for c in cols if c.get("missing") and
+                  all(isinstance(m, Mapping) and m.get("reason") == "no_gpu" for m in c["missing"])}
+        for d in down_collectors(cols):
+            # a machine without a GPU is not a source down, but the agent cannot tell it from a GPU it
+            # cannot see (no driver in the container): said, with the way to turn it off
+            hint = (" (no GPU visible: start the agent with --no-nvml when the engine runs without one)"
+                    if d.name in no_gpu else "")
+            out.append(down_text(d, now) + hint)
     else:
         out.append("the agent's /api/v1/status could not be read: whether its sources are up is unknown")
     if isinstance(ready, Mapping):
