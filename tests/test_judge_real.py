@@ -524,3 +524,19 @@ def test_triton_shift_confounders_stay_quiet(tmp_path):
     for kw in (dict(batch2=1.0, queue2_us=10_000.0, rate2=30.0), dict(batch2=6.0, queue2_us=1000.0)):
         d = json.loads(cli(_triton_recording(tmp_path, **kw), "--format", "json", "--fail-on", "never").stdout)
         assert not [x for x in d["findings"] if x["id"] == "batching-misconfiguration"], kw
+
+
+# --- "at its peak throughput" only where the window shows it ---------------------------------------------------------
+def test_saturation_action_claims_peak_throughput_only_when_measured():
+    from fragscope.playbooks import computed_actions
+
+    level = " ".join(computed_actions("capacity-saturation", {"basis": "level"}, {}))
+    assert "peak throughput" not in level and "not whether throughput holds" in level
+    change = " ".join(computed_actions("capacity-saturation", {"tokens_per_s": 1372.0, "running": 87.0}, {}))
+    assert "holds its peak throughput (1372 tok/s" in change
+    # the SGLang docs scrape (one scrape: 162 running, 2826 waiting): judged on the level, no "peak" claim
+    from test_engines import SGL, scrape
+    from fragscope.pipeline import diagnose
+
+    (f,) = [x for x in diagnose(scrape(SGL)).findings if x.id == "capacity-saturation"]
+    assert "peak throughput" not in " ".join(f.playbook["actions"])

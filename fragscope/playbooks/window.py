@@ -263,6 +263,18 @@ LAUNCH_BOUND = Diagnosis(
 
 
 # --- capacity-saturation -----------------------------------------------------------------------
+def _saturation_actions(ctx: dict) -> list[str]:
+    """"At its peak throughput" only where the window showed it (the change path checks throughput holds within
+    10 % of its best); the level path sees a queue, not whether throughput holds under it."""
+    tps = _f(ctx.get("tokens_per_s"))
+    if ctx.get("basis") == "level" or tps is None:
+        return ["Add a replica if this queue is the load you expect; the present alone shows the queue, not whether "
+                "throughput holds at its best under it (a window of 15 min or more shows it: diagnose --vllm URL "
+                "--duration 15m, or the agent's history)."]
+    return [f"Add a replica: this one holds its peak throughput ({tps:.0f} tok/s, within 10 % of its best in the "
+            "window) while requests queue."]
+
+
 SATURATION = Diagnosis(
     saturation.ID,
     Playbook(
@@ -276,7 +288,7 @@ SATURATION = Diagnosis(
         ["requests waiting back to ~0 at the same traffic; TTFT p99 within SLO"], []),
     detect=saturation.detect, config=saturation.Config,
     requires=saturation.REQUIRES, corroborates=saturation.CORROBORATES,
-    actions=lambda ctx, config: ["Add a replica: this one is at its peak throughput."],
+    actions=lambda ctx, config: _saturation_actions(ctx),
     level=level.saturation, level_on_long_windows=False)
 
 
