@@ -295,7 +295,6 @@ def run(engine: str = "replay", workdir: str | None = None, alert_timeout_s: flo
     prom = None
     try:
         pod.run_init()
-        eng = pod.container("vllm")
         env = pod.env("vllm")
         res["engine_argv"] = pod.argv("vllm")
         if engine == "vllm":
@@ -332,6 +331,7 @@ def run(engine: str = "replay", workdir: str | None = None, alert_timeout_s: flo
                        30, "replay /metrics")
         res["agent_argv"] = pod.argv("fragscope")
         assert res["agent_argv"][0].startswith("--"), res["agent_argv"]  # the image's ENTRYPOINT is `fragscope agent`
+        agent_started = time.monotonic()
         agent = procs.start("agent", [*_agent_cli(), "agent", *res["agent_argv"]], {**pod.env("fragscope"), **HERE_ENV})
         agent_url = f"http://127.0.0.1:{agent_port}"
         wait_until(lambda: _alive(agent, procs, "agent") and _get(agent_url + "/healthz", 2), 60, "agent /healthz")
@@ -340,7 +340,7 @@ def run(engine: str = "replay", workdir: str | None = None, alert_timeout_s: flo
         say(f"engine :{engine_port}, agent {agent_url}, Prometheus {prom.url}")
         wait_until(lambda: len(prom.query("up == 1")) == 2, 30, "both PodMonitor endpoints up")
         if engine == "vllm":
-            load = procs.start("load", [os.path.join(venv_bin, "python"), os.path.join(ROOT, "bench", "e2e", "load.py"),
+            procs.start("load", [os.path.join(venv_bin, "python"), os.path.join(ROOT, "bench", "e2e", "load.py"),
                                         "--url", f"http://127.0.0.1:{engine_port}", "--concurrency", str(heavy_conc),
                                         "--max-tokens", "512", "--duration", str(alert_timeout_s + 60), "--grace", "5"])
             say(f"storm: {heavy_conc} x 512-token completions")
@@ -352,6 +352,7 @@ def run(engine: str = "replay", workdir: str | None = None, alert_timeout_s: flo
             speed_up = slow_down = None
         res.update(_watch_alert(prom, agent_url, pod.name, alert_timeout_s, speed_up, slow_down))
         res["readyz"] = _status(agent_url + "/readyz")
+        res["agent_cost"] = _cost(agent.pid, agent_started)
         res["panels"] = panels_with_data(prom, pod.name)
         res["variables"] = {k: sorted(v) for k, v in variable_values(prom).items()}
         r = subprocess.run([*_diagnose_cli(), "--prometheus", prom.url, "--since", "5m", "--format", "json",
@@ -380,6 +381,22 @@ def _alive(p: subprocess.Popen, procs: Procs, name: str) -> bool:
     if p.poll() is not None:
         raise SystemExit(f"e2e_pod: {name} exited {p.returncode}: {procs.log(name)[-1500:]}")
     return True
+
+
+def _cost(pid: int, started: float) -> dict:
+    """The agent's CPU (% of one core since it started) and memory, from /proc."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            f = fh.read().rsplit(")", 1)[1].split()
+        cpu_s = (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+        with open(f"/proc/{pid}/status") as fh:
+            kb = {l.split(":")[0]: int(l.split()[1]) for l in fh if l.startswith(("VmRSS", "VmHWM"))}
+    except (OSError, ValueError, IndexError):
+        return {}
+    wall = time.monotonic() - started
+    return {"cpu_percent_of_one_core": round(100 * cpu_s / wall, 2), "cpu_seconds": round(cpu_s, 2),
+            "wall_seconds": round(wall, 1), "rss_mb": round(kb.get("VmRSS", 0) / 1024, 1),
+            "peak_rss_mb": round(kb.get("VmHWM", 0) / 1024, 1)}
 
 
 def _status(url: str) -> int:
@@ -560,7 +577,7 @@ def main(argv: list[str] | None = None) -> int:
     say(f"run took {time.monotonic() - t0:.0f} s; results in {res['workdir']}")
     for k in ("engine_argv", "agent_argv", "finding_after_s", "pending_after_s", "fired_after_s", "severities",
               "severities_stored_while_active",
-              "alert_activations", "alert_series", "readyz", "variables", "diagnose_target", "engine_log_lines",
+              "alert_activations", "alert_series", "readyz", "agent_cost", "variables", "diagnose_target", "engine_log_lines",
               "probe_files"):
         print(f"  {k}: {res.get(k)}")
     for key, has in res.get("panels", {}).items():

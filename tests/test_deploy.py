@@ -222,7 +222,7 @@ def test_engine_launch_keeps_exit_status_and_signals(kind):
     agent = container(pod, "fragscope")
     assert f"--vllm=http://127.0.0.1:{port}/metrics" in agent["args"]
     # the engine log: a file vLLM's logging config writes (no pipe); SGLang has no such hook
-    assert (f"--log-file=/var/log/engine/engine.log" in agent["args"]) == (kind == "vllm")
+    assert ("--log-file=/var/log/engine/engine.log" in agent["args"]) == (kind == "vllm")
     assert ("VLLM_LOGGING_CONFIG_PATH" in env) == (kind == "vllm")
 
 
