@@ -540,3 +540,55 @@ def test_saturation_action_claims_peak_throughput_only_when_measured():
 
     (f,) = [x for x in diagnose(scrape(SGL)).findings if x.id == "capacity-saturation"]
     assert "peak throughput" not in " ".join(f.playbook["actions"])
+
+
+def _recording(tmp_path, name, rows, minutes=16, step=30):
+    """A synthetic recording: rows(i, t) -> {metric: value} each ``step`` s over ``minutes``; counters as given."""
+    t0 = 1_767_225_600
+    lines = []
+    types = {}
+    for i in range(minutes * 60 // step + 1):
+        for m, (kind, v) in rows(i).items():
+            if m not in types:
+                types[m] = kind
+                lines.append(f"# TYPE {m} {kind}")
+            lines.append(f"{m} {v} {(t0 + i * step) * 1000}")
+    p = tmp_path / name
+    p.write_text("\n".join(lines) + "\n")
+    return p
+
+
+def test_tgi_standing_queue_twice_the_batch_for_15_min_is_a_warning(tmp_path):
+    # synthetic, TGI's router families (tests/data/engines/tgi_datadog_payload_head.prom): batch 8, queue 16-20 for
+    # 16 min: the queue stays >= 2x the running batch at every sample: a warning, said so
+    p = _recording(tmp_path, "tgi.prom", lambda i: {"tgi_batch_current_size": ("gauge", 8),
+                                                    "tgi_queue_size": ("gauge", 16 + i % 5)})
+    d = json.loads(cli(p, "--format", "json", "--fail-on", "never").stdout)
+    (f,) = [x for x in d["findings"] if x["id"] == "capacity-saturation"]
+    assert f["severity"] == "warning" and "at least twice the running batch for 16 min" in f["summary"]
+    # confounder: the same queue for the last 5 min only stays information
+    p = _recording(tmp_path, "tgi2.prom", lambda i: {"tgi_batch_current_size": ("gauge", 8),
+                                                     "tgi_queue_size": ("gauge", 16 if i >= 22 else 4)})
+    d = json.loads(cli(p, "--format", "json", "--fail-on", "never").stdout)
+    (f,) = [x for x in d["findings"] if x["id"] == "capacity-saturation"]
+    assert f["severity"] == "info"
+
+
+def test_throughput_falling_under_load_is_not_at_capacity(tmp_path):
+    # synthetic SGLang recording over 16 min: KV 100 %, 40 waiting; generation 1000 tok/s and 64 running in the first
+    # third, 600 tok/s (-40 %) and 40 running in the last: not "at capacity" (capacity-saturation stays quiet)
+    def rows(i):
+        late = i >= 22
+        return {"sglang:num_running_reqs": ("gauge", 40 if late else 64), "sglang:num_queue_reqs": ("gauge", 40),
+                "sglang:token_usage": ("gauge", 1.0),
+                "sglang:generation_tokens_total": ("counter", 30_000 * i if i <= 21 else 630_000 + 18_000 * (i - 21))}
+    d = json.loads(cli(_recording(tmp_path, "sgl.prom", rows), "--format", "json", "--fail-on", "never").stdout)
+    assert not [x for x in d["findings"] if x["id"] == "capacity-saturation"], d["findings"]
+    # confounder: throughput holding at 1000 tok/s with the same queue is capacity
+    def steady(i):
+        r = rows(i)
+        r["sglang:num_running_reqs"] = ("gauge", 64)
+        r["sglang:generation_tokens_total"] = ("counter", 30_000 * i)
+        return r
+    d = json.loads(cli(_recording(tmp_path, "sgl2.prom", steady), "--format", "json", "--fail-on", "never").stdout)
+    assert [x for x in d["findings"] if x["id"] == "capacity-saturation"]

@@ -227,3 +227,40 @@ def any_frag_rising(f: Frame, sp: Spans, rise: float = 0.05) -> bool:
 def earliest(*ts: float | None) -> float | None:
     v = [t for t in ts if t is not None and math.isfinite(t)]
     return min(v) if v else None
+
+
+# --- short windows (the level path): what the whole window still shows ----------------------------------------------
+def window_rate_fall(f: Frame, sig: str = "generation_tokens_total", drop: float = 0.25) -> tuple[float, float] | None:
+    """(rate in the window's first third, rate in its last third), per second, when the last is at least ``drop``
+    below the first and the running batch shrank too: throughput falling under load is a pathology, not a server
+    at capacity (the change path asks the same of longer windows: within 10 % of its best). None otherwise or
+    when the window has fewer than 4 samples."""
+    rate = f.engine.get(sig)  # the frame holds a counter as its per-second rate
+    run = f.engine.get("requests_running")
+    if rate is None or run is None or f.t.size < 4 or f.end <= f.start:
+        return None
+    third = (f.end - f.start) / 3
+    spans = ((f.start, f.start + third), (f.end - third, f.end))
+    r0, r1 = (stats.nanmedian(rate[stats.mask(f, s)]) for s in spans)
+    if not (math.isfinite(r0) and math.isfinite(r1)):
+        return None
+    b0 = stats.nanmedian(run[stats.mask(f, spans[0])])
+    b1 = stats.nanmedian(run[stats.mask(f, spans[1])])
+    if r0 > 0 and r1 <= (1 - drop) * r0 and math.isfinite(b0) and math.isfinite(b1) and b1 < b0:
+        return r0, r1
+    return None
+
+
+def standing_queue_seconds(f: Frame, times: float = 2.0) -> float:
+    """How long (s) requests waiting stayed at least ``times`` the running batch at every sample, up to the window's
+    end; 0 when the last sample does not show it. A request behind two full batches waits two batch turnarounds
+    before it starts: latency at least tripled."""
+    wait, run = f.engine.get("requests_waiting"), f.engine.get("requests_running")
+    if wait is None or run is None or not f.t.size:
+        return 0.0
+    ok = np.isfinite(wait) & np.isfinite(run) & (run >= 1) & (wait >= times * run)
+    if not ok[-1]:
+        return 0.0
+    bad = np.flatnonzero(~ok)
+    start = f.t[bad[-1] + 1] if bad.size else f.t[0]
+    return float(f.t[-1] - start)

@@ -34,7 +34,7 @@ from ..gpus import max_sm_clock_hertz
 from ..model import Evidence, Finding, Inconclusive, Severity
 from ..signals import wanted_by_reason
 from ..units import fmt_bytes, fmt_count, fmt_pct
-from . import stats
+from . import common, stats
 from .frame import Frame
 
 PRESENT_S = 60.0  # the present: the last minute (at least three samples)
@@ -62,6 +62,9 @@ class Config:
     clock_critical_ratio: float = 0.70
     util_busy: float = 0.5
     temp_high_c: float = 83.0
+    # capacity-saturation turns warning when the queue stays >= 2x the running batch this long: every request then
+    # waits two batch turnarounds or more (latency at least tripled); 15 min, the change path's recent window
+    standing_queue_s: float = 15 * 60.0
 
 
 def present_span(f: Frame) -> tuple[float, float]:
@@ -352,11 +355,17 @@ def saturation(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive
     gen = engine_counter(f, "generation_tokens_total")
     if math.isfinite(gen.rate_per_min) and gen.rate_per_min <= 0:
         return []  # no token generated in the present: a stalled engine (engine-stalled), not one at capacity
+    if common.window_rate_fall(f) is not None:
+        return []  # throughput fell while the batch shrank: degrading, not at capacity (its causes are the others')
     ev = [Evidence("requests_waiting", float(np.median(v)), None, 1.0, "requests", sp, "queued at every sample", True)]
     if math.isfinite(kv):
         ev.append(Evidence("kv_cache_usage_ratio", kv, None, 0.8, "ratio", sp, "", kv >= 0.8))
+    standing = common.standing_queue_seconds(f)
+    sev = Severity.WARNING if standing >= cfg.standing_queue_s else Severity.INFO
     summary = (f"{float(np.median(v)):.0f} requests waiting"
                + (f" with {running:.0f} running" if math.isfinite(running) else "")
                + (f", KV cache {fmt_pct(kv)}" if math.isfinite(kv) else "")
+               + (f"; the queue has stayed at least twice the running batch for {standing / 60:.0f} min: each request "
+                  "waits two batch turnarounds or more before it starts" if sev is Severity.WARNING else "")
                + f", no preemption storm: the server is at capacity ({basis_note(f)}).")
-    return [Finding(ID, Severity.INFO, 0.4, summary, None, ev, [], {}, context={"basis": "level"})]
+    return [Finding(ID, sev, 0.4, summary, None, ev, [], {}, context={"basis": "level"})]
