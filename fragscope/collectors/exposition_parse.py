@@ -16,6 +16,7 @@ from .exposition_paste import (_NUM_TAIL, _PASTE_START, _could_continue, _depast
                                _unescape_html)
 from .exposition_syntax import (_MS_THRESHOLD, _NAME_RE, _US_THRESHOLD, ENV_MAX_POINTS, ENV_MAX_SERIES,
                                 ParseError, _bad_bound, _big_timestamp, _family_type, _valid_sample, parse_labels)
+from .inputs import MAX_LINE_CHARS, OVERLONG
 from .scrapes import GENERIC_PREFIXES, SegmentTracker, bulk_window
 
 # A run of this many lines without a sample (blank lines, comments, junk) is not metrics text: a gzip
@@ -449,7 +450,8 @@ def parse_lines(lines: Iterable[str], default_ts: float | None = None, source: s
                 continue
             bad += 1
             if p.first_bad is None:
-                p.first_bad = f"line {lineno}: {e}: {line.strip()[:80]!r}"
+                p.first_bad = (f"line {lineno}: longer than {MAX_LINE_CHARS:,} characters, not a sample line"
+                               if line == OVERLONG else f"line {lineno}: {e}: {line.strip()[:80]!r}")
             if early_ok == 0 and bad >= _EARLY_BAD_LIMIT:
                 raise ParseError(f"{source}: not Prometheus/OpenMetrics text ({p.first_bad})") from None
             continue

@@ -37,6 +37,8 @@ ENV_MAX_GZIP_RATIO = "FRAGSCOPE_MAX_GZIP_RATIO"
 # One line longer than this is not exposition text (a label set of a MiB does not exist); reading
 # stops at the cap instead of building a string of the whole line.
 MAX_LINE_CHARS = 1 << 20
+# What iter_lines yields in place of a line longer than its cap (readers say "line N: longer than ...").
+OVERLONG = "\x00overlong line"
 # How much of the (decompressed) start of a file is looked at to tell what it is.
 SNIFF_BYTES = 64 * 1024
 
@@ -80,6 +82,8 @@ def open_binary(path: str) -> IO[bytes]:
         return open_regular(path)
     except NotRegularFile as e:
         raise InputError(f"{path}: is {e.kind}, expected a recording or scrape file") from None
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
     except OSError as e:
         raise InputError(f"{path}: {e.strerror or e}") from None
 
@@ -175,6 +179,47 @@ def open_text(path: str, max_decompressed_bytes: int | None = None) -> tuple[IO[
         raise
 
 
+def read_bytes(path: str, max_bytes: int, what: str = "input") -> bytes:
+    """The whole content of the regular file ``path``, gunzipped when it starts with the gzip magic, at most
+    ``max_bytes`` bytes *after* decompression (a FIFO, a device, a directory, a larger file or a gzip bomb
+    are refused with one line: InputError). The one reader of whole small inputs (a config.pbtxt, a model
+    config.json, an ONNX Runtime profile) for every command."""
+    try:
+        fh = open_regular(path)
+    except NotRegularFile as e:
+        raise InputError(f"{path}: is {e.kind}, expected a {what} file") from None
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except OSError as e:
+        raise InputError(f"{path}: {e.strerror or e}") from None
+    try:
+        st = os.fstat(fh.fileno())
+        gz = fh.peek(2)[:2] == b"\x1f\x8b"
+        if not gz and st.st_size > max_bytes:
+            raise InputError(f"{path}: {st.st_size:,} bytes, larger than the {max_bytes:,} bytes a {what} may be")
+        raw: IO[bytes] = GunzipCapped(fh, max_bytes, path) if gz else fh
+        chunks = []
+        n = 0
+        while True:
+            chunk = raw.read(min(1 << 20, max_bytes + 1 - n))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            n += len(chunk)
+            if n > max_bytes:
+                raise InputError(f"{path}: more than {max_bytes:,} bytes{' once decompressed' if gz else ''}, "
+                                 f"larger than a {what} may be")
+        return b"".join(chunks)
+    except InputError:
+        raise
+    except EOFError:
+        raise InputError(f"{path}: truncated gzip stream") from None
+    except OSError as e:
+        raise InputError(f"{path}: cannot read: {e.strerror or e}") from None
+    finally:
+        fh.close()
+
+
 def iter_lines(text: IO[str], max_line: int = MAX_LINE_CHARS, chunk: int = 1 << 20) -> Iterator[str]:
     """Lines of ``text`` without their line ends, each at most ``max_line`` characters: a longer
     line is yielded as one marker line (never parsed as data) and the rest of it skipped, so no
@@ -197,7 +242,7 @@ def iter_lines(text: IO[str], max_line: int = MAX_LINE_CHARS, chunk: int = 1 << 
         buf = lines.pop()
         yield from lines
         if len(buf) > max_line:
-            yield "\x00overlong line"
+            yield OVERLONG
             buf = ""
             skipping = True
     if buf and not skipping:

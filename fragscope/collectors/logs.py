@@ -135,7 +135,6 @@ class LogCollector:
                         stats_engines.add(ev.engine)
             except Exception as e:  # noqa: BLE001 - one bad line (a 400-digit figure in a logged prompt) is
                 self.bad_lines += 1  # skipped, counted, logged once; never the collector
-                self.dropped["log_lines"] = self.bad_lines
                 if self.bad_lines == 1 or self.bad_lines in (10, 100, 1000, 10000):
                     log.warning("logs collector: %s: line skipped (%s: %s): %r; %d skipped so far",
                                 printable(self.path), type(e).__name__, printable(str(e), 120), line[:120],
@@ -148,8 +147,10 @@ class LogCollector:
     def _samples(self, now: float, new_oom: bool, stats_engines: set[str]) -> list[Sample]:
         st = self.state
         out = [Sample(M_OOMS, self.labels, now, float(st.ooms_total))]
-        if self.bad_lines:
-            out.append(Sample(M_SKIPPED, self.labels, now, float(self.bad_lines)))
+        skipped = self.bad_lines + self.startup.bad_lines  # the start-up parser skips its own bad lines
+        self.dropped["log_lines"] = skipped
+        if skipped:
+            out.append(Sample(M_SKIPPED, self.labels, now, float(skipped)))
         if st.preemptions_total is not None:
             out.append(Sample(M_PREEMPTIONS, self.labels, now, st.preemptions_total))
         if st.capacity_tokens is not None:

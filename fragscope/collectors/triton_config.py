@@ -13,8 +13,11 @@ batching; an empty block = batching with no delay; no ``instance_group`` = one i
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
+
+from ..units import MAX_NUMBER_CHARS
 
 MAX_BYTES = 1024 * 1024
 
@@ -23,17 +26,26 @@ class ConfigError(ValueError):
     """A config.pbtxt that cannot be read; the message is one line."""
 
 
-_TOKEN = re.compile(r"""\s*(?:(\#[^\n]*)|("(?:[^"\\\n]|\\.)*"|'(?:[^'\\\n]|\\.)*')|([{}\[\]<>:,;])|([^\s{}\[\]<>:,;"'#]+))""")
+# Strings as "unrolled loops" ([^"\\]* then (\\. [^"\\]*)*): an alternation repeated per character,
+# (?:[^"\\]|\\.)*, keeps backtracking state for every character of a long string.
+_TOKEN = re.compile(r"""\s*(?:(\#[^\n]*)|("[^"\\\n]*(?:\\.[^"\\\n]*)*"|'[^'\\\n]*(?:\\.[^'\\\n]*)*')|([{}\[\]<>:,;])|"""
+                    r"""([^\s{}\[\]<>:,;"'#]+))""")
+# Messages nested deeper than this are refused (real configs nest 3-4 levels: a field of an input of
+# the model): the reader recurses once per level (1,100 nested messages reached the interpreter's limit).
+MAX_DEPTH = 64
 
 
 def _tokens(text: str):
+    """(token, line number) pairs; linear: the line number is counted on from the last token (counting
+    from the start of the text at every token made a 1 MiB config take 52 s)."""
     pos, n = 0, len(text)
+    line, counted = 1, 0  # the line number at offset ``counted``
     while pos < n:
         m = _TOKEN.match(text, pos)
         if m is None or m.end() == pos:
             if text[pos:].strip() == "":
                 return
-            line = text.count("\n", 0, pos) + 1
+            line += text.count("\n", counted, pos)
             raise ConfigError(f"line {line}: unexpected character {text[pos:pos + 10].strip()[:10]!r}")
         pos = m.end()
         if m.group(1) is not None:
@@ -41,7 +53,10 @@ def _tokens(text: str):
         tok = m.group(2) or m.group(3) or m.group(4)
         if tok is None:
             continue
-        yield tok, text.count("\n", 0, m.start()) + 1
+        start = m.start(2) if m.group(2) is not None else m.start(3) if m.group(3) is not None else m.start(4)
+        line += text.count("\n", counted, start)
+        counted = start
+        yield tok, line
 
 
 def _unquote(tok: str) -> str:
@@ -49,13 +64,22 @@ def _unquote(tok: str) -> str:
     return re.sub(r"\\(.)", lambda m: {"n": "\n", "t": "\t"}.get(m.group(1), m.group(1)), body)
 
 
-def _scalar(tok: str):
+def _scalar(tok: str, line: int = 0):
+    """A value token: a string, a number (checked: finite, at most MAX_NUMBER_CHARS characters, as every
+    number fragscope reads from outside), or a bare word (enum names TYPE_FP32, KIND_GPU; true/false)."""
     if tok[:1] in "\"'":
         return _unquote(tok)
+    if not re.match(r"[-+.]?\d|[-+]?(?:inf|nan)", tok, re.I):
+        return tok
+    if len(tok) > MAX_NUMBER_CHARS:
+        raise ConfigError(f"line {line}: a number of {len(tok)} characters ({tok[:20]}...) is not a setting")
     try:
-        return int(tok, 0) if re.fullmatch(r"[-+]?(0x[0-9a-fA-F]+|\d+)", tok) else float(tok)
+        v = int(tok, 0) if re.fullmatch(r"[-+]?(0x[0-9a-fA-F]+|\d+)", tok) else float(tok)
     except ValueError:
-        return tok  # enum names (TYPE_FP32, KIND_GPU), true/false
+        return tok
+    if isinstance(v, float) and not math.isfinite(v):
+        raise ConfigError(f"line {line}: {tok!r} is not a finite number")
+    return v
 
 
 class _Parser:
@@ -76,7 +100,9 @@ class _Parser:
         self.i += 1
         return t
 
-    def message(self, close: str | None) -> dict[str, list]:
+    def message(self, close: str | None, depth: int = 0) -> dict[str, list]:
+        if depth > MAX_DEPTH:
+            raise ConfigError(f"line {self.line()}: messages nested more than {MAX_DEPTH} deep (not a model config)")
         out: dict[str, list] = {}
         while True:
             t = self.peek()
@@ -95,26 +121,26 @@ class _Parser:
                 raise ConfigError(f"line {self.line()}: expected a field name, got {name!r}")
             if self.peek() == ":":
                 self.take()
-            out.setdefault(name, []).extend(self.value())
+            out.setdefault(name, []).extend(self.value(depth))
 
-    def value(self) -> list:
+    def value(self, depth: int = 0) -> list:
         t = self.take()
         if t == "{":
-            return [self.message("}")]
+            return [self.message("}", depth + 1)]
         if t == "<":
-            return [self.message(">")]
+            return [self.message(">", depth + 1)]
         if t == "[":
             vals: list = []
             while True:
                 if self.peek() == "]":
                     self.take()
                     return vals
-                vals.extend(self.value())
+                vals.extend(self.value(depth))
                 if self.peek() == ",":
                     self.take()
         if t in "}]>:,;":
             raise ConfigError(f"line {self.line()}: expected a value, got {t!r}")
-        return [_scalar(t)]
+        return [_scalar(t, self.line())]
 
 
 def parse_text_format(text: str) -> dict[str, list]:

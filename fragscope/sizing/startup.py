@@ -155,6 +155,16 @@ class StartupParser:
         return _finish(q)
 
     def feed(self, raw: str) -> None:
+        """One log line. A line whose figures are not numbers (a 400-digit figure, ``1.2.3``, also inside a
+        logged prompt, which any client of the engine can write) is skipped and counted, never fatal."""
+        try:
+            self._feed(raw)
+        except (ValueError, OverflowError, ArithmeticError):  # BadNumber and the conversions after it
+            self.bad_lines += 1
+
+    bad_lines = 0  # lines skipped: a figure that is not a number
+
+    def _feed(self, raw: str) -> None:
         self.line_no += 1
         if self._async is not None:  # a cudaMallocAsync OOM: its figures come on the lines after its header
             if self._async_n < 8 and fill_async_oom(self._async, raw):

@@ -526,12 +526,12 @@ def _crash_site(tb_text: str) -> str:
     return f"{exc}@{site}"
 
 
-def run_inprocess(args: list[str], timeout_s: float = 10.0) -> Outcome:
-    """Run ``diagnose ARGS`` in this process (the real entry point's error handling, --debug on so an
-    escaped exception leaves its traceback for grouping)."""
+def run_inprocess(args: list[str], timeout_s: float = 10.0, prog: str = "diagnose") -> Outcome:
+    """Run ``diagnose ARGS`` (or ``fragscope ARGS``) in this process (the real entry point's error handling,
+    --debug on so an escaped exception leaves its traceback for grouping)."""
     from click.testing import CliRunner
 
-    from fragscope.cli import diagnose_group
+    from fragscope.cli import diagnose_group, fragscope_group
     try:
         from fragscope.cli import _main
     except ImportError:  # a tree without the crash-only exit (main before it): emulate its old _run
@@ -545,11 +545,11 @@ def run_inprocess(args: list[str], timeout_s: float = 10.0) -> Outcome:
     t0 = time.perf_counter()
     with runner.isolation() as streams:
         if sys.argv:
-            sys.argv[0] = "diagnose"  # the program name error lines start with
+            sys.argv[0] = prog  # the program name error lines start with
         out, err = streams[0], streams[1]
         try:
             signal.setitimer(signal.ITIMER_REAL, timeout_s)
-            rc = _main(diagnose_group, "diagnose", ["--debug", *args])
+            rc = _main(fragscope_group if prog == "fragscope" else diagnose_group, prog, ["--debug", *args])
         except _Timeout:
             rc, hang = None, True
             sig = "hang@" + _crash_site(traceback.format_exc()).split("@", 1)[1]
@@ -599,9 +599,12 @@ def _limit(mem_bytes: int):
     return f
 
 
-def run_subprocess(args: list[str], timeout_s: float = 30.0, mem_bytes: int = 4 << 30) -> Outcome:
-    """Run ``diagnose ARGS`` as a real process under RLIMIT_AS and a timeout; peak RSS from wait4."""
-    code = ("import sys; sys.argv[0] = 'diagnose'; from fragscope.cli import diagnose_main; diagnose_main()")
+def run_subprocess(args: list[str], timeout_s: float = 30.0, mem_bytes: int = 4 << 30,
+                   prog: str = "diagnose") -> Outcome:
+    """Run ``diagnose ARGS`` (or ``fragscope ARGS``) as a real process under RLIMIT_AS and a timeout; peak
+    RSS from wait4."""
+    entry = "main" if prog == "fragscope" else "diagnose_main"
+    code = f"import sys; sys.argv[0] = {prog!r}; from fragscope.cli import {entry} as m; m()"
     env = dict(os.environ)
     env["FRAGSCOPE_DEBUG"] = "1"
     import fragscope  # the tree under test (PYTHONPATH or the installed one), also in the child

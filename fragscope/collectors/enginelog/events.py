@@ -45,19 +45,21 @@ class LogEvent:
                 "source": self.source, "pid": self.pid, "fields": dict(self.fields), "text": self.text}
 
 
+from ...units import checked_number  # noqa: E402
+
+
 class BadNumber(ValueError):
     """A figure that matched a pattern but is not a finite number of a sane size."""
 
 
 def to_float(s: str) -> float:
-    """'5,463,232' / '98.3' -> float; raises BadNumber for anything non-finite."""
+    """'5,463,232' / '98.3' -> float through the one checked conversion (fragscope.units.checked_number):
+    raises BadNumber for anything non-finite, longer than a number can be (a 400-digit figure in a logged
+    prompt) or not one number (``1.2.3``)."""
     try:
-        v = float(s.replace(",", ""))
-    except ValueError as e:
-        raise BadNumber(s) from e
-    if not math.isfinite(v):
-        raise BadNumber(s)
-    return v
+        return checked_number(s, "figure")
+    except (ValueError, TypeError) as e:
+        raise BadNumber(str(e)[:120]) from None
 
 
 def to_int(s: str) -> int:
