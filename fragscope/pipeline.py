@@ -18,7 +18,7 @@ from .units import iso as _iso
 # Too short a window cannot separate a baseline from the present.
 # A window must hold the detectors' baseline (>= 20 min) and recent (>= 10 min) spans apart
 # (detectors/stats.py) before a change can be told from noise; shorter ones are judged on the present
-# state alone (level evidence, detectors/level.py).
+# state alone (level evidence: each diagnosis's ``level`` rule).
 MIN_SPAN_S = stats.BASELINE_MIN_S + stats.RECENT_MIN_S
 MIN_POINTS = 8
 MIN_SEGMENT_S = 30 * 60.0  # a segment between restarts shorter than this has no baseline of its own

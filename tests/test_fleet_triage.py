@@ -1,4 +1,4 @@
-"""Fleet triage (issue 15): the PromQL level checks, the recorded triage rules and their promtool unit
+"""Fleet triage: the PromQL level checks, the recorded triage rules and their promtool unit
 tests, parsing of the tagged answers, target keys and peer sampling. The end-to-end checks against a
 backfilled Prometheus are in tests/test_fleet_backfill.py.
 """
@@ -26,8 +26,9 @@ def test_committed_rules_are_generated():
 
 def test_names_and_thresholds_come_from_their_sources():
     """No metric name or threshold is spelled twice: every raw source of the signals read appears, and
-    the level thresholds are level.Config's."""
-    from fragscope.detectors.level import Config
+    the level thresholds are the diagnoses' Configs (the same as their detectors' level rules)."""
+    from fragscope.detectors.fragmentation import Config as FragConfig
+    from fragscope.detectors.kv_pressure import Config as KvConfig
     from fragscope.fleet import triage
     from fragscope.signals import SIGNALS
 
@@ -38,10 +39,11 @@ def test_names_and_thresholds_come_from_their_sources():
         for src in SIGNALS[sig].sources:
             assert triage.rx_escape(src.metric) in text, (sig, src.metric)
     kv = triage.kv_check()
-    assert f">= {Config().kv_edge:g})" in kv and f">= {Config().preempt_per_min:g})" in kv
+    # with preemptions required, the level rule's edge is kv_edge_preempting (kv_pressure.level)
+    assert f">= {KvConfig().kv_edge_preempting:g})" in kv and f">= {KvConfig().preempt_per_min:g})" in kv
     fr = triage.frag_check()
-    c = Config()
-    assert f"({c.frag_ratio_sustained:g} + {c.frag_ratio - c.frag_ratio_sustained:g} * (" in fr
+    c = FragConfig()
+    assert f"({c.frag_sustained:g} + {c.frag_high - c.frag_sustained:g} * (" in fr
     assert f"< bool {c.retries_sustained_per_min:g}))" in fr and f">= {c.retries_per_min:g})" in fr
 
 
@@ -60,11 +62,17 @@ def test_promtool_test_rules():
 
 @needs_prometheus
 def test_promtool_catches_a_broken_threshold(tmp_path):
-    """The unit tests can fail: with the KV edge lowered to 0.5 the 'kv-ok' pod trips and the test fails."""
+    """The unit tests can fail: with the KV edge lowered to 0.4 the 'kv-ok' pod (0.5, preempting) trips and the
+    test fails."""
     import shutil
 
+    from fragscope.detectors import kv_pressure
+
+    text = open(RULES, encoding="utf-8").read()
+    broken = text.replace(kv_pressure.triage_check(), kv_pressure.triage_check(cfg=kv_pressure.Config(kv_edge_preempting=0.4)))
+    assert broken != text
     rules = tmp_path / "fragscope-triage.yml"
-    rules.write_text(open(RULES, encoding="utf-8").read().replace(") >= 0.95) and on", ") >= 0.5) and on"))
+    rules.write_text(broken)
     tests = tmp_path / "tests"
     tests.mkdir()
     for f in RULE_TESTS:

@@ -13,6 +13,7 @@ from ..kvbudget import VLLM_BLOCK_SIZES, block_waste
 from ..kvbudget import expected_waste_ratio as expected_waste  # noqa: F401  (re-export for old importers)
 from ..kvbudget import recommend_block_size  # noqa: F401
 from ..model import Evidence, Finding, Inconclusive, Severity
+from ..promql import K, AlertRule, num, quote, sig as psig
 from ..signals import primary
 from .frame import Frame
 
@@ -70,3 +71,39 @@ def detect(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive:
     ctx = {"block_size": block, "avg_seq_len": avg_len, "waste": waste, "recommended_block_size": rec,
            "recommended_waste": rec_waste, "num_gpu_blocks": f.config.get("num_gpu_blocks"), "reason": bw["reason"]}
     return [Finding(ID, sev, conf, summary, None, ev, [], {}, playbook={"context": ctx})]
+
+
+# --- PromQL: the waste rule over the last hour, for the alert ---------------------------------------
+ALERT_WINDOW = "1h"
+CONFIGURED_BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)  # what vLLM accepted across versions and devices
+
+
+def alert_rule(cfg: Config = Config()) -> AlertRule:
+    """Expected waste (B - 1) / (2 x avg_len + B - 1) >= waste_info over at least min_requests finished requests
+    in the last hour, where a smaller supported size is nearer avg_len / 2 on a log scale (avg_len <= sqrt(2) B:
+    ``recommend_block_size``), as the detector asks."""
+    w = ALERT_WINDOW
+    # the configured size, as a value: every size an engine may report, not only those recommended
+    block = "max by (" + K + ") (" + " or ".join(
+        f"{psig('cache_config_info', '{}', None, extra='block_size=' + quote(str(b)))} * {b}"
+        for b in CONFIGURED_BLOCK_SIZES) + ")"
+
+    def inc(s: str, suffix: str) -> str:
+        return f"sum by ({K}) {psig(s, 'increase({})', w, suffix=suffix)}"
+    n = f"({inc('request_prompt_tokens', '_count')})"
+    avg = (f"(({inc('request_prompt_tokens', '_sum')}) + on ({K}) ({inc('request_generation_tokens', '_sum')}))"
+           f" / on ({K}) ({n} >= {cfg.min_requests:d})")
+    waste = f"(({block}) - 1) / on ({K}) (2 * ({avg}) + on ({K}) ({block}) - 1)"
+    # a smaller recommended size exists: the block is above the largest recommended size, or half of it is
+    # nearer avg / 2 on a log scale (avg <= sqrt(2) x block)
+    better = (f"(({avg}) <= on ({K}) 1.41421356 * ({block}) and on ({K}) ({block}) > {min(VLLM_BLOCK_SIZES):d})"
+              f" or on ({K}) (({block}) > {max(VLLM_BLOCK_SIZES):d})")
+    expr = f"({waste}) >= {num(cfg.waste_info)} and on ({K}) ({better})"
+    return AlertRule(
+        "FragscopeKvBlockSizeMismatch", ID, expr, "30m", "info",
+        "KV block size wastes cache for these sequence lengths",
+        f"Expected internal KV waste at or above {cfg.waste_info * 100:g} % (warning from "
+        f"{cfg.waste_warning * 100:g} %) over at least {cfg.min_requests} requests; set a block size near half the "
+        "average sequence length.",
+        "Partial last blocks waste KV memory: (block_size - 1) / (2 x avg_seq_len + block_size - 1).",
+        {"waste_info": cfg.waste_info, "min_requests": float(cfg.min_requests)})

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..model import Evidence, Finding, Inconclusive, Severity
+from ..promql import K, AlertRule, num, sig as psig
 from ..signals import any_of, primary
 from . import common, stats
 from .frame import Frame
@@ -154,3 +155,27 @@ def detect(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive:
            "throttled_seconds_per_second": thr_s / dt if math.isfinite(thr_s) and dt > 0 else math.nan,
            "symptoms": symptoms}
     return [Finding(ID, sev, conf, summary, None, ev, missing, {}, context=ctx)]
+
+
+# --- PromQL: the throttling rule, for the alert -------------------------------------------------------
+def alert_rule(cfg: Config = Config()) -> AlertRule:
+    """The engine container throttled in more than throttled_share of its CFS periods (fragscope's process
+    collector, else cAdvisor's counters of the pod's containers) while requests are in flight."""
+    running = f"sum by ({K}) {psig('requests_running', '{}', None)}"
+    expr = (f"""(
+  sum by (namespace, pod) (rate(fragscope_container_cpu_throttled_periods_total[5m]))
+  / (sum by (namespace, pod) (rate(fragscope_container_cpu_periods_total[5m])) > 0)
+  or
+  sum by (namespace, pod) (rate(container_cpu_cfs_throttled_periods_total{{container!=""}}[5m]))
+  / (sum by (namespace, pod) (rate(container_cpu_cfs_periods_total{{container!=""}}[5m])) > 0)
+) > {num(cfg.throttled_share)}
+and on (namespace, pod) ({running}) >= 1""").replace("\n", " ")
+    return AlertRule(
+        "FragscopeEngineCpuStarved", ID, expr, "10m", "warning",
+        "engine CPU-throttled in {{ $value | humanizePercentage }} of periods",
+        "The engine's container runs out of its CPU quota while serving: raise or remove the CPU limit "
+        "(requests = limits, whole cores).",
+        f"The engine container throttled in more than {cfg.throttled_share * 100:g} % of its CFS periods "
+        "(kubernetes-mixin CPUThrottlingHigh) while requests are in flight; fragscope's process collector, "
+        "else cAdvisor's container_cpu_cfs_* counters of the pod.",
+        {"throttled_share": cfg.throttled_share})

@@ -16,7 +16,10 @@ import numpy as np
 
 from ..signals import primary
 from ..model import Evidence, Finding, Inconclusive, Severity
+from ..promql import KG, PRESENT, RATE_RANGE, AlertRule, num, sig
+from ..units import fmt_bytes, fmt_pct
 from . import common, stats
+from . import level as lv
 from .frame import Frame
 
 ID = "allocator-fragmentation"
@@ -46,6 +49,14 @@ class Config:
     # critical when throughput has lost >= 40 % (seed: -75 % at 6 h), or OOMs, or >= 30 % unusable
     critical_tput_drop: float = 0.40
     critical_frag: float = 0.30
+    # Level evidence (the present alone, ``level``): frag_high with retries >= retries_per_min; sustained
+    # retries (>= 1/min) are a fault by themselves, so a smaller unusable share suffices. One scrape has
+    # only the lifetime count: a handful of retries can come from start-up profiling, hundreds cannot.
+    frag_sustained: float = 0.10
+    retries_sustained_per_min: float = 1.0
+    frag_many_retries: float = 0.15
+    many_retries: float = 100.0
+    inactive_split_level: float = 0.10  # free memory split inside blocks in use, share of reserved
 
 
 def detect(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive:
@@ -280,3 +291,90 @@ def _suspect_without_probe(f: Frame, sp: stats.Spans) -> Finding | None:
         missing.append("SM clock (clock throttling not ruled out)")
     ctx = {"throughput_drop_ratio": tput.value}
     return Finding(ID, Severity.WARNING, conf, summary, onset, evidence, missing, {}, context=ctx)
+
+
+# --- allocator: unusable share with retries --------------------------------------------------
+def level(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive:
+    """The present by itself: an unusable share with allocation retries (level evidence)."""
+    gpus = [g for g in f.gpus() if f.has_gpu(g, "torch_fragmentation_ratio")]
+    if not gpus:
+        return Inconclusive(ID, [], "PyTorch allocator not observed (run the engine under fragscope-probe)")
+    out = []
+    sp = lv.present_span(f)
+    for g in gpus:
+        sig = f.gpu[g]
+        ratio = lv.present_value(f, sig["torch_fragmentation_ratio"])
+        if not math.isfinite(ratio):
+            continue
+        ret = lv.gpu_counter(f, g, "torch_alloc_retries_total")
+        if not ret.known:
+            continue
+        if math.isfinite(ret.rate_per_min):
+            retrying = (ratio >= cfg.frag_high and ret.rate_per_min >= cfg.retries_per_min) or \
+                (ratio >= cfg.frag_sustained and ret.rate_per_min >= cfg.retries_sustained_per_min)
+        else:
+            retrying = (ratio >= cfg.frag_high and ret.lifetime > 0) or \
+                (ratio >= cfg.frag_many_retries and ret.lifetime >= cfg.many_retries)
+        if not retrying:
+            continue
+        reserved = lv.present_value(f, sig.get("torch_reserved_bytes"))
+        slack = ratio * reserved if math.isfinite(reserved) else math.nan
+        ev = [Evidence("torch_fragmentation_ratio", ratio, None, cfg.frag_high, "ratio", sp,
+                       f"{fmt_bytes(slack)} of {fmt_bytes(reserved)} reserved is free but unusable", True),
+              Evidence("torch_alloc_retries_per_minute" if math.isfinite(ret.rate_per_min) else "torch_alloc_retries_total",
+                       ret.rate_per_min if math.isfinite(ret.rate_per_min) else ret.lifetime, None,
+                       cfg.retries_per_min if math.isfinite(ret.rate_per_min) else 0.0,
+                       "/min" if math.isfinite(ret.rate_per_min) else "retries", sp,
+                       lv.counter_text(ret, "retries", "the process started"), True)]
+        agree = 2
+        split = lv.present_value(f, sig.get("torch_inactive_split_ratio"))
+        if math.isfinite(split) and split >= cfg.inactive_split_level:
+            ev.append(Evidence("torch_inactive_split_ratio", split, None, cfg.inactive_split_level, "ratio", sp,
+                               "free memory split inside blocks in use", True))
+            agree += 1
+        ooms = lv.gpu_counter(f, g, "torch_ooms_total")
+        oomed = (ooms.rate_per_min > 0) if math.isfinite(ooms.rate_per_min) else (ooms.lifetime > 0)
+        if oomed:
+            ev.append(Evidence("torch_ooms_total", ooms.lifetime, None, 0.0, "ooms", sp,
+                               lv.counter_text(ooms, "OOMs", "the process started"), True))
+            agree += 1
+        critical = ratio >= cfg.critical_frag and (oomed or (math.isfinite(ret.rate_per_min)
+                                                                    and ret.rate_per_min >= cfg.retries_sustained_per_min))
+        sev = Severity.CRITICAL if critical else Severity.WARNING
+        conf = stats.confidence(agree, base=0.4) * 0.9
+        summary = (f"GPU {g}: {fmt_pct(ratio)} of reserved memory ({fmt_bytes(reserved)}) is free but unusable while "
+                   f"allocations retry ({lv.counter_text(ret, 'retries', 'the process started')}) ({lv.basis_note(f)}).")
+        ctx = {"slack_bytes": slack if math.isfinite(slack) else None, "basis": "level",
+               "gpu_memory_total_bytes": lv.present_value(f, sig.get("gpu_memory_total_bytes"))}
+        out.append(Finding(ID, sev, conf, summary, None, ev, [], {"gpu": g}, context=ctx))
+    return out
+
+
+# --- PromQL: the level rule, for the fleet triage and the alert ---------------------------------
+def unusable_ratio_promql(m=(), present: str = PRESENT) -> str:
+    """(reserved - allocated) / reserved per target and GPU, summed over processes."""
+    res = f"sum by ({KG}) {sig('torch_reserved_bytes', 'avg_over_time({})', present, m)}"
+    alloc = f"sum by ({KG}) {sig('torch_allocated_bytes', 'avg_over_time({})', present, m)}"
+    return f"(({res}) - ({alloc})) / (({res}) > 0)"
+
+
+def triage_check(m=(), present: str = PRESENT, rate: str = RATE_RANGE, cfg: Config = Config()) -> str:
+    """(reserved - allocated)/reserved >= 25 % with retries >= 0.1/min, or >= 10 % with >= 1/min."""
+    ratio = unusable_ratio_promql(m, present)
+    ret = f"sum by ({KG}) {sig('torch_alloc_retries_total', 'rate({})', rate, m)} * 60"
+    # one evaluation of the ratio: its threshold is frag_sustained where retries are sustained, else frag_high
+    lo, hi = cfg.frag_sustained, cfg.frag_high
+    thr = f"({num(lo)} + {num(round(hi - lo, 12))} * (({ret}) < bool {num(cfg.retries_sustained_per_min)}))"
+    return f"(({ratio}) >= on ({KG}) {thr}) and on ({KG}) (({ret}) >= {num(cfg.retries_per_min)})"
+
+
+def alert_rule(cfg: Config = Config()) -> AlertRule:
+    return AlertRule(
+        "FragscopeAllocatorFragmentation", ID, triage_check(cfg=cfg), "10m", "warning",
+        "GPU {{ $labels.gpu }}: allocator fragmentation",
+        f"At least {cfg.frag_high * 100:g} % of PyTorch-reserved memory is free but unusable while allocations "
+        f"retry (>= {cfg.retries_per_min:g}/min), or {cfg.frag_sustained * 100:g} % with retries sustained at "
+        f">= {cfg.retries_sustained_per_min:g}/min.",
+        "Unusable share of the allocator's reserved memory with allocation retries (the level rule).",
+        {"frag_high": cfg.frag_high, "frag_sustained": cfg.frag_sustained, "retries_per_min": cfg.retries_per_min,
+         "retries_sustained_per_min": cfg.retries_sustained_per_min})

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..model import Evidence, Finding, Inconclusive, Severity
+from ..promql import AlertRule
 from ..signals import any_of
 from . import stats
 from .frame import Frame
@@ -192,3 +193,25 @@ def _pcie_link(f: Frame, g: str, cfg: Config):
                      "service it if it trains down again", "warning"),
                     Evidence(cur_s, c, None, x, "", (f.start, f.end), f"maximum {x:.0f}, under load", True))
     return None
+
+
+# --- PromQL: the fault rule, for the alert ------------------------------------------------------------
+def alert_rule(cfg: Config = Config()) -> AlertRule:
+    """A critical Xid of XID_CATALOGUE (NVIDIA's Xid catalogue: reset / drain / RMA), new uncorrectable ECC
+    errors, a pending or failed row remap. No threshold: each is a fault by itself."""
+    xids = " or ".join(f"DCGM_FI_DEV_XID_ERRORS == {x}" for x, (_, _, sev) in sorted(XID_CATALOGUE.items())
+                       if sev == "critical")
+    expr = ('max by (namespace, pod, gpu) (label_replace(label_replace('
+            f'({xids}) or DCGM_FI_DEV_ROW_REMAP_FAILURE > 0 or DCGM_FI_DEV_ROW_REMAP_PENDING > 0'
+            ' or increase(DCGM_FI_DEV_ECC_DBE_VOL_TOTAL[10m]) > 0,'
+            ' "pod", "$1", "exported_pod", "(.+)"), "namespace", "$1", "exported_namespace", "(.+)"))'
+            ' or max by (namespace, pod, gpu) (fragscope_gpu_row_remap_failed > 0 or fragscope_gpu_row_remap_pending > 0'
+            ' or increase(fragscope_gpu_ecc_uncorrected_volatile_total[10m]) > 0)')
+    return AlertRule(
+        "FragscopeGpuHardwareFault", ID, expr, "1m", "critical",
+        "GPU {{ $labels.gpu }}: GPU hardware fault",
+        "A hardware Xid, uncorrectable ECC errors or a pending / failed row remap: drain the node and reset or "
+        "service the GPU (no tuning fixes it).",
+        "A hardware-class Xid (NVIDIA's Xid catalogue, the critical entries of XID_CATALOGUE), new uncorrectable "
+        "ECC errors, a pending or failed row remap.",
+        {})

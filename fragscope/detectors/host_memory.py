@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..model import Evidence, Finding, Inconclusive, Severity
+from ..promql import AlertRule, num
 from ..signals import any_of
 from ..units import fmt_bytes
 from . import stats
@@ -123,3 +124,20 @@ def detect(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive:
     ctx = {"working_set_bytes": ws, "limit_bytes": limit, "ratio": ratio, "oom_kills": kills,
            "host_available_bytes": avail, "swap_bytes_per_second": swap, "rss_bytes": rss}
     return [Finding(ID, sev, conf, summary, None, ev, missing, {}, context=ctx)]
+
+
+# --- PromQL: the limit rule, for the alert --------------------------------------------------------------
+def alert_rule(cfg: Config = Config()) -> AlertRule:
+    """The engine container's working set at limit_ratio of its memory limit, or the kernel's OOM killer
+    at work in it."""
+    expr = ("max by (namespace, pod) (fragscope_container_memory_working_set_bytes)"
+            f" / (max by (namespace, pod) (fragscope_container_memory_limit_bytes) > 0) > {num(cfg.limit_ratio)}"
+            " or sum by (namespace, pod) (increase(fragscope_container_oom_kills_total[10m])) > 0")
+    return AlertRule(
+        "FragscopeHostMemoryPressure", ID, expr, "5m", "warning",
+        "engine container near its memory limit or OOM-killed",
+        f"The engine's working set is over {cfg.limit_ratio * 100:g} % of its container memory limit, or the kernel "
+        "OOM-killed a process in it: lower --swap-space / CPU offload or raise the limit.",
+        f"The engine container's working set at {cfg.limit_ratio * 100:g} % of its memory limit, or the kernel's "
+        "OOM killer at work in it.",
+        {"limit_ratio": cfg.limit_ratio})

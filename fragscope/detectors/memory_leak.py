@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..model import Evidence, Finding, Inconclusive, Severity
+from ..promql import KG, PRESENT, AlertRule, num, sig
 from . import common, stats
 from .frame import Frame
 
@@ -175,3 +176,39 @@ def _detect_gpu(f: Frame, g: str, sp: stats.Spans, cfg: Config) -> Finding | Non
     summary += "."
     ctx = {"slope_bytes_per_hour": slope, "hours_to_full": hours_to_full, "total_bytes": total}
     return Finding(ID, sev, conf, summary, onset, evidence, missing, {"gpu": g}, context=ctx)
+
+
+# --- PromQL: the growth rule over the last hour, for the alert ------------------------------------
+ALERT_WINDOW = "1h"  # the span the alert fits a line over (the detector needs >= 30 min: min_trend_span_s)
+
+
+def alert_rule(cfg: Config = Config()) -> AlertRule:
+    """Allocated memory (else device memory used, where the probe is absent) grew by a least-squares line
+    over the last hour at least growth_of_base of its minimum or growth_of_total of the GPU, while the
+    allocator's unusable share did not rise by gap_rise_max (that is fragmentation)."""
+    w = ALERT_WINDOW
+    # deriv() is linear in the samples: the sum of the processes' slopes is the slope of their sum, so the
+    # fit runs on the raw series (no subquery: the rule stays cheap to evaluate every minute)
+    alloc = f"sum by ({KG}) {sig('torch_allocated_bytes', 'avg_over_time({})', PRESENT)}"
+    total = f"max by ({KG}) {sig('gpu_memory_total_bytes', 'max_over_time({})', PRESENT)}"
+    ga = f"(sum by ({KG}) {sig('torch_allocated_bytes', 'deriv({})', w)} * 3600)"
+    gu = f"(sum by ({KG}) {sig('gpu_memory_used_bytes', 'deriv({})', w)} * 3600)"
+    base = f"(sum by ({KG}) {sig('torch_allocated_bytes', 'min_over_time({})', w)})"
+    alloc_grew = (f"(({ga} / on ({KG}) ({base} > 0)) >= {num(cfg.growth_of_base)}"
+                  f" or ({ga} / on ({KG}) (({total}) > 0)) >= {num(cfg.growth_of_total)})")
+    used_grew = f"(({gu} / on ({KG}) (({total}) > 0)) >= {num(cfg.growth_of_total)} unless on ({KG}) ({alloc}))"
+
+    def gap(offset: str) -> str:
+        res = f"sum by ({KG}) {sig('torch_reserved_bytes', 'avg_over_time({}' + offset + ')', PRESENT)}"
+        al = f"sum by ({KG}) {sig('torch_allocated_bytes', 'avg_over_time({}' + offset + ')', PRESENT)}"
+        return f"((({res}) - ({al})) / (({res}) > 0))"
+    gap_rose = f"(({gap('')}) - on ({KG}) ({gap(' offset ' + w)}) > {num(cfg.gap_rise_max)})"
+    expr = f"({alloc_grew} or {used_grew}) unless on ({KG}) {gap_rose}"
+    return AlertRule(
+        "FragscopeMemoryLeak", ID, expr, "15m", "warning",
+        "GPU {{ $labels.gpu }}: GPU memory grows steadily",
+        f"Allocated GPU memory grew along a line over the last hour by at least {cfg.growth_of_base * 100:g} % of "
+        f"its minimum or {cfg.growth_of_total * 100:g} % of the GPU's memory (device memory used where the probe "
+        f"is absent), while the allocator's unusable share rose less than {cfg.gap_rise_max * 100:g} points.",
+        "Steady growth of live allocations over the last hour, not fragmentation (docs/diagnoses.md#memory-leak).",
+        {"growth_of_base": cfg.growth_of_base, "growth_of_total": cfg.growth_of_total, "gap_rise_max": cfg.gap_rise_max})

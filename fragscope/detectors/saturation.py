@@ -11,7 +11,10 @@ import numpy as np
 
 from ..signals import primary
 from ..model import Evidence, Finding, Inconclusive, Severity
+from ..promql import K, RATE_RANGE, AlertRule, num, sig
+from ..units import fmt_pct
 from . import common, stats
+from . import level as lv
 from .frame import Frame
 
 ID = "capacity-saturation"
@@ -29,6 +32,9 @@ class Config:
     # A trickle of preemptions (< 1/min) is normal at the edge of capacity.
     preempt_trickle_per_min: float = 1.0
     ttft_growth_warning: float = 2.0
+    # Level rule: warning when the queue stays >= 2x the running batch this long: every request then waits
+    # two batch turnarounds or more (latency at least tripled); 15 min, the change path's recent window
+    standing_queue_s: float = 15 * 60.0
 
 
 def detect(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive:
@@ -122,3 +128,63 @@ def detect(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive:
     summary += f"; no preemption storm, allocator and clocks healthy{ttft_note}."
     ctx = {"tokens_per_s": t_recent, "running": rr}
     return [Finding(ID, sev, conf, summary, onset, evidence, [], {}, context=ctx)]
+
+
+# --- queue without pathology: capacity ------------------------------------------------------
+def level(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive:
+    """The present by itself: requests wait at every sample while work runs, without preempting."""
+    wait = f.engine.get("requests_waiting")
+    if wait is None or not np.isfinite(wait).any():
+        return Inconclusive(ID, [], "the request queue is not exported")
+    sp = lv.present_span(f)
+    v = stats.finite(wait[stats.mask(f, sp)])
+    if not v.size or float(v.min()) < 1:
+        return []  # nothing waits (at every sample of the present)
+    pre = lv.engine_counter(f, "preemptions_total")
+    if math.isfinite(pre.rate_per_min) and pre.rate_per_min >= cfg.preempt_trickle_per_min:
+        return []  # preempting: kv-cache-pressure's case
+    kv = lv.present_value(f, f.engine.get("kv_cache_usage_ratio"), "p90")
+    running = lv.present_value(f, f.engine.get("requests_running"))
+    if math.isfinite(running) and running < 1:
+        return []  # requests wait while nothing runs: a stalled or starting engine, not one at capacity
+    gen = lv.engine_counter(f, "generation_tokens_total")
+    if math.isfinite(gen.rate_per_min) and gen.rate_per_min <= 0:
+        return []  # no token generated in the present: a stalled engine (engine-stalled), not one at capacity
+    if common.window_rate_fall(f) is not None:
+        return []  # throughput fell while the batch shrank: degrading, not at capacity (its causes are the others')
+    ev = [Evidence("requests_waiting", float(np.median(v)), None, 1.0, "requests", sp, "queued at every sample", True)]
+    if math.isfinite(kv):
+        ev.append(Evidence("kv_cache_usage_ratio", kv, None, cfg.kv_busy, "ratio", sp, "", kv >= cfg.kv_busy))
+    standing = common.standing_queue_seconds(f)
+    sev = Severity.WARNING if standing >= cfg.standing_queue_s else Severity.INFO
+    summary = (f"{float(np.median(v)):.0f} requests waiting"
+               + (f" with {running:.0f} running" if math.isfinite(running) else "")
+               + (f", KV cache {fmt_pct(kv)}" if math.isfinite(kv) else "")
+               + (f"; the queue has stayed at least twice the running batch for {standing / 60:.0f} min: each request "
+                  "waits two batch turnarounds or more before it starts" if sev is Severity.WARNING else "")
+               + f", no preemption storm: the server is at capacity ({lv.basis_note(f)}).")
+    return [Finding(ID, sev, 0.4, summary, None, ev, [], {}, context={"basis": "level"})]
+
+
+# --- PromQL: the change rule over the last hour, for the alert --------------------------------------
+def alert_rule(cfg: Config = Config()) -> AlertRule:
+    """Requests queued for waiting_share of the last 15 min (or the KV pool at kv_busy), throughput within
+    tput_at_peak of its best 5-minute rate of the hour, preempting less than preempt_trickle_per_min."""
+    # "queued for a share s of the window" is "the (1 - s) quantile of the queue is >= 1": no subquery
+    wait = f"max by ({K}) {sig('requests_waiting', f'quantile_over_time({num(round(1 - cfg.waiting_share, 12))}, {{}})', '15m')}"
+    kv = f"max by ({K}) {sig('kv_cache_usage_ratio', 'quantile_over_time(0.5, {})', '15m')}"
+    tput = f"sum by ({K}) {sig('generation_tokens_total', 'rate({})', '5m')}"
+    pre = f"sum by ({K}) {sig('preemptions_total', 'rate({})', RATE_RANGE)} * 60"
+    queued = f"(({wait}) >= 1 or ({kv}) >= {num(cfg.kv_busy)})"
+    holding = f"(({tput}) >= {num(cfg.tput_at_peak)} * quantile_over_time(0.95, ({tput})[1h:5m]) > 0)"
+    expr = f"{queued} and on ({K}) {holding} unless on ({K}) (({pre}) >= {num(cfg.preempt_trickle_per_min)})"
+    return AlertRule(
+        "FragscopeCapacitySaturation", ID, expr, "15m", "info",
+        "at capacity",
+        f"Requests queue at least {cfg.waiting_share * 100:g} % of the time (or the KV cache is at least "
+        f"{cfg.kv_busy * 100:g} % full) with throughput within {(1 - cfg.tput_at_peak) * 100:g} % of its peak and "
+        f"fewer than {cfg.preempt_trickle_per_min:g} preemptions/min: scale out.",
+        "A healthy server that is simply busy: queue or KV usage up, throughput at its peak, no preemption storm.",
+        {"waiting_share": cfg.waiting_share, "kv_busy": cfg.kv_busy, "tput_at_peak": cfg.tput_at_peak,
+         "preempt_trickle_per_min": cfg.preempt_trickle_per_min},
+        shown={"waiting_share": f"quantile_over_time({num(round(1 - cfg.waiting_share, 12))},"})

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..model import Evidence, Finding, Inconclusive, Severity
+from ..promql import K, AlertRule, sig as psig
 from ..signals import any_of
 from . import common, stats
 from .frame import Frame
@@ -127,3 +128,21 @@ def detect(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive:
     missing = [] if utils else ["gpu utilization (tells an NCCL deadlock from a host-side hang)"]
     ctx = {"stalled_seconds": stalled_s, "kind": kind, "since": since, "running": n_run}
     return [Finding(ID, sev, conf, summary, since, ev, missing, {}, context=ctx)]
+
+
+# --- PromQL: the stall rule, for the alert ---------------------------------------------------------
+def alert_rule(cfg: Config = Config()) -> AlertRule:
+    """Requests in flight and no token generated over twice critical_s (a range needs two samples at a
+    one-minute scrape), the server still answering /metrics."""
+    window = 2 * cfg.critical_s
+    running = f"sum by ({K}) {psig('requests_running', '{}', None)}"
+    tokens = f"sum by ({K}) {psig('generation_tokens_total', 'increase({})', f'{window:.0f}s')}"
+    expr = f"({running}) >= 1 and on ({K}) ({tokens}) == 0"
+    return AlertRule(
+        "FragscopeEngineStalled", ID, expr, "1m", "critical",
+        "engine stalled (requests running, no tokens)",
+        f"Requests are running yet no token was generated for {window / 60:g} minutes: capture stacks (py-spy dump) "
+        "and restart the engine.",
+        "Requests in flight, no token generated, the server still answering /metrics. Fast: the readiness "
+        "probe does not catch it.",
+        {"critical_s": cfg.critical_s}, shown={"critical_s": f"[{window:.0f}s]"})

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..model import Evidence, Finding, Inconclusive, Severity
+from ..promql import AlertRule, num
 from . import common, stats
 from .frame import Frame
 from .host_common import judged_span
@@ -101,3 +102,22 @@ def detect(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive:
         ctx = {"rank_gpu": g, "clock_gap_ratio": gap, "why": why}
         out.append(Finding(ID, sev, conf, summary, None, ev, [], {"gpu": g}, context=ctx))
     return out
+
+
+# --- PromQL: the peer rule, for the alert ------------------------------------------------------------
+def alert_rule(cfg: Config = Config()) -> AlertRule:
+    """One busy GPU of a pod with its SM clock clock_gap or more below the median of the pod's busy GPUs
+    (the recording rules fragscope:gpu_sm_clock_hertz / fragscope:gpu_utilization:ratio: fragscope NVML, else
+    dcgm-exporter)."""
+    busy = f"fragscope:gpu_utilization:ratio >= {num(cfg.util_busy)}"
+    expr = (f"(fragscope:gpu_sm_clock_hertz / on (namespace, pod) group_left () quantile by (namespace, pod) "
+            f"(0.5, fragscope:gpu_sm_clock_hertz and on (namespace, pod, gpu) {busy})) < {num(round(1 - cfg.clock_gap, 12))}"
+            f" and on (namespace, pod, gpu) {busy}"
+            f" and on (namespace, pod) count by (namespace, pod) ({busy}) >= 2")
+    return AlertRule(
+        "FragscopeRankStraggler", ID, expr, "15m", "warning",
+        "GPU {{ $labels.gpu }}: slow rank ({{ $value | humanizePercentage }} of its peers' clock)",
+        "One busy GPU runs a lower SM clock than the pod's other busy GPUs: every tensor-parallel step waits for it.",
+        f"One busy GPU of a pod with its SM clock {cfg.clock_gap * 100:g} % or more below the median of the pod's "
+        "busy GPUs (every tensor-parallel step waits for it).",
+        {"clock_gap": cfg.clock_gap, "util_busy": cfg.util_busy}, shown={"clock_gap": num(round(1 - cfg.clock_gap, 12))})

@@ -12,14 +12,24 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..gpus import MAX_SM_CLOCK_MHZ, max_sm_clock_hertz
 from ..model import Evidence, Finding, Inconclusive, Severity
+from ..promql import KG, PRESENT, RATE_RANGE, AlertRule, norm, num, quote, rx_escape, sig, variants
+from ..signals import SIGNALS
+from ..units import fmt_pct
 from . import common, stats
+from . import level as lv
 from .frame import Frame
 
 ID = "clock-throttling"
 REQUIRES = ("gpu_sm_clock_hertz",)
 CORROBORATES = ("gpu_throttle_reason_active", "gpu_temperature_celsius", "generation_tokens_total",
                 "gpu_utilization_ratio")
+
+
+# The reasons the level rule counts as a slowdown: NVML's hardware and thermal slowdowns. sw_power_cap
+# alone at full load is normal boost behaviour.
+LEVEL_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "sw_thermal_slowdown")
 
 
 @dataclass(frozen=True)
@@ -35,6 +45,10 @@ class Config:
     temp_rise_c: float = 10.0
     util_busy: float = 0.5  # clocks fall at idle by design (gpu_idle reason): require real load
     critical_clock_ratio: float = 0.70
+    # Level evidence (the present alone, ``level``): the SM clock <= 80 % of the product's maximum while
+    # busy (power capping at full load costs ~5-12 %; thermal and hardware slowdowns 20-40 %: H100 1980
+    # -> ~1400 MHz), or a slowdown reason of SLOWDOWN_REASONS active.
+    clock_of_max: float = 0.80
     # The board's external power-brake signal (PSU / chassis) is a hardware incident, whatever the drop.
     hardware_reasons: tuple[str, ...] = ("hw_power_brake_slowdown",)
 
@@ -135,3 +149,111 @@ def _detect_gpu(f: Frame, g: str, sp: stats.Spans, cfg: Config, tput) -> Finding
     summary += "."
     ctx = {"reason": why, "clock_drop_ratio": drop}
     return Finding(ID, sev, conf, summary, onset, evidence, missing, {"gpu": g}, context=ctx)
+
+
+# --- clocks: slowdown reasons, or far below the product's maximum ----------------------------
+def level(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive:
+    """The present by itself: a slowdown reason, or far below the product's maximum, while busy."""
+    gpus = [g for g in f.gpus() if f.has_gpu(g, "gpu_sm_clock_hertz") or g in f.throttle]
+    if not gpus:
+        return Inconclusive(ID, [], "SM clock not collected")
+    out = []
+    sp = lv.present_span(f)
+    for g in gpus:
+        sig = f.gpu.get(g, {})
+        util = lv.present_value(f, sig.get("gpu_utilization_ratio"))
+        running = lv.present_value(f, f.engine.get("requests_running"))
+        busy = (math.isfinite(util) and util >= cfg.util_busy) or (not math.isfinite(util) and math.isfinite(running)
+                                                                    and running >= 1)
+        if not busy:
+            continue
+        active = []
+        for r, x in f.throttle.get(g, {}).items():
+            if r in LEVEL_REASONS:
+                v = stats.finite(x[stats.mask(f, sp)])
+                if not v.size:
+                    v = stats.finite(x[-1:])
+                if v.size and float((v >= 0.5).mean()) >= 0.5:
+                    active.append(r)
+        clk = lv.present_value(f, sig.get("gpu_sm_clock_hertz"))
+        mx = lv.present_value(f, sig.get("gpu_sm_clock_max_hertz"), "max")
+        src = "NVML max clock"
+        if not math.isfinite(mx):
+            mx = max_sm_clock_hertz(f.gpu_model.get(g)) or math.nan
+            src = f"{f.gpu_model.get(g)} max clock" if math.isfinite(mx) else ""
+        ratio = clk / mx if math.isfinite(clk) and math.isfinite(mx) and mx > 0 else math.nan
+        low = math.isfinite(ratio) and ratio <= cfg.clock_of_max
+        if not active and not low:
+            continue
+        ev = []
+        if math.isfinite(ratio):
+            ev.append(Evidence("gpu_sm_clock_hertz", clk, mx, mx * cfg.clock_of_max, "hertz", sp,
+                               f"{clk / 1e6:.0f} MHz of {mx / 1e6:.0f} MHz ({src}, {fmt_pct(ratio)}) while busy", low))
+        for r in active:
+            ev.append(Evidence(f"throttle_reason_active:{r}", 1.0, None, 0.5, "bool", sp, f"{r} active now", True))
+        temp = lv.present_value(f, sig.get("gpu_temperature_celsius"))
+        hot = math.isfinite(temp) and temp >= cfg.temp_high_c
+        if math.isfinite(temp):
+            ev.append(Evidence("gpu_temperature_celsius", temp, None, cfg.temp_high_c, "celsius", sp,
+                               "at the slowdown edge" if hot else "", hot))
+        agree = bool(active) + low + hot + (math.isfinite(util) and util >= cfg.util_busy)
+        hardware = any(r in ("hw_slowdown", "hw_power_brake_slowdown") for r in active)
+        sev = Severity.CRITICAL if hardware or (math.isfinite(ratio) and ratio <= cfg.critical_clock_ratio) \
+            else Severity.WARNING
+        conf = stats.confidence(agree, base=0.4) * 0.9
+        reason = active[0] if active else "none reported"
+        clock_txt = (f"SM clock {clk / 1e6:.0f} MHz, {fmt_pct(ratio)} of the {mx / 1e6:.0f} MHz maximum"
+                     if math.isfinite(ratio) else "SM clock vs maximum unknown")
+        summary = (f"GPU {g}: {clock_txt} while busy"
+                   + (f"; slowdown reason {', '.join(active)} active" if active else "")
+                   + (f"; {temp:.0f} °C" if math.isfinite(temp) else "") + f" ({lv.basis_note(f)}).")
+        ctx = {"reason": reason, "basis": "level",
+               "clock_drop_ratio": (1 - ratio) if math.isfinite(ratio) else None}
+        out.append(Finding(ID, sev, conf, summary, None, ev, [], {"gpu": g}, context=ctx))
+    return out
+
+
+# --- PromQL: the level rule, for the fleet triage and the alert ---------------------------------
+def product_max_clock_promql(m=()) -> str:
+    """dcgm-exporter's modelName label -> the product's maximum SM clock (fragscope/gpus.py), in Hz.
+
+    The fragment is extracted into a label by one regex (longest fragment first, as a word, as
+    gpus.max_sm_clock_hertz matches) and joined with a constant table: two selectors, not one per
+    product.
+    """
+    names = [s.metric for s in SIGNALS["gpu_sm_clock_hertz"].sources if s.metric.startswith("DCGM_")]
+    frags = sorted(MAX_SM_CLOCK_MHZ, key=lambda f: -len(f))
+    rx = "(?i)(?:.*[^A-Za-z0-9])?(" + "|".join(rx_escape(f) for f in frags) + ")(?:[^A-Za-z0-9].*)?"
+    table = " or ".join(f'label_replace(vector({MAX_SM_CLOCK_MHZ[f] * 1e6:g}), "gpu_product", {quote(f)}, "", "")'
+                        for f in frags)
+    terms = [norm(f'label_replace({s}, "gpu_product", "$1", "modelName", {quote(rx)}) * 0 + on (gpu_product) '
+                  f"group_left () ({table})") for s in variants(names, m)]
+    return f"max by ({KG}) (" + " or ".join(terms) + ")"
+
+
+def triage_check(m=(), present: str = PRESENT, rate: str = RATE_RANGE, cfg: Config = Config()) -> str:
+    """Busy (utilization >= 50 %) with a slowdown reason active or the SM clock <= 80 % of the
+    product's maximum (value: clock / maximum; 1 where only a reason is known)."""
+    util = f"max by ({KG}) {sig('gpu_utilization_ratio', 'avg_over_time({})', present, m)}"
+    clk = f"max by ({KG}) {sig('gpu_sm_clock_hertz', 'avg_over_time({})', present, m)}"
+    mx = (f"(max by ({KG}) {sig('gpu_sm_clock_max_hertz', 'max_over_time({})', present, m)}"
+          f" or {product_max_clock_promql(m)})")
+    reasons = "|".join(LEVEL_REASONS)
+    active = (f"max by ({KG}) {sig('gpu_throttle_reason_active', 'avg_over_time({})', present, m, extra=f'reason=~{quote(reasons)}')}"
+              " >= 0.5")
+    ratio = f"(({clk}) / ({mx}))"
+    tripped = (f"({ratio} <= {num(cfg.clock_of_max)}) or on ({KG}) ({ratio} and on ({KG}) ({active}))"
+               f" or on ({KG}) (({active}) * 0 + 1)")
+    return f"({tripped}) and on ({KG}) (({util}) >= {num(cfg.util_busy)})"
+
+
+def alert_rule(cfg: Config = Config()) -> AlertRule:
+    return AlertRule(
+        "FragscopeClockThrottling", ID, triage_check(cfg=cfg), "10m", "warning",
+        "GPU {{ $labels.gpu }}: SM clock throttled",
+        f"Busy GPU (utilization >= {cfg.util_busy * 100:g} %) with the SM clock at or below "
+        f"{cfg.clock_of_max * 100:g} % of the product's maximum, or a hardware or thermal slowdown reason "
+        f"active (critical at {cfg.critical_clock_ratio * 100:g} %).",
+        "Slowdown reason or SM clock far below the product's maximum while busy (the level rule; fragscope "
+        "NVML or dcgm-exporter). Temperature (>= 83 C) is evidence in diagnose, not a trigger.",
+        {"clock_of_max": cfg.clock_of_max, "util_busy": cfg.util_busy})

@@ -11,8 +11,10 @@ the targets (and GPUs) that trip it and nothing for the others. Two ways to run 
   (generated here: :func:`rules_yaml`); the triage is then one instant query over the recorded series
   (plus one that checks they cover the window).
 
-Thresholds are the level rules of ``fragscope/detectors/level.py`` (its ``Config``), the leak's the
-growth rule of ``fragscope/detectors/memory_leak.py``; metric names come from ``fragscope/signals.py``.
+Each check is its diagnosis's level rule, written once in the diagnosis's module
+(``fragscope/detectors/<diagnosis>.py``: ``triage_check``) from the same ``Config`` as its detector and
+its alert rule; the leak's is the growth rule of ``fragscope/detectors/memory_leak.py``; metric names come
+from ``fragscope/signals.py``.
 Series are keyed per target the way :func:`fragscope.fleet.pod_of` groups them: ``exported_pod`` /
 ``exported_namespace`` (dcgm-exporter scraped without ``honor_labels``) become ``pod`` / ``namespace``,
 and ``instance`` is dropped from series that have a pod.
@@ -20,175 +22,43 @@ and ``instance`` is dropped from series that have a pod.
 from __future__ import annotations
 
 import math
-import re
 import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from ..detectors import level as _level
+from ..detectors import fragmentation as _frag
+from ..detectors import kv_pool as _kvpool
+from ..detectors import kv_pressure as _kv
 from ..detectors import memory_leak as _leak
-from ..gpus import MAX_SM_CLOCK_MHZ
+from ..detectors import throttling as _thr
 from ..sizing.arith import SizingConfig
-from ..signals import SIGNALS
+from ..promql import KG, PRESENT, RATE_RANGE, TARGET_KEYS, K, norm, quote, sig, variants
+from ..promql import rx_escape  # noqa: F401  (fleet.grouping's import)
 
-LEVEL = _level.Config()
 LEAK = _leak.Config()
 SIZING = SizingConfig()  # kv-pool-undersized's margin and "full" KV usage (docs/sizing.md)
 RESOLUTION_S = 60  # subquery step and rule evaluation interval: the level checks judge one minute
-PRESENT = "1m"  # the present, as level.PRESENT_S (60 s)
-RATE_RANGE = "2m"  # a rate needs two samples: 2 min holds four at a 30 s scrape interval
 PEER_RANGE = "30m"  # the fleet's peer comparison (fleet.RECENT_SECONDS)
 
-TARGET_KEYS = ("namespace", "pod", "instance")
-K = ", ".join(TARGET_KEYS)
-KG = K + ", gpu"
 RULE_PREFIX = "fragscope:triage_"
 UP_RULE = RULE_PREFIX + "target:up"
 
 
-# ---------------------------------------------------------------------------------------------
-# PromQL building blocks
-def _q(v: str) -> str:
-    """A PromQL double-quoted string literal."""
-    return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def rx_escape(s: str) -> str:
-    """Escape RE2 metacharacters only (Python's re.escape also escapes spaces, which RE2 refuses)."""
-    return re.sub(r"([.^$*+?()\[\]{}|\\])", r"\\\1", s)
-
-
-def _name_regex(names: Sequence[str]) -> str:
-    alts = []
-    for n in names:
-        esc = rx_escape(n)
-        if n.startswith("vllm:"):  # Ray Serve LLM re-exports as ray_vllm:
-            esc = "(?:ray_)?" + esc
-        alts.append(esc)
-    return "|".join(alts)
-
-
-def _variants(names: Sequence[str], matchers: Sequence[tuple[str, str, str]]) -> list[str]:
-    """Selectors for ``names`` with the user's matchers; DCGM names also with the exported_ labels."""
-    out = []
-    vs = [list(matchers)]
-    if any(n.startswith("DCGM_") for n in names) and any(k in ("pod", "namespace") for k, _, _ in matchers):
-        vs.append([(("exported_" + k) if k in ("pod", "namespace") else k, op, v) for k, op, v in matchers])
-    for m in vs:
-        inner = f'__name__=~{_q(_name_regex(names))}'
-        if m:
-            inner += "," + ",".join(f"{k}{op}{_q(v)}" for k, op, v in m)
-        out.append("{" + inner + "}")
-    return out
-
-
-def norm(expr: str) -> str:
-    """Relabel so one target's series share (namespace, pod, instance), as fleet.pod_of groups them."""
-    e = f'label_replace({expr}, "pod", "$1", "exported_pod", "(.+)")'
-    e = f'label_replace({e}, "namespace", "$1", "exported_namespace", "(.+)")'
-    return f'label_replace({e}, "instance", "", "pod", ".+")'
-
-
-def sig(sig_id: str, fn: str, rng: str | None, matchers: Sequence[tuple[str, str, str]] = (),
-        extra: str = "") -> str:
-    """``fn`` applied to every raw source of a signal, scaled to base units, normalised, or-ed.
-
-    ``fn`` holds ``{}`` where the (range) selector goes; ``extra`` is added inside the braces
-    (e.g. ``reason=~"..."``).
-    """
-    by_scale: dict[float, list[str]] = defaultdict(list)
-    for src in SIGNALS[sig_id].sources:
-        by_scale[src.scale].append(src.metric)
-    terms = []
-    for scale, names in by_scale.items():
-        for s in _variants(names, matchers):
-            if extra:
-                s = s[:-1] + "," + extra + "}"
-            e = fn.format(s + (f"[{rng}]" if rng else ""))
-            if scale != 1:
-                e = f"({e}) * {scale:g}"
-            terms.append(norm(e))
-    return "(" + " or ".join(terms) + ")"
+# PromQL building blocks: fragscope/promql.py (shared with the alert rules)
+_q = quote
+_variants = variants
 
 
 # ---------------------------------------------------------------------------------------------
-# The checks: PromQL yielding the primary value where a target (GPU) trips the level rule
-def kv_check(m=(), present: str = PRESENT, rate: str = RATE_RANGE) -> str:
-    """KV usage p90 of the present >= 95 % while preempting >= 1/min (value: the p90)."""
-    kv = f"max by ({K}) {sig('kv_cache_usage_ratio', 'quantile_over_time(0.9, {})', present, m)}"
-    pre = f"sum by ({K}) {sig('preemptions_total', 'rate({})', rate, m)} * 60"
-    return f"({kv} >= {LEVEL.kv_edge:g}) and on ({K}) ({pre} >= {LEVEL.preempt_per_min:g})"
-
-
-def kv_pool_check(m=(), present: str = PRESENT, rate: str = RATE_RANGE) -> str:
-    """KV usage p90 >= 95 % with kv_full (else unlabelled) preemptions >= 1/min while every GPU keeps >= 1 % spare.
-
-    Preemptions count with reason kv_full where vLLM labels them, unlabelled ones otherwise; spare is what
-    stays free at the GPU's peak beyond the sizing margin, max(0.5 GiB, 2 % of the GPU), and must reach one
-    utilization step (value: the smallest spare share of the target's GPUs). NVML's total is needed: dcgm-exporter's default
-    counters lack FB_TOTAL, so DCGM-only targets are left to the deep fetch."""
-    kv = f"max by ({K}) {sig('kv_cache_usage_ratio', 'quantile_over_time(0.9, {})', present, m)}"
-    kv_full = (f"sum by ({K}) {sig('preemptions_by_reason_total', 'rate({})', rate, m, extra='reason=' + _q('kv_full'))}"
-               " * 60")
-    labelled = f"group by ({K}) {sig('preemptions_by_reason_total', '{}', None, m)}"
-    unlabelled = f"(sum by ({K}) {sig('preemptions_total', 'rate({})', rate, m)} * 60 unless on ({K}) {labelled})"
-    total = f"max by ({KG}) {sig('gpu_memory_total_bytes', 'max_over_time({})', present, m)}"
-    used = f"max by ({KG}) {sig('gpu_memory_used_bytes', 'max_over_time({})', present, m)}"
-    margin = f"clamp_min(({total}) * {SIZING.margin_ratio:g}, {SIZING.margin_min_bytes:.0f})"
-    spare = f"min by ({K}) ((({total}) - ({used}) - {margin}) / (({total}) > 0))"
-    return (f"(({spare}) >= {SIZING.min_step:g}) and on ({K}) ({kv} >= {SIZING.full_kv_usage:g})"
-            f" and on ({K}) ((({kv_full}) or {unlabelled}) >= {LEVEL.preempt_per_min:g})")
-
-
-def _frag_ratio(m=(), present: str = PRESENT) -> str:
-    res = f"sum by ({KG}) {sig('torch_reserved_bytes', 'avg_over_time({})', present, m)}"
-    alloc = f"sum by ({KG}) {sig('torch_allocated_bytes', 'avg_over_time({})', present, m)}"
-    return f"(({res}) - ({alloc})) / (({res}) > 0)"
-
-
-def frag_check(m=(), present: str = PRESENT, rate: str = RATE_RANGE) -> str:
-    """(reserved - allocated)/reserved >= 25 % with retries >= 0.1/min, or >= 10 % with >= 1/min."""
-    ratio = _frag_ratio(m, present)
-    ret = f"sum by ({KG}) {sig('torch_alloc_retries_total', 'rate({})', rate, m)} * 60"
-    # one evaluation of the ratio: its threshold is 10 % where retries are sustained, else 25 %
-    lo, hi = LEVEL.frag_ratio_sustained, LEVEL.frag_ratio
-    thr = f"({lo:g} + {hi - lo:g} * (({ret}) < bool {LEVEL.retries_sustained_per_min:g}))"
-    return f"(({ratio}) >= on ({KG}) {thr}) and on ({KG}) (({ret}) >= {LEVEL.retries_per_min:g})"
-
-
-def _product_max_clock(m=()) -> str:
-    """dcgm-exporter's modelName label -> the product's maximum SM clock (fragscope/gpus.py), in Hz.
-
-    The fragment is extracted into a label by one regex (longest fragment first, as a word, as
-    gpus.max_sm_clock_hertz matches) and joined with a constant table: two selectors, not one per
-    product.
-    """
-    names = [s.metric for s in SIGNALS["gpu_sm_clock_hertz"].sources if s.metric.startswith("DCGM_")]
-    frags = sorted(MAX_SM_CLOCK_MHZ, key=lambda f: -len(f))
-    rx = "(?i)(?:.*[^A-Za-z0-9])?(" + "|".join(rx_escape(f) for f in frags) + ")(?:[^A-Za-z0-9].*)?"
-    table = " or ".join(f'label_replace(vector({MAX_SM_CLOCK_MHZ[f] * 1e6:g}), "gpu_product", {_q(f)}, "", "")'
-                        for f in frags)
-    terms = [norm(f'label_replace({s}, "gpu_product", "$1", "modelName", {_q(rx)}) * 0 + on (gpu_product) '
-                  f"group_left () ({table})") for s in _variants(names, m)]
-    return f"max by ({KG}) (" + " or ".join(terms) + ")"
-
-
-def throttle_check(m=(), present: str = PRESENT, rate: str = RATE_RANGE) -> str:
-    """Busy (utilization >= 50 %) with a slowdown reason active or the SM clock <= 80 % of the
-    product's maximum (value: clock / maximum; 1 where only a reason is known)."""
-    util = f"max by ({KG}) {sig('gpu_utilization_ratio', 'avg_over_time({})', present, m)}"
-    clk = f"max by ({KG}) {sig('gpu_sm_clock_hertz', 'avg_over_time({})', present, m)}"
-    mx = (f"(max by ({KG}) {sig('gpu_sm_clock_max_hertz', 'max_over_time({})', present, m)}"
-          f" or {_product_max_clock(m)})")
-    reasons = "|".join(_level.HW_REASONS)
-    active = (f"max by ({KG}) {sig('gpu_throttle_reason_active', 'avg_over_time({})', present, m, extra=f'reason=~{_q(reasons)}')}"
-              " >= 0.5")
-    ratio = f"(({clk}) / ({mx}))"
-    tripped = (f"({ratio} <= {LEVEL.clock_ratio:g}) or on ({KG}) ({ratio} and on ({KG}) ({active}))"
-               f" or on ({KG}) (({active}) * 0 + 1)")
-    return f"({tripped}) and on ({KG}) (({util}) >= {LEVEL.util_busy:g})"
+# The checks: PromQL yielding the primary value where a target (GPU) trips the level rule. Each is written
+# once, in its diagnosis's module, from the same Config as its detector (and its alert rule).
+kv_check = _kv.triage_check
+frag_check = _frag.triage_check
+throttle_check = _thr.triage_check
+kv_pool_check = _kvpool.triage_check
+_frag_ratio = _frag.unusable_ratio_promql
 
 
 def memory_bytes(m=(), which: str = "torch_allocated_bytes", present: str = PRESENT) -> str:
@@ -323,8 +193,8 @@ def rules_yaml() -> str:
     lines = [
         "# fragscope fleet triage: the level checks of the window diagnoses, recorded every minute per target",
         "# (and GPU), only where a target trips them. Generated by `python -m fragscope.fleet.triage >",
-        "# dashboards/rules/fragscope-triage.yml` from fragscope/fleet/triage.py (thresholds:",
-        "# fragscope/detectors/level.py; names: fragscope/signals.py). With these loaded, `diagnose",
+        "# dashboards/rules/fragscope-triage.yml` from fragscope/fleet/triage.py (thresholds: each",
+        "# diagnosis's Config, fragscope/detectors/<diagnosis>.py; names: fragscope/signals.py). With these loaded, `diagnose",
         "# --prometheus` triages a fleet with one instant query (docs/fleet.md#triage).",
         "# Do not edit by hand. Unit tests: dashboards/rules/tests/triage-*.yml.",
         "groups:",

@@ -73,7 +73,7 @@ CPU_STARVED = Diagnosis(
         ["Linux kernel docs: scheduler/sched-bwc.rst (CFS bandwidth control)",
          "Kubernetes docs: Control CPU Management Policies on the Node (static policy)",
          "kubernetes-mixin CPUThrottlingHigh alert (> 25 % of periods throttled)"]),
-    detect=cpu_starved.detect, config=cpu_starved.Config, requires=cpu_starved.REQUIRES,
+    detect=cpu_starved.detect, config=cpu_starved.Config, alert=cpu_starved.alert_rule, requires=cpu_starved.REQUIRES,
     corroborates=cpu_starved.CORROBORATES, actions=_cpu_actions, runs_on_short_windows=True)
 
 
@@ -119,7 +119,7 @@ STALLED = Diagnosis(
         ["PyTorch docs: torch.distributed environment variables (TORCH_NCCL_ASYNC_ERROR_HANDLING, "
          "TORCH_NCCL_TRACE_BUFFER_SIZE)", "NCCL docs: environment variables (NCCL_DEBUG)",
          "py-spy: py-spy dump --pid"]),
-    detect=stalled.detect, config=stalled.Config, requires=stalled.REQUIRES, corroborates=stalled.CORROBORATES,
+    detect=stalled.detect, config=stalled.Config, alert=stalled.alert_rule, requires=stalled.REQUIRES, corroborates=stalled.CORROBORATES,
     actions=_stall_actions, runs_on_short_windows=True)
 
 
@@ -155,7 +155,7 @@ STRAGGLER = Diagnosis(
         ["the GPUs' SM clocks within a few % of each other under load", "throughput up at the same traffic"],
         ["HTA (Holistic Trace Analysis): comm/comp overlap and straggler analysis across ranks",
          "NVIDIA nvidia-smi: clocks event reasons"]),
-    detect=straggler.detect, config=straggler.Config, requires=straggler.REQUIRES,
+    detect=straggler.detect, config=straggler.Config, alert=straggler.alert_rule, requires=straggler.REQUIRES,
     corroborates=straggler.CORROBORATES, actions=_straggler_actions, runs_on_short_windows=True)
 
 
@@ -183,7 +183,7 @@ HW_FAULT = Diagnosis(
         ["NVIDIA Xid catalogue: docs.nvidia.com/deploy/xid-errors (Resolution Bucket)",
          "NVIDIA A100+ GPU memory error management: docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt",
          "DCGM health watches (PCIe replay rate, NVLink errors, memory)"]),
-    detect=gpu_fault.detect, config=gpu_fault.Config, requires=gpu_fault.REQUIRES,
+    detect=gpu_fault.detect, config=gpu_fault.Config, alert=gpu_fault.alert_rule, requires=gpu_fault.REQUIRES,
     corroborates=gpu_fault.CORROBORATES, actions=lambda ctx, config: list(dict.fromkeys(ctx.get("actions") or [])),
     runs_on_short_windows=True)
 
@@ -225,7 +225,7 @@ HOST_MEMORY = Diagnosis(
         ["Linux kernel docs: admin-guide/cgroup-v2.rst (memory.max, memory.events oom_kill)",
          "Kubernetes docs: node-pressure eviction (working set)", "vLLM engine arguments: --swap-space, "
          "--cpu-offload-gb"]),
-    detect=host_memory.detect, config=host_memory.Config, requires=host_memory.REQUIRES,
+    detect=host_memory.detect, config=host_memory.Config, alert=host_memory.alert_rule, requires=host_memory.REQUIRES,
     corroborates=host_memory.CORROBORATES, actions=_mem_actions, runs_on_short_windows=True)
 
 

@@ -39,8 +39,11 @@ class Diagnosis:
     # Window diagnoses are exported by the agent (fragscope_diagnosis_active) and need an alert rule,
     # a promtool rule test and a scenario family; deep-evidence ones are reported by diagnose only.
     alerting: bool = True
+    # The alert rule, generated from the detector's Config (its module's ``alert_rule``): the rule file
+    # dashboards/rules/fragscope-alerts.yml is written from these (python -m fragscope.fleet.alerts).
+    alert: Callable[[], Any] | None = None
     runs_on_short_windows: bool = False  # the detector itself judges windows too short for a baseline
-    # Level evidence (detectors/level.py): the present state judged by itself. Runs on windows too
+    # Level evidence (the module's ``level``): the present state judged by itself. Runs on windows too
     # short for a baseline, and on long ones when the change detector found nothing (the window may lie
     # wholly inside the incident) unless ``level_on_long_windows`` is False.
     level: Callable[..., "list[Finding] | Inconclusive"] | None = None

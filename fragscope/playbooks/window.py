@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
-from ..detectors import (block_size, fragmentation, kv_pool, kv_pressure, launch_bound, level, memory_leak,
-                         saturation, throttling)
+from ..detectors import (block_size, fragmentation, kv_pool, kv_pressure, launch_bound, memory_leak, saturation,
+                         throttling)
 from ..model import Action, Playbook
 from ..sizing.playbooks import KV_POOL_UNDERSIZED, kv_pool_undersized_actions
 from ..units import GiB, MiB
@@ -92,7 +92,7 @@ FRAGMENTATION = Diagnosis(
          "pytorch/pytorch#29554 (fragmentation measure), #159564 (expandable segments and inactive_split)"]),
     detect=fragmentation.detect, config=fragmentation.Config,
     requires=fragmentation.REQUIRES, corroborates=fragmentation.CORROBORATES,
-    actions=_fragmentation_actions, also_from=("snapshot", "log"), level=level.fragmentation)
+    actions=_fragmentation_actions, also_from=("snapshot", "log"), level=fragmentation.level, alert=fragmentation.alert_rule)
 
 
 # --- kv-cache-pressure -------------------------------------------------------------------------
@@ -167,7 +167,7 @@ KV_PRESSURE = Diagnosis(
         ["vLLM docs: 'Preemption' in optimization.md"]),
     detect=kv_pressure.detect, config=kv_pressure.Config,
     requires=kv_pressure.REQUIRES, corroborates=kv_pressure.CORROBORATES,
-    actions=_kv_actions, also_from=("log",), level=level.kv_pressure)
+    actions=_kv_actions, also_from=("log",), level=kv_pressure.level, alert=kv_pressure.alert_rule)
 
 
 # --- memory-leak -------------------------------------------------------------------------------
@@ -201,7 +201,7 @@ MEMORY_LEAK = Diagnosis(
     requires=memory_leak.REQUIRES, corroborates=memory_leak.CORROBORATES, actions=_leak_actions,
     short_window_reason="a leak shows only as growth over time: give it at least 30 min of history "
                         "(e.g. diagnose --agent URL --since 1h, or a recording of that length)",
-    min_trend_span_s=30 * 60.0)
+    min_trend_span_s=30 * 60.0, alert=memory_leak.alert_rule)
 
 
 # --- clock-throttling --------------------------------------------------------------------------
@@ -229,7 +229,7 @@ THROTTLING = Diagnosis(
         ["NVML nvmlDeviceGetCurrentClocksEventReasons"]),
     detect=throttling.detect, config=throttling.Config,
     requires=throttling.REQUIRES, corroborates=throttling.CORROBORATES, actions=_throttling_actions,
-    level=level.throttling)
+    level=throttling.level, alert=throttling.alert_rule)
 
 
 # --- launch-bound ------------------------------------------------------------------------------
@@ -259,7 +259,7 @@ LAUNCH_BOUND = Diagnosis(
     detect=launch_bound.detect, config=launch_bound.Config,
     requires=launch_bound.REQUIRES, corroborates=launch_bound.CORROBORATES,
     actions=_launch_actions, also_from=("trace",),
-    runs_on_short_windows=True)  # its evidence is level already: work waiting while the GPU idles between kernels
+    runs_on_short_windows=True, alert=launch_bound.alert_rule)  # its evidence is level already: work waiting while the GPU idles between kernels
 
 
 # --- capacity-saturation -----------------------------------------------------------------------
@@ -289,7 +289,7 @@ SATURATION = Diagnosis(
     detect=saturation.detect, config=saturation.Config,
     requires=saturation.REQUIRES, corroborates=saturation.CORROBORATES,
     actions=lambda ctx, config: _saturation_actions(ctx),
-    level=level.saturation, level_on_long_windows=False)
+    level=saturation.level, level_on_long_windows=False, alert=saturation.alert_rule)
 
 
 # --- kv-block-size-mismatch --------------------------------------------------------------------
@@ -314,14 +314,14 @@ BLOCK_SIZE = Diagnosis(
         ["seed 001: waste ≈ (block_size − 1) / (2 × avg_seq_len + block_size − 1)"]),
     detect=block_size.detect, config=getattr(block_size, "Config", None),
     requires=block_size.REQUIRES, corroborates=block_size.CORROBORATES,
-    actions=_block_actions, runs_on_short_windows=True)
+    actions=_block_actions, runs_on_short_windows=True, alert=block_size.alert_rule)
 
 
 # --- kv-pool-undersized (docs/sizing.md): metrics alone here; the engine log's figures in diagnose logs ----
 KV_POOL = Diagnosis(
     kv_pool.ID, KV_POOL_UNDERSIZED, detect=kv_pool.detect, config=kv_pool.Config,
     requires=kv_pool.REQUIRES, corroborates=kv_pool.CORROBORATES, actions=kv_pool_undersized_actions,
-    also_from=("log",), runs_on_short_windows=True)  # a level judgement: peaks over whatever window is given
+    also_from=("log",), runs_on_short_windows=True, alert=kv_pool.alert_rule)  # a level judgement: peaks over whatever window is given
 
 
 # Run order of the window detectors (the order findings of equal rank are listed in).

@@ -1,0 +1,120 @@
+"""PromQL from the signal table: selectors that read every engine's and exporter's name for a canonical
+signal (fragscope/signals.py), scaled to base units and keyed per target, and the alert-rule record the
+diagnoses generate from their Configs.
+
+Used by the window diagnoses (their alert rules and fleet-triage checks, generated from the same Config
+as their detectors: docs/dashboards.md#alerts), by the fleet triage (fragscope/fleet/triage.py) and by
+the rule-file generator (fragscope/fleet/alerts.py). Depends on the data model only.
+
+Series are keyed per target the way the fleet groups them: ``exported_pod`` / ``exported_namespace``
+(dcgm-exporter scraped without ``honor_labels``) become ``pod`` / ``namespace``, and ``instance`` is
+dropped from series that have a pod.
+"""
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from .signals import SIGNALS
+
+TARGET_KEYS = ("namespace", "pod", "instance")
+K = ", ".join(TARGET_KEYS)  # per target
+KG = K + ", gpu"  # per target and GPU
+PRESENT = "1m"  # the present, as the level rules judge it (their last minute)
+RATE_RANGE = "2m"  # a rate needs two samples: 2 min holds four at a 30 s scrape interval
+
+Matchers = Sequence[tuple[str, str, str]]
+
+
+def quote(v: str) -> str:
+    """A PromQL double-quoted string literal."""
+    return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def rx_escape(s: str) -> str:
+    """Escape RE2 metacharacters only (Python's re.escape also escapes spaces, which RE2 refuses)."""
+    return re.sub(r"([.^$*+?()\[\]{}|\\])", r"\\\1", s)
+
+
+def name_regex(names: Sequence[str]) -> str:
+    alts = []
+    for n in names:
+        esc = rx_escape(n)
+        if n.startswith("vllm:"):  # Ray Serve LLM re-exports as ray_vllm:
+            esc = "(?:ray_)?" + esc
+        alts.append(esc)
+    return "|".join(alts)
+
+
+def variants(names: Sequence[str], matchers: Matchers) -> list[str]:
+    """Selectors for ``names`` with the user's matchers; DCGM names also with the exported_ labels."""
+    out = []
+    vs = [list(matchers)]
+    if any(n.startswith("DCGM_") for n in names) and any(k in ("pod", "namespace") for k, _, _ in matchers):
+        vs.append([(("exported_" + k) if k in ("pod", "namespace") else k, op, v) for k, op, v in matchers])
+    for m in vs:
+        inner = f'__name__=~{quote(name_regex(names))}'
+        if m:
+            inner += "," + ",".join(f"{k}{op}{quote(v)}" for k, op, v in m)
+        out.append("{" + inner + "}")
+    return out
+
+
+def norm(expr: str) -> str:
+    """Relabel so one target's series share (namespace, pod, instance), as fleet.pod_of groups them."""
+    e = f'label_replace({expr}, "pod", "$1", "exported_pod", "(.+)")'
+    e = f'label_replace({e}, "namespace", "$1", "exported_namespace", "(.+)")'
+    return f'label_replace({e}, "instance", "", "pod", ".+")'
+
+
+def sig(sig_id: str, fn: str, rng: str | None, matchers: Matchers = (), extra: str = "", suffix: str = "") -> str:
+    """``fn`` applied to every raw source of a signal, scaled to base units, normalised, or-ed.
+
+    ``fn`` holds ``{}`` where the (range) selector goes; ``extra`` is added inside the braces
+    (e.g. ``reason=~"..."``); ``suffix`` is appended to each raw name (``_sum``, ``_count`` of a histogram).
+    """
+    by_scale: dict[float, list[str]] = defaultdict(list)
+    for src in SIGNALS[sig_id].sources:
+        by_scale[src.scale].append(src.metric + suffix)
+    terms = []
+    for scale, names in by_scale.items():
+        for s in variants(names, matchers):
+            if extra:
+                s = s[:-1] + "," + extra + "}"
+            e = fn.format(s + (f"[{rng}]" if rng else ""))
+            if scale != 1:
+                e = f"({e}) * {scale:g}"
+            terms.append(norm(e))
+    return "(" + " or ".join(terms) + ")"
+
+
+# The target an alert is about: namespace/pod where Kubernetes discovery labels it, else the instance.
+TARGET_TEMPLATE = "{{ with $labels.pod }}{{ $labels.namespace }}/{{ . }}{{ else }}{{ $labels.instance }}{{ end }}"
+
+
+def num(x: float) -> str:
+    """A threshold as it appears in generated PromQL (``%g``); tests find Config values by this text."""
+    return f"{x:g}"
+
+
+@dataclass(frozen=True)
+class AlertRule:
+    """One Prometheus alert, generated from a diagnosis's Config (dashboards/rules/fragscope-alerts.yml).
+
+    ``thresholds`` names each Config field the expression compares against, with the value used: the
+    tests check each equals the detector's Config and appears in ``expr`` (docs/dashboards.md#alerts).
+    """
+
+    name: str  # FragscopeSomething
+    diagnosis: str
+    expr: str
+    for_: str  # Prometheus duration
+    severity: str  # info | warning | critical: the alert's fixed label
+    summary: str  # after the target (TARGET_TEMPLATE): Go template over $labels
+    description: str
+    comment: str = ""  # the YAML comment above the rule: what it judges, in words
+    thresholds: dict[str, float] = field(default_factory=dict)
+    # how a threshold appears in ``expr`` where not as ``num(value)`` (e.g. a range of twice it)
+    shown: dict[str, str] = field(default_factory=dict)
