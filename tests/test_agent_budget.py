@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 import tracemalloc
 
@@ -327,3 +328,96 @@ def test_a_parser_error_on_one_line_skips_that_line_and_keeps_the_offset(tmp_pat
     assert c.bad_lines == 1  # read once: the tail kept its offset past it
     assert c.state.stats, "the line after the bad one was read"
     assert sum("line skipped" in r.getMessage() for r in caplog.records) == 1
+
+
+# --- the API: bad parameters are 400, connections capped ----------------------------------------------
+@pytest.fixture()
+def api(tmp_path):
+    import urllib.parse
+
+    from fragscope.agent.api import serve
+
+    cfg = AgentConfig(listen="127.0.0.1:0", data_dir=str(tmp_path), detect_window=600.0, detect_step=5.0)
+    state = AgentState(cfg)
+    state.ring = Ring(600.0, 5.0)
+    state.store = Store(str(tmp_path / "h.sqlite"))
+    now = time.time()
+    state.store.append([_s("vllm:num_requests_waiting", 1, now - 60)])
+    state.store.flush()
+    srv = serve(state, cfg)
+    base = f"http://127.0.0.1:{srv.server_address[1]}"
+    yield srv, base, urllib.parse.quote
+    srv.shutdown()
+    srv.server_close()
+    state.store.close()
+
+
+def _code(url: str) -> tuple[int, dict]:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=20) as r:  # noqa: S310 - 127.0.0.1 only
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+@pytest.mark.parametrize("query", [
+    "signals?names=vllm:num_requests_waiting&start=-9999999999999999999999d",
+    "signals?names=vllm:num_requests_waiting&start=-1e308s",
+    "signals?names=vllm:num_requests_waiting&start=1e400",
+    "signals?names=vllm:num_requests_waiting&end=99999999999999999999",
+    "signals?names=vllm:num_requests_waiting&start=" + "9" * 400,
+    "signals?names=vllm:num_requests_waiting&step=9999999999999999999999d",
+    "signals?names=vllm:num_requests_waiting&step=nan",
+    "window?since=-5m",
+    "window?since=99999999999999999999999d",
+    "window?step=" + "1" * 300,
+])
+def test_any_bad_parameter_is_400(api, query):
+    _, base, quote = api
+    code, body = _code(f"{base}/api/v1/{query}")
+    assert code == 400, (query, code, body)
+    assert len(body["error"]) < 200 and "9" * 50 not in body["error"]
+
+
+def test_good_parameters_still_answer(api):
+    _, base, _ = api
+    code, body = _code(f"{base}/api/v1/signals?names=vllm:num_requests_waiting&start=-1h")
+    assert code == 200 and body["points"] == 1
+    code, body = _code(f"{base}/api/v1/status")
+    assert code == 200 and body["limits"]["api_max_connections"] == 32
+    assert "dropped" in body["limits"]
+
+
+def test_connections_past_the_cap_are_answered_503_without_a_thread(api):
+    import socket
+
+    srv, base, _ = api
+    srv.max_connections = 4
+    srv._slots = threading.BoundedSemaphore(4)
+    port = srv.server_address[1]
+    held = []
+    try:
+        for _ in range(4):  # idle keep-alive connections: each holds a thread until the handler's timeout
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            held.append(s)
+        deadline = time.monotonic() + 10
+        while srv._slots._value > 0 and time.monotonic() < deadline:  # the server has taken them
+            time.sleep(0.05)
+        threads = threading.active_count()
+        extra = socket.create_connection(("127.0.0.1", port), timeout=5)
+        extra.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        answer = extra.recv(4096)
+        extra.close()
+        assert answer.startswith(b"HTTP/1.1 503"), answer[:80]
+        assert threading.active_count() <= threads
+        assert srv.refused == 1
+    finally:
+        for s in held:
+            s.close()
+    deadline = time.monotonic() + 15
+    while srv._slots._value < 4 and time.monotonic() < deadline:  # freed once the clients hang up
+        time.sleep(0.05)
+    assert _code(f"{base}/healthz")[0] == 200

@@ -131,6 +131,14 @@ def _num(x: float | None) -> float | None:
     return None if x is None or not math.isfinite(x) else float(x)
 
 
+MAX_PARAM_CHARS = 64  # a time, a duration or a step is a few characters; longer is refused, never echoed
+MAX_SPAN_S = 366 * 86400.0  # times from 1970 to a year from now; durations and steps up to a year
+
+
+def _shown(v: str) -> str:
+    return repr(v if len(v) <= 40 else v[:40] + "...")
+
+
 def _param_time(q: dict, name: str, default: float, now: float) -> float:
     v = q.get(name)
     if v is None:
@@ -138,15 +146,19 @@ def _param_time(q: dict, name: str, default: float, now: float) -> float:
     s = v.strip()
     if s == "now":
         return now
+    if len(s) > MAX_PARAM_CHARS:
+        raise BadRequest(f"{name}: {len(s)} characters, not a time (unix seconds, 'now' or -DURATION)")
     try:
         if s.startswith("-"):  # relative: start=-1h
-            return now - parse_duration(s[1:], name)
-        t = float(s)
-    except (ConfigError, ValueError):
-        raise BadRequest(f"{name}: expected unix seconds, 'now' or -DURATION (e.g. -1h), got {v!r}") from None
-    if not math.isfinite(t) or t < 0:
-        raise BadRequest(f"{name}: expected unix seconds, got {v!r}")
-    return t / 1000.0 if t > 1e11 else t  # milliseconds are accepted too
+            t = now - parse_duration(s[1:], name)
+        else:
+            t = float(s)
+            t = t / 1000.0 if t > 1e11 else t  # milliseconds are accepted too
+    except (ConfigError, ValueError, OverflowError):
+        raise BadRequest(f"{name}: expected unix seconds, 'now' or -DURATION (e.g. -1h), got {_shown(v)}") from None
+    if not math.isfinite(t) or t < 0 or t > now + MAX_SPAN_S:
+        raise BadRequest(f"{name}: {_shown(v)} is not a time between 1970 and a year from now")
+    return t
 
 
 def _param_duration(q: dict, name: str, default: float | None) -> float | None:
@@ -155,10 +167,15 @@ def _param_duration(q: dict, name: str, default: float | None) -> float | None:
         return default
     if v.strip() in ("0", "raw"):
         return 0.0
+    if len(v) > MAX_PARAM_CHARS:
+        raise BadRequest(f"{name}: {len(v)} characters, not a duration")
     try:
-        return parse_duration(v, name)
-    except ConfigError as e:
-        raise BadRequest(str(e)) from None
+        d = parse_duration(v, name)
+    except (ConfigError, ValueError, OverflowError):
+        raise BadRequest(f"{name}: expected a duration like 30s, 5m, 1h, got {_shown(v)}") from None
+    if not (math.isfinite(d) and d <= MAX_SPAN_S):
+        raise BadRequest(f"{name}: {_shown(v)} is longer than a year")
+    return d
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -275,7 +292,9 @@ class _Handler(BaseHTTPRequestHandler):
         except TooManyPoints as e:
             self._error(400, str(e))
         except ValueError as e:  # e.g. parse_qs: too many fields
-            self._error(400, f"bad request: {e}")
+            self._error(400, f"bad request: {str(e)[:200]}")
+        except OverflowError:  # a parameter that passed the checks and still overflowed on the way
+            self._error(400, "bad request: a parameter out of range")
         except Exception as e:  # noqa: BLE001 - answer 500, keep serving
             log.error("api: %s failed (%s: %s)", self.path[:100], type(e).__name__, e)
             self._error(500, f"internal error: {type(e).__name__}")
@@ -430,7 +449,8 @@ class _Handler(BaseHTTPRequestHandler):
                          "watch_cpu_seconds": round(st.detector.watch_cpu_seconds, 4),
                          "watch_runs": st.detector.watch_runs, "watch_skipped": st.detector.watch_skipped},
             "housekeeping": {"cpu_seconds": round(st.housekeeping_cpu_seconds, 4)},
-            "limits": limits_status(st),
+            "limits": dict(limits_status(st), api_connections_refused=getattr(self.server, "refused", 0),
+                           api_max_connections=getattr(self.server, "max_connections", None)),
             "notes": st.notes})
 
 
@@ -441,10 +461,49 @@ def _first_round_done(st: Any) -> bool:
     return st.first_round_done
 
 
+# Connections served at once (a thread each; keep-alive ones hold theirs up to the handler's timeout).
+# Prometheus, a dashboard and an on-call diagnose need a handful; past the cap a connection is answered 503
+# and closed at once, without a thread (refused ones are counted: /api/v1/status limits).
+MAX_CONNECTIONS = 32
+_BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
+         b"Connection: close\r\nContent-Length: 63\r\n\r\n"
+         b'{"error": "too many connections; retry shortly", "status": 503}')
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
     request_queue_size = 64
+    max_connections = MAX_CONNECTIONS
+    refused = 0  # connections answered 503 at the cap
+
+    def process_request(self, request, client_address) -> None:
+        slots = getattr(self, "_slots", None)
+        if slots is None:
+            slots = self._slots = threading.BoundedSemaphore(self.max_connections)
+        if not slots.acquire(blocking=False):
+            self.refused += 1
+            if self.refused == 1 or self.refused % 1000 == 0:
+                log.warning("api: %d connections open, the cap: connection from %s answered 503 (%d so far)",
+                            self.max_connections, client_address[0], self.refused)
+            try:
+                request.setblocking(False)
+                request.send(_BUSY)
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
     def handle_error(self, request, client_address) -> None:  # a client hanging up is not an error
         exc = sys.exc_info()[1]
