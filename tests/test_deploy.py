@@ -121,6 +121,11 @@ def test_plain_manifests_are_the_charts_default_render():
         with open(os.path.join(ROOT, "deploy", "kubernetes", name)) as fh:
             assert fh.read() == text, f"deploy/kubernetes/{name} is stale: run python deploy/render.py"
     assert sorted(os.listdir(os.path.join(ROOT, "deploy", "kubernetes"))) == sorted(want)
+    # no object pins a namespace: `kubectl apply -n NS -f` puts each where it is told
+    for text in want.values():
+        for o in yaml.safe_load_all(text):
+            if o:
+                assert "namespace" not in o["metadata"], (o["kind"], o["metadata"])
 
 
 def test_chart_reads_dashboards_own_files():
@@ -271,7 +276,10 @@ def test_dashboard_configmap_for_grafana_sidecar():
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
     with open(os.path.join(ROOT, "dashboards", "fragscope.json")) as fh:
         assert json.loads(cm["data"]["fragscope.json"]) == json.load(fh)
-    assert "namespace" not in cm["metadata"] or cm["metadata"]["namespace"] == "default"
+    assert "namespace" not in cm["metadata"]  # the release's, unless monitoring.grafanaDashboard.namespace
+    cm = one([o for o in objects({"monitoring": {"grafanaDashboard": {"namespace": "monitoring"}}})
+              if o["metadata"]["name"].endswith("-dashboard")], "ConfigMap")
+    assert cm["metadata"]["namespace"] == "monitoring"
 
 
 @needs_helm
