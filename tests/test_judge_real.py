@@ -592,3 +592,21 @@ def test_throughput_falling_under_load_is_not_at_capacity(tmp_path):
         return r
     d = json.loads(cli(_recording(tmp_path, "sgl2.prom", steady), "--format", "json", "--fail-on", "never").stdout)
     assert [x for x in d["findings"] if x["id"] == "capacity-saturation"]
+
+
+def test_training_loop_fragmentation_gets_a_training_jobs_knobs():
+    # meta-llama/llama-cookbook#320: 10.08 GiB asked, 687.12 MiB free of 22.20 GiB; 9.71 GiB allocated + 10.61 GiB
+    # stranded = 20.32 GiB reserved (52 % stranded): 10.08 GiB + 64 MiB - 687.12 MiB = 9.47 GiB lacked, the stranded
+    # bytes cover it; "Process 40666 has 21.53 GiB" is this process (in a container). The traceback runs through
+    # loss.backward() and torch/autograd/: a training loop
+    d = _logs(DATA / "torch_oom_llamacookbook320_training_fragmentation.log")
+    (o,) = d["log"]["ooms"]
+    assert o["verdict"] == "fragmentation" and o["self_listed_pid"] == 40666
+    assert o["fragmentation_ratio"] == pytest.approx(10.61 / (9.71 + 10.61), abs=1e-3)
+    assert o["unmet_bytes"] == pytest.approx(10.08 * GIB + 64 * MIB - 687.12 * MIB, abs=1)
+    assert d["log"]["job_kind"] == "training"
+    acts = " ".join(d["findings"][0]["playbook"]["actions"])
+    assert "Restart the program" in acts and "expandable_segments" in acts
+    assert "--gpu-memory-utilization" not in acts and "rolling" not in acts.lower() and "replica" not in acts.lower()
+    assert _size(DATA / "torch_oom_llamacookbook320_training_fragmentation.log")["outcome"]["oom_verdict"] == \
+        "fragmentation"
