@@ -174,7 +174,7 @@ def _param_duration(q: dict, name: str, default: float | None) -> float | None:
     except (ConfigError, ValueError, OverflowError):
         raise BadRequest(f"{name}: expected a duration like 30s, 5m, 1h, got {_shown(v)}") from None
     if not (math.isfinite(d) and d <= MAX_SPAN_S):
-        raise BadRequest(f"{name}: {_shown(v)} is longer than a year")
+        raise BadRequest(f"{name}: at most 366d (a year), got {_shown(v)}")
     return d
 
 
