@@ -164,6 +164,11 @@ def _print_summary(s: dict, out, startup_seen: bool = False) -> None:
     cap = s["kv_capacity"]
     w = out.write
     w(f"\nEngine log: {s['source']}  ({s['events']} events; {', '.join(s['engines']) or 'no engine lines'})\n")
+    kind = s.get("job_kind")
+    if kind:
+        w(f"  Job: {kind}" + (" (no serving engine's own lines: a training loop, a notebook or an application print "
+                              "the same PyTorch messages; actions name both kinds of knob)" if kind == "unknown" else "")
+          + "\n")
     if cap:
         where = "; ".join(x for x in (cap["tokens_source"] or ("tokens not logged (block size unknown)"
                                                                if cap["blocks"] is not None else None),
