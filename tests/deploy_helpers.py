@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import json
 import os
 import shutil
 
@@ -39,7 +40,13 @@ needs_helm = pytest.mark.skipif(not helm_available(),
 
 
 def render(values: dict | None = None) -> dict[str, str]:
-    return render_py.render(values or {})
+    return dict(_render(json.dumps(values or {}, sort_keys=True)))
+
+
+@functools.lru_cache(maxsize=None)
+def _render(values_json: str) -> tuple:
+    """One Helm render per distinct set of values in a test session (a render takes ~0.3 s)."""
+    return tuple(render_py.render(json.loads(values_json)).items())
 
 
 def objects(values: dict | None = None) -> list[dict]:
