@@ -610,3 +610,12 @@ def test_training_loop_fragmentation_gets_a_training_jobs_knobs():
     assert "--gpu-memory-utilization" not in acts and "rolling" not in acts.lower() and "replica" not in acts.lower()
     assert _size(DATA / "torch_oom_llamacookbook320_training_fragmentation.log")["outcome"]["oom_verdict"] == \
         "fragmentation"
+
+
+def test_size_names_the_jobs_knobs_when_the_log_is_not_vllm_or_sglang():
+    rec = _size(DATA / "tgi_issue866_shard_oom.log")  # text_generation_launcher lines: TGI
+    note = next(n for n in rec["notes"] if n.startswith("this log is TGI"))
+    assert "--cuda-memory-fraction" in note and "--max-batch-total-tokens" in note and not rec["settings"]
+    rec = _size(DATA / "torch_oom_llamacookbook320_training_fragmentation.log")  # loss.backward(): a training loop
+    assert any(n.startswith("this log is a training loop's") and "gradient accumulation" in n for n in rec["notes"])
+    assert not any("--gpu-memory-utilization in force" in m for m in rec["missing"])

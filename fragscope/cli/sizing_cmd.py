@@ -144,7 +144,8 @@ def size_from_log(log_path: str, recording: str | None = None, margin_gib: float
 
     acc = parse_startup(_lines(log_path))
     try:  # second pass: the log's own stats lines (KV usage, queue, preemptions), dated by the file's mtime
-        events = read_log_file(log_path).events
+        info = read_log_file(log_path)
+        events = info.events
     except LogInputError as e:
         fail(f"size: {log_path}: {e}")
     rt: dict = runtime_from_log_events(events, since_line=acc.first_line)
@@ -162,7 +163,10 @@ def size_from_log(log_path: str, recording: str | None = None, margin_gib: float
         except OSError as e:
             fail(f"size: cannot read {recording}: {e.strerror or e}")
     cfg = SizingConfig() if margin_gib is None else SizingConfig(margin_min_bytes=margin_gib * GIB, margin_ratio=0.0)
-    rec = recommend(acc, rt, cfg, target_concurrency=target_concurrency, target_len=target_len)
+    from ..collectors.enginelog.jobkind import job_kind
+
+    kind = job_kind(info.job_markers, {e.source for e in events})
+    rec = recommend(acc, rt, cfg, target_concurrency=target_concurrency, target_len=target_len, job_kind=kind)
     return acc, rt, rec
 
 

@@ -25,6 +25,7 @@ import math
 from .arith import (CASES, GIB, MEMORY_ELSEWHERE, MIB, POOL_TOO_SMALL, RUNTIME_OOM, STARTUP_OOM,  # noqa: F401
                     Recommendation, SizingConfig, _ceiling, _elsewhere, oom_cause, _pool_pressure, _total, _budget, ceil_step,
                     g, t4, tokens_per_sequence)
+from ..collectors.enginelog.jobkind import KNOBS
 from ..signals import primary
 from .failures import _vllm_runtime_oom, _vllm_startup_failure
 from .sglang import sglang as _sglang
@@ -33,8 +34,10 @@ from .startup import StartupAccounting
 
 # ---------------------------------------------------------------------------------------------
 def recommend(acc: StartupAccounting, runtime: dict | None = None, cfg: SizingConfig = SizingConfig(),
-              target_concurrency: int | None = None, target_len: int | None = None) -> Recommendation:
-    """The recommendation for one engine: which case applies, what to set, and the arithmetic."""
+              target_concurrency: int | None = None, target_len: int | None = None,
+              job_kind: str | None = None) -> Recommendation:
+    """The recommendation for one engine: which case applies, what to set, and the arithmetic. ``job_kind``
+    (collectors/enginelog/jobkind.py) names the program when the log shows no vLLM or SGLang line."""
     runtime = runtime or {}
     rec = Recommendation(engine=acc.engine)
     if not acc.has_accounting:
@@ -45,7 +48,7 @@ def recommend(acc: StartupAccounting, runtime: dict | None = None, cfg: SizingCo
     _current(acc, rec)
     f = acc.failure or {}
     if acc.engine is None and f.get("kind") == "oom" and not f.get("phase"):
-        _unknown_program_oom(acc, f, cfg, rec)
+        _unknown_program_oom(acc, f, cfg, rec, job_kind)
         return rec
     if acc.engine == "sglang":
         _sglang(acc, runtime, cfg, rec, target_concurrency, target_len)
@@ -56,17 +59,22 @@ def recommend(acc: StartupAccounting, runtime: dict | None = None, cfg: SizingCo
     return rec
 
 
-def _unknown_program_oom(acc, f: dict, cfg, rec: Recommendation) -> None:
+def _unknown_program_oom(acc, f: dict, cfg, rec: Recommendation, job_kind: str | None = None) -> None:
     """A PyTorch OOM in a log without any serving engine's line: the program that failed is not known to be
     vLLM or SGLang (a training loop, a notebook, a desktop application print the same message), so no engine
     flag is computed; its cause is judged as diagnose logs judges it."""
     rec.status = "inconclusive"
     oom_cause(f, rec)
     _elsewhere(acc, {}, _total(acc), cfg, rec)
-    rec.notes.append("no serving engine's start-up lines (vLLM, SGLang) in this log, so what produced it is unknown: "
-                     "--gpu-memory-utilization / --mem-fraction-static apply only if a serving engine did; for a "
-                     "plain PyTorch program or a training loop the knobs are its batch size, sequence length, "
-                     "precision or quantization, and what else runs on the GPU")
+    k = KNOBS.get(job_kind or "unknown") if job_kind not in (None, "unknown", "vllm", "sglang") else None
+    if k is not None:
+        rec.notes.append(f"this log is {k['name']}'s, not vLLM's or SGLang's: their flags do not apply; its knobs: "
+                         + "; ".join(x for x in (k.get("memory"), k.get("load"), k.get("length"), k.get("extra")) if x))
+    else:
+        rec.notes.append("no serving engine's start-up lines (vLLM, SGLang) in this log, so what produced it is "
+                         "unknown: --gpu-memory-utilization / --mem-fraction-static apply only if a serving engine did; "
+                         "for a plain PyTorch program or a training loop the knobs are its batch size, sequence "
+                         "length, precision or quantization, and what else runs on the GPU")
     rec.missing.append("the engine's start-up log around the OOM, if a serving engine produced it (start-up or run "
                        "time cannot be told from the OOM alone; diagnose logs FILE judges its cause)")
 
