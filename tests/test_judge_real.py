@@ -619,3 +619,8 @@ def test_size_names_the_jobs_knobs_when_the_log_is_not_vllm_or_sglang():
     rec = _size(DATA / "torch_oom_llamacookbook320_training_fragmentation.log")  # loss.backward(): a training loop
     assert any(n.startswith("this log is a training loop's") and "gradient accumulation" in n for n in rec["notes"])
     assert not any("--gpu-memory-utilization in force" in m for m in rec["missing"])
+
+
+def test_diagnose_logs_points_an_nvidia_smi_table_to_its_reader():
+    r = cli("logs", COL / "nvidia_smi_table_crosse2_unlisted.txt")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "diagnose nvidia-smi FILE" in r.stderr

@@ -198,5 +198,9 @@ def describe_text(head: str) -> str:
     prom = sum(1 for x in lines if x.startswith(("# HELP", "# TYPE", "# EOF")) or _PROM_LINE.match(x))
     if prom >= max(1, len(lines) // 2):
         return "Prometheus / OpenMetrics text (a /metrics scrape or recording: use diagnose FILE)"
+    from ..nvsmi_table import looks_like_table
+
+    if looks_like_table(head):
+        return "nvidia-smi's table (memory used / total per GPU and per process): read it with: diagnose nvidia-smi FILE"
     sample = first[:60] + ("…" if len(first) > 60 else "")
     return f"plain text without any vLLM, SGLang or PyTorch OOM line (first line: {sample!r})"
