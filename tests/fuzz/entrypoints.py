@@ -137,7 +137,7 @@ def _ort_runs(d: Path, k: int) -> list[str]:
 
 
 def _ort_bomb(d: Path, k: int) -> list[str]:
-    return _ort(d, "ort_bomb.json.gz", _gzip_newlines((64 << 20) * k))
+    return _ort(d, "ort_bomb.json.gz", _gzip_newlines((16 << 20) * k))
 
 
 # --- engine logs (diagnose logs, fragscope size) ----------------------------------------------------
@@ -173,7 +173,7 @@ def _zero_gpu(cmd: str) -> Callable[[Path, int], list[str]]:
 
 
 def _log_newlines(d: Path, k: int) -> list[str]:
-    return ["logs", _write(d, "newlines.log.gz", _gzip_newlines((400 << 20) * k // 4))]
+    return ["logs", _write(d, "newlines.log.gz", _gzip_newlines((25 << 20) * k))]
 
 
 # --- kv-budget --model-config --------------------------------------------------------------------------

@@ -119,12 +119,20 @@ def hostile_server():
     srv.server_close()
 
 
+def _url_case(url: str, out: Path, fmts=("human", "json")) -> None:
+    short = ["--duration", "2s", "--interval", "1s"]
+    _check([url, *short], "diagnose", fmts)
+    _check([url, *short, "--html", str(out / "r.html")], "diagnose", fmts=(None,))
+
+
+def test_diagnose_url_against_a_hostile_page(hostile_server, tmp_path):
+    _url_case(hostile_server + "/label/metrics", tmp_path, fmts=("json",))
+
+
+@pytest.mark.e2e
 @pytest.mark.parametrize("path", sorted(HOSTILE_PAGES))
 def test_diagnose_url_against_a_hostile_server(path, hostile_server, tmp_path):
-    url = hostile_server + path
-    short = ["--duration", "2s", "--interval", "1s"]
-    _check([url, *short], "diagnose")
-    _check([url, *short, "--html", str(tmp_path / "r.html")], "diagnose", fmts=(None,))
+    _url_case(hostile_server + path, tmp_path)
 
 
 # --- scaling: time and peak memory linear in the input (long run) ---------------------------------
@@ -149,3 +157,29 @@ def test_time_and_memory_grow_linearly(name, tmp_path):
     assert t16 <= 8 * t4 + 2.0, (name, got)
     assert m16 <= 8 * m4, (name, got)
     json.dumps(got)
+
+
+# --- the minimised reproducers of these classes (tests/fuzz/repro/README.md) ----------------------------
+def _repro_argv(path: Path, out: Path) -> tuple[list[str], str, tuple]:
+    entry = path.name.split("--")[0]
+    p = str(path)
+    return {
+        "scrape": (["scrape", p], "diagnose", ("human", "json")),
+        "html": ([p, "--html", str(out / "r.html")], "diagnose", (None,)),
+        "triton-batching": (["triton-batching", "--config", p, str(entrypoints.TRITON_PAGE), "--model", "tensorrt_llm"],
+                            "diagnose", ("human", "json")),
+        "ort-profile": (["ort-profile", p], "diagnose", ("human", "json")),
+        "kv-budget": (["kv-budget", "--model-config", p, "--gpu-memory-gib", "80", "--weights-gib", "16"], "fragscope",
+                      ("human", "json")),
+        "size": (["size", "--log", p], "fragscope", ("human", "json")),
+    }[entry]
+
+
+REPROS = sorted(p for p in harness.REPRO_DIR.iterdir()
+                if p.name.split("--")[0] in ("scrape", "html", "triton-batching", "ort-profile", "kv-budget", "size"))
+
+
+@pytest.mark.parametrize("path", REPROS, ids=[p.name for p in REPROS])
+def test_reproducers_of_every_entry_point(path, tmp_path):
+    argv, prog, fmts = _repro_argv(path, tmp_path)
+    _check(argv, prog, fmts)
