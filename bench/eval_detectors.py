@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.special import ndtr
 
+import eval_host  # bench/eval_host.py, beside this script
 from fragscope.model import SeriesKey, Window, make_labels
 from fragscope.pipeline import diagnose
 from fragscope.playbooks import REGISTRY
@@ -166,6 +167,7 @@ class Pod:
             self.engines[-1].h = self.engines[-1].max_num_seqs * float(rng.uniform(1.5, 4.0))
         # perturbations, filled by the family functions (per engine unless noted)
         ones = np.ones(self.M)
+        self.extra_cols: list = []  # callables(cols, types, put, ts_e, ts_g) run at export (eval_host.py)
         self.demand_mult = [ones.copy() for _ in self.engines]
         self.prompt_mult = [ones.copy() for _ in self.engines]
         self.gen_mult = [ones.copy() for _ in self.engines]
@@ -523,6 +525,8 @@ class Pod:
                     put("fragscope_kernel_gap_seconds", {"gpu": str(g), "quantile": "0.5"}, tk, p50, "summary")
                     put("fragscope_kernel_gap_seconds", {"gpu": str(g), "quantile": "0.99"}, tk, p99, "summary")
                     put("fragscope_gpu_idle_ratio", {"gpu": str(g)}, tk, np.round(idl, 3), "gauge")
+        for add in self.extra_cols:  # bench/eval_host.py: host / hardware series, a stall's frozen counters
+            add(cols, types, put, ts_e, ts_g)
         return Window.from_columns(cols, source="eval_detectors", types=types)
 
     def _hist(self, put, name, lab, te, n_per_s, cdf, le, sum_per_s, seg_cum, off):
@@ -576,7 +580,7 @@ def timing_window(rng, timing: str, dur_s: float):
 
 PRIMARY = {  # the signal group a family cannot be judged without (never removed for that family)
     "allocator-fragmentation": "torch", "memory-leak": "torch|gpu", "clock-throttling": "gpu",
-    "launch-bound": "kernel|gpu",
+    "launch-bound": "kernel|gpu", **eval_host.PRIMARY,
 }
 
 
@@ -585,7 +589,7 @@ def make_pod(case: Case, rng: np.random.Generator, *, quick: bool) -> Pod:
     step = p.setdefault("step", float(rng.choice([1, 5, 10, 15, 15, 30, 60])))
     hours_max = 1.5 if step < 5 else (8.0 if not quick else 4.0)
     dur_h = p.setdefault("hours", round(float(rng.uniform(1.5, hours_max)), 2))
-    n_gpus = p.setdefault("gpus", int(rng.choice([1, 1, 2, 4, 8])))
+    n_gpus = p.setdefault("gpus", max(int(rng.choice([1, 1, 2, 4, 8])), eval_host.MIN_GPUS.get(case.family, 1)))
     n_eng = p.setdefault("engines", 2 if (n_gpus >= 2 and rng.random() < 0.2) else 1)
     version = p.setdefault("vllm", str(rng.choice(["V0", "V1", "V1"])))
     gsrc = p.setdefault("gpu_src", str(rng.choice(["fragscope", "fragscope", "dcgm", "none"])))
@@ -804,6 +808,9 @@ def apply_family(case: Case, pod: Pod, rng: np.random.Generator):
         pod.extra_preempt_pm[0] = 200.0 * g ** 2
         for gi in g0:
             pod.gap_mult[gi] = 1 + 39 * g ** 1.5
+    # every case: the container / host / hardware series, and the families beyond the GPU's memory; a random
+    # generator of their own, so the draws (and figures) of the families above are what they were
+    eval_host.apply(case, pod, np.random.default_rng([case.seed, 24]), G)
 
 
 FAMILIES = [  # family, expected id, timings, group
@@ -823,6 +830,7 @@ FAMILIES = [  # family, expected id, timings, group
     ("spike", None, ("-",), "confounder"),
     ("surge-beyond", "capacity-saturation", ("mid", "underway"), "debatable"),
     ("frag-no-probe", "allocator-fragmentation", ("mid",), "missing-primary"),
+    *eval_host.FAMILIES,  # beyond the GPU's memory (bench/eval_host.py)
 ]
 
 
@@ -854,6 +862,9 @@ def peak_used_ratio(w: Window) -> float | None:
 
 
 def companions(case: Case) -> set[str]:
+    if case.expect == "rank-straggler" and 1 - case.params.get("gap", 0.0) <= 0.82:
+        # the slow rank's clock below ~80 % of the product's maximum: clock-throttling's level rule (docs/diagnoses.md)
+        return {"clock-throttling"}
     if case.expect == "kv-cache-pressure" and case.window is not None:
         r = peak_used_ratio(case.window)
         if r is not None and 1 - r > COMPANION_HEADROOM_RATIO:

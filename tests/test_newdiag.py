@@ -209,7 +209,7 @@ def test_stalled_engine_found_with_its_duration_and_kind():
     assert stalled.detect(build_frame(_window({**_serving(waiting=40, util=1.0)}))) == []
     # nothing in flight: an idle engine makes no tokens
     assert stalled.detect(build_frame(_window({**_serving(running=0, stop_at=2)}))) == []
-    # under 20 s: a long prefill step, not a stall
+    # under 15 s: a long prefill step, not a stall
     assert stalled.detect(build_frame(_window({**_serving(stop_at=22)}))) == []
 
 
@@ -337,3 +337,47 @@ def test_stalled_family_kinds():
         (fnd,) = [f for f in diagnose(w).findings if f.id == "engine-stalled"]
         assert fnd.context["kind"] == kind and fnd.severity is Severity.CRITICAL
         assert math.isclose(fnd.onset, T0 + 8 * 3600 - 20 * 60, abs_tol=60)
+
+
+# --- NVML: the hardware fields from recorded real nvidia-smi captures --------------------------------
+def _nvml_window(data: dict) -> Window:
+    from fragscope.collectors.nvml import NvmlCollector, RecordedBackend
+    c = NvmlCollector(backend=RecordedBackend(data))
+    cols: dict = {}
+    for k in range(4):
+        r = c.collect(T0 + 5.0 * k)
+        for s in r.samples:
+            ts, vs = cols.setdefault(SeriesKey(s.name, s.labels), ([], []))
+            ts.append(s.ts)
+            vs.append(s.value)
+    return Window.from_columns(cols, source="nvml", types={})
+
+
+def test_nvml_hardware_fields_from_a_real_h100_capture():
+    import json
+    with open(os.path.join(os.path.dirname(__file__), "data", "collectors", "nvml_h100_idle_load.json")) as fh:
+        data = json.load(fh)
+    w = _nvml_window(data)
+    f = build_frame(w)
+    assert f.gpu["0"]["gpu_pcie_link_gen"][-1] == 5 and f.gpu["0"]["gpu_pcie_link_gen_max"][-1] == 5
+    assert f.gpu["0"]["gpu_row_remap_pending"][-1] == 0 and f.gpu["0"]["gpu_row_remap_failed"][-1] == 0
+    assert gpu_fault.detect(f) == []  # a healthy H100, idle then under gpu-burn
+    # the same capture with a pending row remap written in (as NVML reports one after a DBE on A100+)
+    for snap in data["timeline"]:
+        snap["devices"][0]["remapped_rows"] = {"corrected": 0, "uncorrected": 1, "pending": True, "failed": False}
+    (fnd,) = gpu_fault.detect(build_frame(_nvml_window(data)))
+    assert "row remap is pending" in fnd.summary and fnd.severity is Severity.WARNING
+
+
+def test_nvml_backend_without_hardware_calls_reports_them_unsupported():
+    from fragscope.collectors.nvml import NvmlCollector, RecordedBackend
+    from fragscope.model import Reason
+
+    class Old(RecordedBackend):
+        pcie_link = None  # an older backend without the call
+    data = {"devices": [{"uuid": "GPU-x", "name": "NVIDIA A100", "utilization": {"gpu": 50, "memory": 10}}]}
+    r = NvmlCollector(backend=Old(data)).collect(T0)
+    miss = {m.name: m.reason for m in r.missing}
+    assert miss["fragscope_gpu_pcie_link_gen"] is Reason.UNSUPPORTED
+    assert miss["fragscope_gpu_row_remap_pending"] is Reason.NOT_COLLECTED  # not in the recording
+    assert not any(s.name.startswith("fragscope_gpu_pcie_link") for s in r.samples)

@@ -215,7 +215,7 @@ def main() -> int:
             cg.w("cpu.cfs_quota_us", "-1")
         else:
             cg.w("cpu.max", "max 100000")
-        took, _ = wait(lambda f: "engine-cpu-starved" not in f, a.phase_s)
+        took, _ = wait(lambda f: "engine-cpu-starved" not in f, 2.5 * a.phase_s)  # the present is a minute long
         res["quota"]["seconds_to_clear_after_lifting"] = took
         # stall
         if core is None:
@@ -233,6 +233,8 @@ def main() -> int:
         # memory
         cm = Cg("memory")
         cgs.append(cm)
+        if cm.version == 1:
+            cm.w("memory.move_charge_at_immigrate", "3")  # the pages already charged move with the processes
         cm.move(tree(vllm.pid))
         time.sleep(2)
         usage = int(cm.r("memory.usage_in_bytes" if cm.version == 1 else "memory.current"))

@@ -130,6 +130,47 @@ class NvmlCollector:
                 self._trouble.ok()
         return res
 
+    @staticmethod
+    def _hardware(b, h, put, miss) -> None:
+        """ECC error counts, row remapping, retired pages, the PCIe link and its replays (gpu-hardware-fault).
+        A backend without these calls (an older recording) reports them unsupported, never zero."""
+        def call(name: str, *args):
+            fn = getattr(b, name, None)
+            if fn is None:
+                raise NotAvailable(Reason.UNSUPPORTED, f"this NVML backend has no {name}")
+            return fn(h, *args)
+
+        for unc, vol, name in ((True, True, "fragscope_gpu_ecc_uncorrected_volatile_total"),
+                               (False, True, "fragscope_gpu_ecc_corrected_volatile_total"),
+                               (True, False, "fragscope_gpu_ecc_uncorrected_aggregate_total")):
+            try:
+                put(name, call("ecc_errors", unc, vol))
+            except NotAvailable as e:
+                miss(name, e)
+        try:
+            _corr, unc_rows, pending, failed = call("remapped_rows")
+            put("fragscope_gpu_remapped_rows_uncorrectable_total", unc_rows)
+            put("fragscope_gpu_row_remap_pending", 1.0 if pending else 0.0)
+            put("fragscope_gpu_row_remap_failed", 1.0 if failed else 0.0)
+        except NotAvailable as e:
+            miss("fragscope_gpu_row_remap_pending", e)  # pre-Ampere GPUs retire pages instead
+        try:
+            put("fragscope_gpu_retired_pages_pending", 1.0 if call("retired_pages_pending") else 0.0)
+        except NotAvailable as e:
+            miss("fragscope_gpu_retired_pages_pending", e)  # Ampere and later remap rows instead
+        try:
+            gen, max_gen, width, max_width = call("pcie_link")
+            put("fragscope_gpu_pcie_link_gen", gen)
+            put("fragscope_gpu_pcie_link_gen_max", max_gen)
+            put("fragscope_gpu_pcie_link_width", width)
+            put("fragscope_gpu_pcie_link_width_max", max_width)
+        except NotAvailable as e:
+            miss("fragscope_gpu_pcie_link_gen", e)
+        try:
+            put("fragscope_gpu_pcie_replays_total", call("pcie_replays"))
+        except NotAvailable as e:
+            miss("fragscope_gpu_pcie_replays_total", e)
+
     def _device(self, i: int, now: float, res: CollectResult, xids: dict[int, list[int]] | None) -> bool:
         b = self.backend
         gpu = str(i)
@@ -233,6 +274,8 @@ class NvmlCollector:
             put("fragscope_gpu_power_watts", b.power_mw(h) / 1000.0)
         except NotAvailable as e:
             miss("fragscope_gpu_power_watts", e)
+
+        self._hardware(b, h, put, miss)
 
         if xids is not None:
             got = xids.get(i) or []

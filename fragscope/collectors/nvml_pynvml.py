@@ -142,6 +142,29 @@ class PynvmlBackend:
     def power_mw(self, h) -> int:
         return int(self._call(self._nv.nvmlDeviceGetPowerUsage, h))
 
+    def ecc_errors(self, h, uncorrected: bool, volatile: bool) -> int:
+        nv = self._nv
+        return int(self._call(nv.nvmlDeviceGetTotalEccErrors, h,
+                              nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED if uncorrected else nv.NVML_MEMORY_ERROR_TYPE_CORRECTED,
+                              nv.NVML_VOLATILE_ECC if volatile else nv.NVML_AGGREGATE_ECC))
+
+    def remapped_rows(self, h) -> tuple[int, int, bool, bool]:
+        corr, unc, pending, failed = self._call(self._nv.nvmlDeviceGetRemappedRows, h)
+        return int(corr), int(unc), bool(pending), bool(failed)
+
+    def retired_pages_pending(self, h) -> bool:
+        return bool(self._call(self._nv.nvmlDeviceGetRetiredPagesPendingStatus, h))
+
+    def pcie_link(self, h) -> tuple[int, int, int, int]:
+        nv = self._nv
+        return (int(self._call(nv.nvmlDeviceGetCurrPcieLinkGeneration, h)),
+                int(self._call(nv.nvmlDeviceGetMaxPcieLinkGeneration, h)),
+                int(self._call(nv.nvmlDeviceGetCurrPcieLinkWidth, h)),
+                int(self._call(nv.nvmlDeviceGetMaxPcieLinkWidth, h)))
+
+    def pcie_replays(self, h) -> int:
+        return int(self._call(self._nv.nvmlDeviceGetPcieReplayCounter, h))
+
     def xid_events(self) -> dict[int, list[int]] | None:
         """Drain pending XID events without waiting (timeout 0 ms): costs one ioctl when none."""
         if self._events is None:

@@ -116,6 +116,24 @@ class RecordedBackend:
     def power_mw(self, h) -> int:
         return int(self._field(h, "power_mw"))
 
+    def ecc_errors(self, h, uncorrected: bool, volatile: bool) -> int:
+        key = ("uncorrected" if uncorrected else "corrected") + ("_volatile" if volatile else "_aggregate")
+        return int(self._value(self._field(h, "ecc_errors").get(key)))
+
+    def remapped_rows(self, h) -> tuple[int, int, bool, bool]:
+        r = self._field(h, "remapped_rows")
+        return int(r["corrected"]), int(r["uncorrected"]), bool(r["pending"]), bool(r["failed"])
+
+    def retired_pages_pending(self, h) -> bool:
+        return bool(self._field(h, "retired_pages_pending"))
+
+    def pcie_link(self, h) -> tuple[int, int, int, int]:
+        r = self._field(h, "pcie_link")
+        return int(r["gen"]), int(r["max_gen"]), int(r["width"]), int(r["max_width"])
+
+    def pcie_replays(self, h) -> int:
+        return int(self._field(h, "pcie_replays"))
+
     def xid_events(self) -> dict[int, list[int]] | None:
         out: dict[int, list[int]] = {}
         any_registered = False

@@ -26,6 +26,12 @@ def judged_span(f: Frame) -> tuple[float, float]:
     return (max(f.start, f.end - p), f.end)
 
 
+def present_span(f: Frame) -> tuple[float, float]:
+    """The last minute (at least three samples)."""
+    p = max(PRESENT_S, 3 * f.step)
+    return (max(f.start, f.end - p), f.end)
+
+
 def increase(f: Frame, sig: str, span: tuple[float, float]) -> tuple[float, float]:
     """(increase of an engine-scope counter over ``span``, the seconds it covers); NaN without two samples."""
     cum = f.engine_cum.get(sig)

@@ -59,6 +59,7 @@ def detect(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive:
     agree = 0
     # the kernel's OOM killer, in the whole window (a kill is the incident, whenever in the window)
     kills, _ = increase(f, "container_oom_kills_total", (f.start, f.end))
+    lifetime = f.engine_total.get("container_oom_kills_total", math.nan)
     if math.isfinite(kills) and kills > 0:
         ev.append(Evidence("container_oom_kills_total", kills, 0.0, 0.0, "kills", (f.start, f.end),
                            "processes killed by the kernel's OOM killer in the engine's cgroup", True))
@@ -66,11 +67,25 @@ def detect(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive:
                      "engine's container")
         sev = Severity.CRITICAL
         agree += 2
-    ws = gauge(f, "container_memory_working_set_bytes", span, "max")
-    limit = gauge(f, "container_memory_limit_bytes", span, "min")
-    ratio = math.nan
-    if math.isfinite(ws) and math.isfinite(limit) and limit > 0:  # cAdvisor writes 0 for "no limit"
-        ratio = ws / limit
+    elif math.isfinite(lifetime) and lifetime > 0:
+        # killed before this window (or one scrape): the container's count since it started
+        ev.append(Evidence("container_oom_kills_total", lifetime, None, 0.0, "kills", (f.start, f.end),
+                           "since the container started, none in this window", True))
+        parts.append(f"the kernel's OOM killer ended {lifetime:.0f} process{'es' if lifetime != 1 else ''} in the "
+                     "engine's container since it started (before this window)")
+        sev = Severity.WARNING
+        agree += 1
+    # per sample: the working set against the limit in force at that moment (a container moved to another
+    # cgroup, or a limit changed, must not pair one's working set with the other's limit)
+    ws, limit, ratio = math.nan, math.nan, math.nan
+    wsx, limx = f.engine.get("container_memory_working_set_bytes"), f.engine.get("container_memory_limit_bytes")
+    if wsx is not None and limx is not None:
+        m = stats.mask(f, span) & np.isfinite(wsx) & np.isfinite(limx) & (np.nan_to_num(limx) > 0)  # cAdvisor: 0 = none
+        if m.any():
+            r = wsx[m] / limx[m]
+            k = int(np.argmax(r))
+            ratio, ws, limit = float(r[k]), float(wsx[m][k]), float(limx[m][k])
+    if math.isfinite(ratio):
         near = ratio >= cfg.limit_ratio
         ev.append(Evidence("container_memory_working_set_ratio", ratio, None, cfg.limit_ratio, "ratio", span,
                            f"{fmt_bytes(ws)} of a {fmt_bytes(limit)} limit", near))

@@ -37,6 +37,9 @@ class Config:
     demand_share: float = 0.8  # requests running >= 1 for 80 % of the recent window
     sparse_recent_s: float = 45 * 60.0  # kernel stats come every ~10 min: look back further
     host_wait_gap_s: float = 30e-6  # HTA consecutive_kernel_delay: shorter gaps are kernel waits
+    # A GPU under 5 % busy while another GPU of the pod is busy runs none of the engine's kernels (a spare,
+    # a stage with nothing to do): a launch-bound engine slows every one of its GPUs alike.
+    idle_by_design: float = 0.05
 
 
 def _recent_sparse(f: Frame, x: np.ndarray, span_s: float) -> float:
@@ -67,12 +70,17 @@ def detect(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive:
     kv = common.kv_fact(f, sp)
     out = []
     suspects = []
+    utils = {g: stats.nanmedian(f.gpu[g]["gpu_utilization_ratio"][stats.mask(f, sp.recent)])
+             for g in f.gpus() if "gpu_utilization_ratio" in f.gpu[g]}
     for g in f.gpus():
         sig = f.gpu[g]
         evidence = []
         agree = 0
         util = sig.get("gpu_utilization_ratio")
         u = stats.nanmedian(util[stats.mask(f, sp.recent)]) if util is not None else math.nan
+        if math.isfinite(u) and u < cfg.idle_by_design and any(
+                v >= cfg.util_low for h, v in utils.items() if h != g and math.isfinite(v)):
+            continue  # a GPU doing nothing beside busy peers is not the engine's (a spare): not waiting on the host
         low_util = math.isfinite(u) and u <= cfg.util_low
         if math.isfinite(u):
             evidence.append(Evidence("gpu_utilization_ratio", u, None, cfg.util_low, "ratio", sp.recent,

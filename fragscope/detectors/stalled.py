@@ -32,9 +32,10 @@ PROGRESS = ("generation_tokens_total", "prompt_tokens_total", "request_success_t
 @dataclass(frozen=True)
 class Config:
     # A decode step is 10-100 ms and a chunked-prefill step at most a few seconds (vLLM's default chunk is
-    # 2,048-8,192 tokens); 20 s without one token while requests are in flight is no slow step. Short
-    # enough that the alert comes within half a minute of the stall.
-    stall_s: float = 20.0
+    # 2,048-8,192 tokens: a 100k-token prompt is ~13 steps, ~10 s on an H100); 15 s without one token while
+    # requests are in flight is no slow step. Short enough that the agent says so within half a minute of
+    # the stall (its watch pass looks every few seconds; a real vLLM stopped under load: docs/e2e.md).
+    stall_s: float = 15.0
     critical_s: float = 60.0  # a minute: every request in flight has missed any reasonable deadline
     util_spin: float = 0.90  # GPUs pegged with no progress: a collective that never completes
     util_idle: float = 0.10  # GPUs idle with no progress: the host side hangs

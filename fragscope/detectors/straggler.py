@@ -21,7 +21,7 @@ from ..model import Evidence, Finding, Inconclusive, Severity
 from ..promql import AlertRule, num
 from . import common, stats
 from .frame import Frame
-from .host_common import judged_span
+from .host_common import judged_span, present_span
 
 ID = "rank-straggler"
 REQUIRES = ("gpu_sm_clock_hertz",)
@@ -47,6 +47,19 @@ def _med(f: Frame, g: str, s: str, span) -> float:
     return stats.nanmedian(x[stats.mask(f, span)]) if x is not None else math.nan
 
 
+def _gaps(f: Frame, gpus: list[str], span, cfg: Config) -> dict[str, float]:
+    """Each busy GPU's clock gap to the median of its busy peers over ``span``."""
+    clk = {g: _med(f, g, "gpu_sm_clock_hertz", span) for g in gpus}
+    util = {g: _med(f, g, "gpu_utilization_ratio", span) for g in gpus}
+    busy = [g for g in gpus if math.isfinite(clk[g]) and (not math.isfinite(util[g]) or util[g] >= cfg.util_busy)]
+    out = {}
+    for g in busy:
+        peers = [clk[p] for p in busy if p != g]
+        if peers and float(np.median(peers)) > 0:
+            out[g] = 1 - clk[g] / float(np.median(peers))
+    return out
+
+
 def detect(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive:
     gpus = [g for g in f.gpus() if f.has_gpu(g, "gpu_sm_clock_hertz")]
     if len(gpus) < 2:
@@ -54,6 +67,12 @@ def detect(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive:
             return []  # one GPU has no peer: nothing to straggle behind
         return Inconclusive(ID, ["fragscope_gpu_sm_clock_hertz or DCGM_FI_DEV_SM_CLOCK"], "SM clock not collected")
     span = judged_span(f)
+    present = present_span(f)
+    if present != span:
+        # an incident that reached strength in the last minutes of a long window: the present decides
+        gaps_now = _gaps(f, gpus, present, cfg)
+        if gaps_now and max(gaps_now.values()) > max(_gaps(f, gpus, span, cfg).values() or [0.0]):
+            span = present
     clk = {g: _med(f, g, "gpu_sm_clock_hertz", span) for g in gpus}
     util = {g: _med(f, g, "gpu_utilization_ratio", span) for g in gpus}
     busy = [g for g in gpus if math.isfinite(clk[g]) and (not math.isfinite(util[g]) or util[g] >= cfg.util_busy)]

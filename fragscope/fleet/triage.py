@@ -105,7 +105,8 @@ LEAK_ALLOC_RATIO = 0.5 * LEAK.growth_of_base
 LEAK_USED_RATIO = 0.5 * LEAK.growth_of_total
 CHECK_IDS = tuple(c.id for c in CHECKS) + (LEAK_ID,)
 # Diagnoses the triage has no level check for: a target that passes the triage is not cleared of them.
-UNCHECKED = ("launch-bound", "capacity-saturation", "kv-block-size-mismatch")
+UNCHECKED = ("launch-bound", "capacity-saturation", "kv-block-size-mismatch", "engine-cpu-starved", "engine-stalled",
+             "rank-straggler", "gpu-hardware-fault", "host-memory-pressure")
 
 
 def _tag(expr: str, **labels: str) -> str:

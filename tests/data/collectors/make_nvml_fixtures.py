@@ -12,6 +12,12 @@ snapshot of a RecordedBackend timeline. Mapping (nvidia-smi field -> NVML call i
   temperature.gpu [C]                          -> nvmlDeviceGetTemperature
   power.draw [W]                               -> nvmlDeviceGetPowerUsage (mW)
   --query-compute-apps used_gpu_memory [MiB]  -> nvmlDeviceGetComputeRunningProcesses
+  ecc.errors.{un,}corrected.{volatile,aggregate}.total -> nvmlDeviceGetTotalEccErrors
+  remapped_rows.correctable/uncorrectable/pending/failure -> nvmlDeviceGetRemappedRows ("[N/A]" -> NOT_SUPPORTED)
+  retired_pages.pending                        -> nvmlDeviceGetRetiredPagesPendingStatus ("[N/A]" -> NOT_SUPPORTED)
+  pcie.link.gen.gpucurrent (or .current), pcie.link.gen.max, pcie.link.width.current/.max
+                                               -> nvmlDeviceGet{Curr,Max}PcieLink{Generation,Width}
+  (no PCIe replay counter in the captures: nvmlDeviceGetPcieReplayCounter stays "not in the recording")
 Run: python tests/data/collectors/make_nvml_fixtures.py [SHARED_NVIDIA_SMI_DIR]
 """
 import json
@@ -81,6 +87,28 @@ def snapshot(lines, phase, driver):
         "xid_events": [],
         "mig_mode": d.get("mig.mode.current"),
     }
+    # hardware health, where the capture has it (older drivers' query lists lack some fields)
+    def opt(key):
+        v = d.get(key)
+        return None if v is None or v.startswith("[") or v in ("N/A", "") else v
+    ecc = {k: int(opt(f)) for k, f in (("uncorrected_volatile", "ecc.errors.uncorrected.volatile.total"),
+                                       ("corrected_volatile", "ecc.errors.corrected.volatile.total"),
+                                       ("uncorrected_aggregate", "ecc.errors.uncorrected.aggregate.total"),
+                                       ("corrected_aggregate", "ecc.errors.corrected.aggregate.total")) if opt(f)}
+    if ecc:
+        dev["ecc_errors"] = ecc
+    if opt("remapped_rows.pending") is not None:
+        dev["remapped_rows"] = {"corrected": int(opt("remapped_rows.correctable")),
+                                "uncorrected": int(opt("remapped_rows.uncorrectable")),
+                                "pending": opt("remapped_rows.pending") == "Yes",
+                                "failed": opt("remapped_rows.failure") == "Yes"}
+    else:
+        dev["remapped_rows"] = NA
+    gen = opt("pcie.link.gen.gpucurrent") or opt("pcie.link.gen.current")
+    if gen and opt("pcie.link.gen.max") and opt("pcie.link.width.current") and opt("pcie.link.width.max"):
+        dev["pcie_link"] = {"gen": int(gen), "max_gen": int(opt("pcie.link.gen.max")),
+                            "width": int(opt("pcie.link.width.current")), "max_width": int(opt("pcie.link.width.max"))}
+    dev["retired_pages_pending"] = NA if opt("retired_pages.pending") is None else opt("retired_pages.pending") == "Yes"
     return {"driver_version": driver, "devices": [dev]}
 
 
