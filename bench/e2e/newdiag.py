@@ -141,8 +141,13 @@ def main() -> int:
     vllm_url = f"http://127.0.0.1:{vport}"
     agent_url = f"http://127.0.0.1:{aport}"
     try:
+        # vLLM starts inside a memory cgroup with no limit (charges do not follow a process into a new
+        # cgroup on cgroup v1); the memory phase sets its limit
+        cm = Cg("memory")
+        cgs.append(cm)
         t0 = time.monotonic()
-        vllm = start([a.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", a.model,
+        vllm = start(["sh", "-c", f'echo $$ > {cm.dir}/cgroup.procs && exec "$@"', "sh",
+                      a.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", a.model,
                       "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(vport), "--dtype", "float32",
                       "--kv-cache-memory-bytes", "64M", "--max-model-len", "1024", "--max-num-seqs", "8",
                       "--enforce-eager"], "vllm.log", env=env)
@@ -231,12 +236,6 @@ def main() -> int:
             took, _ = wait(lambda f: "engine-stalled" not in f, a.phase_s)
             res["stall"]["seconds_to_clear_after_sigcont"] = took
         # memory
-        cm = Cg("memory")
-        cgs.append(cm)
-        if cm.version == 1:
-            cm.w("memory.move_charge_at_immigrate", "3")  # the pages already charged move with the processes
-        cm.move(tree(vllm.pid))
-        time.sleep(2)
         usage = int(cm.r("memory.usage_in_bytes" if cm.version == 1 else "memory.current"))
         limit = int(usage / 0.93) // 4096 * 4096
         cm.w("memory.limit_in_bytes" if cm.version == 1 else "memory.max", str(limit))

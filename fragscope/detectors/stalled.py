@@ -66,10 +66,14 @@ def detect(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive:
         return []  # one scrape: no progress can be measured
     idx = np.flatnonzero(moved)
     first_seen = float(f.t[np.flatnonzero(seen)[0]])
-    last_progress = float(f.t[idx[-1]]) if idx.size else None
+    # the last increase shows at the grid point after it happened (a sampled counter, the agent's
+    # last-value-per-step ring): it happened within the step before that point, so the stall is counted
+    # from the point before (at most one step long: a 1 s scrape, the agent's 5 s ring)
+    last_progress = float(f.t[max(0, idx[-1] - 1)]) if idx.size else None
     since = last_progress if last_progress is not None else first_seen
     stalled_s = f.end - since
-    if stalled_s < cfg.stall_s:
+    silent_s = f.end - float(f.t[idx[-1]]) if idx.size else stalled_s  # surely without progress
+    if stalled_s < cfg.stall_s or silent_s < max(f.step, cfg.stall_s - f.step):
         return []
     during = (f.t > since) & ok
     if not during.any() or not np.all(inflight[during] >= 1):
