@@ -862,9 +862,18 @@ def peak_used_ratio(w: Window) -> float | None:
 
 
 def companions(case: Case) -> set[str]:
-    if case.expect == "rank-straggler" and 1 - case.params.get("gap", 0.0) <= 0.82:
-        # the slow rank's clock below ~80 % of the product's maximum: clock-throttling's level rule (docs/diagnoses.md)
-        return {"clock-throttling"}
+    if case.expect == "rank-straggler":
+        out = set()
+        if 1 - case.params.get("gap", 0.0) <= 0.82:
+            # the slow rank's clock below ~80 % of the product's maximum: clock-throttling's level rule
+            out.add("clock-throttling")
+        if case.params.get("cause") == "pcie":
+            out.add("gpu-hardware-fault")  # its PCIe link below its maximum under load: a hardware fault too
+        return out
+    if case.expect == "clock-throttling" and case.params.get("gpus", 1) > case.params.get("gpus_hit", 0) >= 1:
+        # one rank throttled among busy peers is the slow rank too (rank-straggler names it when no reason or
+        # heat is visible: dcgm-exporter exports no clock reason)
+        return {"rank-straggler"}
     if case.expect == "kv-cache-pressure" and case.window is not None:
         r = peak_used_ratio(case.window)
         if r is not None and 1 - r > COMPANION_HEADROOM_RATIO:
@@ -1046,7 +1055,8 @@ def main() -> int:
         hit = f"{r['hit']:>4d}" if exp else "   -"
         extra = f" (+ inconclusive: {r['inconcl']})" if fam == "frag-no-probe" else ""
         extra += f" CRASH:{r['crash']}" if r["crash"] else ""
-        extra += "".join(f" (+ {k} where the GPU kept headroom: {v})" for k, v in r["companion"].items())
+        extra += "".join(f" (+ {k} where the GPU kept headroom: {v})" if k == "kv-pool-undersized" else
+                         f" (+ {k} beside it, right by its own rule: {v})" for k, v in r["companion"].items())
         print(f"{fam + tag:26s} {str(exp or '(nothing)'):24s} {r['n']:>3d} {hit} {r['sev']['info']:>4d} "
               f"{r['sev']['warning']:>4d} {r['sev']['critical']:>4d} {fp_n:>3d} {r['fp_warn']:>5d}  {others}{extra}")
     print()

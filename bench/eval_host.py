@@ -162,7 +162,7 @@ def _host_cols(pod, put, te, r, names, quota, limit, ws0, host) -> None:
     kills = np.zeros(n)
     if host["kills"] is not None:
         gk = _lat(pod, host["kills"], te)
-        kills = np.floor(np.clip(gk, 0, 1) * r.integers(1, 4) + 0.01 * (gk > 0.5))
+        kills = (gk > 0.01) * float(r.integers(1, 4))  # the kill(s) at the onset: an event, not a ramp
     ws = np.clip(ws, 0.01, 0.999) * limit
     usage = ws + (0.99 * limit - ws) * (0.97 if host["cache"] else r.uniform(0.05, 0.3))
     if names == "fragscope":
@@ -208,7 +208,8 @@ def _hw_cols(pod, put, tg, r, hw, cols) -> None:
         width = np.full(n, 16.0)
         replays = np.full(n, float(r.integers(0, 3)))
         hit = hw["gpu"] == gi
-        on = _lat(pod, hw["g"], tg) > 0.5 if hw.get("g") is not None else np.zeros(n, bool)
+        # a fault is an event: present from the onset on (not from half-way up a ramp)
+        on = _lat(pod, hw["g"], tg) > 0.01 if hw.get("g") is not None else np.zeros(n, bool)
         f = hw["fault"]
         if f == "xid" and hit:
             xid[on] = hw["xid"]

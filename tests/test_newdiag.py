@@ -197,11 +197,11 @@ def test_runqueue_delay_alone_needs_a_serving_symptom():
 
 
 def test_stalled_engine_found_with_its_duration_and_kind():
-    # tokens stop at step 18 of 25 (5 s steps): the last increase within (t17, t18], 30-35 s without progress
+    # tokens stop at step 18 of 25 (5 s steps): the last sample that moved is step 18, 30 s before the end
     w = _window({**_serving(util=1.0, stop_at=18)})
     (fnd,) = stalled.detect(build_frame(w))
-    assert fnd.context["stalled_seconds"] == pytest.approx(35.0) and fnd.context["kind"] == "collective"
-    assert "for 35 s" in fnd.summary and "NCCL" in fnd.summary and fnd.severity is Severity.WARNING
+    assert fnd.context["stalled_seconds"] == pytest.approx(30.0) and fnd.context["kind"] == "collective"
+    assert "for 30 s" in fnd.summary and "NCCL" in fnd.summary and fnd.severity is Severity.WARNING
     w = _window({**_serving(util=0.0, stop_at=5)})
     (fnd,) = stalled.detect(build_frame(w))
     assert fnd.context["kind"] == "host" and fnd.severity is Severity.CRITICAL  # 95 s
@@ -211,6 +211,22 @@ def test_stalled_engine_found_with_its_duration_and_kind():
     assert stalled.detect(build_frame(_window({**_serving(running=0, stop_at=2)}))) == []
     # 10-15 s: a long prefill step, not a stall
     assert stalled.detect(build_frame(_window({**_serving(stop_at=23)}))) == []
+
+
+def test_stall_measured_on_raw_samples_not_the_grid():
+    """A scrape gap before the last sample, which lands just after the last grid point: the grid reads two
+    flat steps at the end, the raw samples show the tokens moved (a false stall before, the eval's surge case)."""
+    n = 25
+    ts = T0 + 60.0 * np.arange(n)
+    keep = np.ones(n, bool)
+    keep[-3:-1] = False  # two scrapes lost
+    ts = ts[keep].copy()
+    ts[-1] += 0.5  # the last scrape half a second late
+    tok = 1000.0 * np.arange(n)[keep]
+    cols = {SeriesKey("vllm:num_requests_running", make_labels(ENG)): (ts, np.full(ts.size, 30.0)),
+            SeriesKey("vllm:generation_tokens_total", make_labels(ENG)): (ts, tok)}
+    w = Window.from_columns(cols, source="test", types={"vllm:generation_tokens_total": "counter"})
+    assert stalled.detect(build_frame(w)) == []
 
 
 def test_stalled_not_reported_as_saturation():

@@ -63,6 +63,24 @@ def _pick_source(window: Window, sig_id: str, by_name: dict[str, list[Series]]
     return None, 1.0, []
 
 
+def _last_change(series: list[Series]) -> tuple[float, int]:
+    """The newest raw sample time at which any of ``series`` differed from its previous sample (NaN: none
+    moved in the window), and the fewest samples any series took since its own last change (how many
+    scrapes confirm it stood still). Raw times, not the grid's: what a stall is measured from."""
+    best, flat = math.nan, None
+    for s in series:
+        v = np.asarray(s.values)
+        if v.size < 2:
+            continue
+        idx = np.flatnonzero(v[1:] != v[:-1])
+        n_after = int(v.size - 2 - idx[-1]) if idx.size else int(v.size - 1)
+        flat = n_after if flat is None else min(flat, n_after)
+        if idx.size:
+            t = float(s.ts[idx[-1] + 1])
+            best = t if not math.isfinite(best) else max(best, t)
+    return best, (flat if flat is not None else 0)
+
+
 def build_frame(window: Window) -> Frame:
     window = derive(window)  # engine adapters' derived series (TensorRT-LLM KV usage, SGLang per-rank merge)
     by_name: dict[str, list[Series]] = {}
@@ -89,6 +107,9 @@ def build_frame(window: Window) -> Frame:
         if metric is None:
             continue
         f.sources[sig_id] = metric
+        f.last_seen[sig_id] = max((float(s.ts[-1]) for s in series if len(s)), default=math.nan)
+        if sig.kind == "counter":
+            f.last_change[sig_id], f.flat_samples[sig_id] = _last_change(series)
         if sig.kind == "info":
             for s in series:
                 f.config.update({k: v for k, v in s.key.labels})

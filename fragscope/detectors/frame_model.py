@@ -37,6 +37,11 @@ class Frame:
     gpu_model: dict[str, str] = field(default_factory=dict)  # gpu -> product name (DCGM modelName label)
     points: int = 0  # samples of the longest series, counted up to 3 (1 = a single scrape)
     hist_lifetime: set[str] = field(default_factory=set)
+    # signal id -> the newest raw sample's time: whether a source still answers at the window's end (values
+    # in the grid are carried up to three steps past their last sample)
+    last_seen: dict[str, float] = field(default_factory=dict)
+    last_change: dict[str, float] = field(default_factory=dict)  # counter id -> newest raw sample that moved
+    flat_samples: dict[str, int] = field(default_factory=dict)  # counter id -> scrapes since its last move
     rates_known: bool = True  # False: scrapes without timestamps and no known interval: counts, not rates  # hist_avg taken from lifetime totals (one scrape)
 
     @property

@@ -24,6 +24,7 @@ from ..model import Evidence, Finding, Inconclusive, Severity
 from ..promql import AlertRule
 from ..signals import any_of
 from . import stats
+from .host_common import judged_span
 from .frame import Frame
 
 ID = "gpu-hardware-fault"
@@ -72,11 +73,11 @@ def _last(x: np.ndarray | None) -> float:
     return float(v[-1]) if v.size else math.nan
 
 
-def _increase(f: Frame, g: str, sig: str) -> float:
+def _increase(f: Frame, g: str, sig: str, span: tuple[float, float] | None = None) -> float:
     c = f.gpu_cum.get(g, {}).get(sig)
     if c is None:
         return math.nan
-    v = stats.finite(c)
+    v = stats.finite(c if span is None else c[stats.mask(f, span)])
     return float(v[-1] - v[0]) if v.size >= 2 else math.nan
 
 
@@ -148,10 +149,11 @@ def _gpu(f: Frame, g: str, cfg: Config) -> Finding | None:
     if link is not None:
         faults.append(link[0])
         ev.append(link[1])
+    recent = judged_span(f)
     for s, per_min, what in (("gpu_pcie_replays_total", cfg.pcie_replays_per_min, "PCIe replays"),
                              ("gpu_nvlink_errors_total", cfg.nvlink_errors_per_min, "NVLink CRC errors")):
-        inc = _increase(f, g, s)
-        dur = f.end - f.start
+        inc = _increase(f, g, s, recent)  # the rate now, not diluted over a long window
+        dur = recent[1] - recent[0]
         if math.isfinite(inc) and inc > 0 and dur > 0:
             rate = inc / dur * 60.0
             hot = rate >= per_min
@@ -171,14 +173,16 @@ def _gpu(f: Frame, g: str, cfg: Config) -> Finding | None:
 
 
 def _pcie_link(f: Frame, g: str, cfg: Config):
+    """The link below its maximum in most busy samples of the judged span (the recent one of a long window)."""
     sig = f.gpu[g]
     util = sig.get("gpu_utilization_ratio")
+    recent = stats.mask(f, judged_span(f))
     for cur_s, max_s, what in (("gpu_pcie_link_gen", "gpu_pcie_link_gen_max", "generation"),
                                ("gpu_pcie_link_width", "gpu_pcie_link_width_max", "width")):
         cur, mx = sig.get(cur_s), sig.get(max_s)
         if cur is None or mx is None:
             continue
-        m = np.isfinite(cur) & np.isfinite(mx)
+        m = np.isfinite(cur) & np.isfinite(mx) & recent
         if util is not None:
             busy = m & (np.nan_to_num(util) >= cfg.util_busy)
         else:

@@ -40,6 +40,7 @@ class Config:
     util_spin: float = 0.90  # GPUs pegged with no progress: a collective that never completes
     util_idle: float = 0.10  # GPUs idle with no progress: the host side hangs
     cpu_idle: float = 0.02  # the engine processes used < 2 % of a core: stopped or blocked, not spinning
+    flat_scrapes: int = 2  # scrapes of the token counter since it last moved
 
 
 def detect(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive:
@@ -54,31 +55,28 @@ def detect(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive:
     ok = np.isfinite(run)
     if not ok.any() or not ok[-1]:
         return []  # no current scrape: the source is down, which the agent reports apart
-    # the last grid point where any progress counter moved
-    moved = np.zeros(f.t.size, dtype=bool)
-    seen = np.zeros(f.t.size, dtype=bool)
-    for c in cums.values():
-        fin = np.isfinite(c)
-        seen |= fin
-        d = np.diff(np.where(fin, c, np.nan), prepend=np.nan)
-        moved |= np.nan_to_num(d, nan=0.0) > 0
-    if seen.sum() < 2:
+    # raw sample times, not the grid's (the grid may end just before the newest sample, and carries a value
+    # up to three steps past its last sample: both would read as frozen counters)
+    now = max([f.end] + [f.last_seen[s] for s in ("requests_running", *cums) if math.isfinite(f.last_seen.get(s, math.nan))])
+    # the engine must still answer now: the gauge and the token counter sampled within the last scrape interval
+    fresh = now - max(f.step, f.scrape_interval) * 1.5
+    if not all(f.last_seen.get(s, -math.inf) >= fresh for s in ("requests_running", "generation_tokens_total")):
+        return []
+    moved = [f.last_change[s] for s in cums if math.isfinite(f.last_change.get(s, math.nan))]
+    last_progress = max(moved) if moved else None
+    gen = cums["generation_tokens_total"]
+    if int(np.isfinite(gen).sum()) < 2:
         return []  # one scrape: no progress can be measured
-    idx = np.flatnonzero(moved)
-    first_seen = float(f.t[np.flatnonzero(seen)[0]])
-    # the last increase shows at the grid point after it happened (a sampled counter, the agent's
-    # last-value-per-step ring): it happened within the step before that point, so the stall is counted
-    # from the point before (at most one step long: a 1 s scrape, the agent's 5 s ring)
-    last_progress = float(f.t[max(0, idx[-1] - 1)]) if idx.size else None
+    first_seen = float(f.t[np.flatnonzero(np.isfinite(gen))[0]])
     since = last_progress if last_progress is not None else first_seen
-    stalled_s = f.end - since
-    silent_s = f.end - float(f.t[idx[-1]]) if idx.size else stalled_s  # surely without progress
-    if stalled_s < cfg.stall_s or silent_s < max(f.step, cfg.stall_s - f.step):
+    stalled_s = now - since
+    # two scrapes after the last move, not one: a single repeated value can be a duplicated or cached scrape
+    if stalled_s < cfg.stall_s or f.flat_samples.get("generation_tokens_total", 0) < cfg.flat_scrapes:
         return []
     during = (f.t > since) & ok
     if not during.any() or not np.all(inflight[during] >= 1):
         return []  # nothing in flight for part of it: an idle engine makes no tokens
-    span = (since, f.end)
+    span = (since, now)
     n_run = float(np.nanmedian(run[during]))
     n_wait = float(np.nanmedian(wait[during])) if wait is not None and np.isfinite(wait[during]).any() else math.nan
     ev = [Evidence("generation_tokens_total", 0.0, None, None, "tokens", span,
