@@ -5,6 +5,11 @@ breach class with its count and smallest input (saved under tests/fuzz/repro/ wi
 
     python bench/fuzz.py --reader snapshot --n 5000 --seed 1
     python bench/fuzz.py --reader all --n 2000 --subprocess-every 20 --mem 4GiB --save-repros
+    python bench/fuzz.py --entrypoints [--scales 1,4,16] [--only ort]
+
+``--entrypoints`` runs every hostile case of tests/fuzz/entrypoints.py (each entry point: scrape,
+triton-batching, ort-profile, size, kv-budget, logs, --html) as a real process under RLIMIT_AS, and the
+cases whose input size matters at each of ``--scales``: time, peak RSS and the ratio 16x / 4x (linear: <= 4).
 
 In-process runs (the default) are bounded by a SIGALRM timer (--timeout); every --subprocess-every-th
 input also runs as a real process under RLIMIT_AS (--mem) and --sub-timeout, and the peak RSS is the
@@ -45,7 +50,12 @@ def main() -> None:
     ap.add_argument("--minimize", type=int, default=150, metavar="RUNS",
                     help="with --save-repros: shrink each class's input in at most RUNS runs (0: keep the smallest seen)")
     ap.add_argument("-v", "--verbose", action="store_true")
+    ap.add_argument("--entrypoints", action="store_true", help="the hostile cases of every entry point, with scaling")
+    ap.add_argument("--scales", default="1,4,16")
+    ap.add_argument("--only", default="", help="with --entrypoints: cases whose name holds this text")
     a = ap.parse_args()
+    if a.entrypoints:
+        sys.exit(entrypoints(a))
     harness.BOMB_MIB = a.bomb_mib
     readers = harness.READERS if a.reader == "all" else (a.reader,)
     import fragscope
@@ -88,6 +98,40 @@ def main() -> None:
             print(f"          {last[:200]}")
         total_breaches += rep.crashes + rep.hangs
     sys.exit(1 if total_breaches else 0)
+
+
+def entrypoints(a) -> int:
+    import tempfile
+    from pathlib import Path
+
+    import entrypoints as ep
+
+    scales = [int(x) for x in a.scales.split(",")]
+    bad = 0
+    print(f"{'case':<48} {'scale':>5} {'input MB':>9} {'exit':>4} {'seconds':>8} {'peak MiB':>8}  verdict")
+    with tempfile.TemporaryDirectory(prefix="fragscope-entry-") as tmp:
+        for case in ep.CASES:
+            if a.only and a.only not in case.name:
+                continue
+            rows = []
+            for k in (scales if case.scales else scales[:1]):
+                d = Path(tmp) / f"{case.name}-{k}"
+                d.mkdir()
+                argv = case.make(d, k)
+                size = sum(os.path.getsize(x) for x in argv if os.path.isfile(x))
+                fmt = "human" if "--html" in argv else "json"
+                o = harness.run_subprocess(argv + ([] if "--html" in argv else ["--format", fmt]),
+                                           timeout_s=a.sub_timeout, mem_bytes=_size(a.mem), prog=case.prog)
+                verdict = harness.judge(o, fmt) or "ok"
+                bad += verdict != "ok"
+                rows.append((k, o.seconds, o.peak_rss_bytes or 0))
+                print(f"{case.name:<48} {k:>4}x {size / 1e6:>9.2f} {str(o.rc):>4} {o.seconds:>8.2f} "
+                      f"{(o.peak_rss_bytes or 0) / 2**20:>8.0f}  {verdict}", flush=True)
+            if len(rows) >= 3:
+                (_, t_a, m_a), (_, t_b, m_b) = rows[-2], rows[-1]
+                print(f"{'':<48} {scales[-1]}x / {scales[-2]}x: time {t_b / max(t_a, 1e-9):.2f}, "
+                      f"peak {m_b / max(m_a, 1):.2f}", flush=True)
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":
