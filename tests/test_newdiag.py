@@ -397,3 +397,20 @@ def test_nvml_backend_without_hardware_calls_reports_them_unsupported():
     assert miss["fragscope_gpu_pcie_link_gen"] is Reason.UNSUPPORTED
     assert miss["fragscope_gpu_row_remap_pending"] is Reason.NOT_COLLECTED  # not in the recording
     assert not any(s.name.startswith("fragscope_gpu_pcie_link") for s in r.samples)
+
+
+def test_xid_45_line_from_a_real_bug_report_is_not_a_hardware_fault(tmp_path):
+    """The one Xid line NVIDIA/DCGM#235 reports from dcgm-exporter 3.3.7-3.5.0 (driver 550.127.08): newer
+    exporters label the gauge with err_code / err_msg; its value is the Xid's number (45 here, the issue
+    shows the labels only). Xid 45, preemptive cleanup after earlier errors, is in the catalogue's
+    application class: no hardware finding from it."""
+    line = ('DCGM_FI_DEV_XID_ERRORS{err_code="45", err_msg="Preemptive cleanup, due to previous errors -- Most '
+            'likely to see when running multiple cuda", job="dcgm-exporter"} 45\n')
+    p = tmp_path / "scrape.txt"
+    p.write_text("# TYPE DCGM_FI_DEV_XID_ERRORS gauge\n" + line)
+    f = build_frame(read_recording(str(p)))
+    assert f.has_gpu("0", "gpu_xid_last")
+    assert gpu_fault.detect(f) == []
+    p.write_text("# TYPE DCGM_FI_DEV_XID_ERRORS gauge\n" + line.replace('"45"', '"79"').replace("} 45", "} 79"))
+    (fnd,) = gpu_fault.detect(build_frame(read_recording(str(p))))
+    assert "Xid 79" in fnd.summary
