@@ -2,7 +2,7 @@
 """Fleet diagnosis benchmark: N pods x 6 h at 15 s in a real Prometheus, triage against full download (issue 15).
 
     python bench/bench_fleet.py [--sizes 20,50,100,200] [--hours 6] [--baseline-max 100] [--rules] [--keep DIR]
-    python bench/bench_fleet.py --pods 2000 --hours 1 [--subset 200] [--queries] [--keep DIR]
+    python bench/bench_fleet.py --pods 2000 --hours 1 [--gpus 5] [--subset 200] [--queries] [--keep DIR]
 
 Generates one recording per pod (fragscope.scenarios: healthy replicas of one model with 5 incidents
 among the first 20 pods: two allocator-fragmentation, kv-cache-pressure, clock-throttling,
@@ -134,25 +134,40 @@ class Server:
             self.proc.wait(60)
 
 
+# The child's own peak RSS: VmHWM of its address space, read by the child itself as it exits. (os.wait4's
+# ru_maxrss is not it: Linux carries the forking parent's high-water mark into the child across exec, so a
+# parent holding 400 MB of generated fleet reported 427 MB for a client that peaks far lower.)
+_HWM = ("import atexit, os, sys; sys.argv[0] = 'diagnose'\n"
+        "def _hwm():\n"
+        "    with open('/proc/self/status') as f, open(os.environ['BENCH_HWM_FILE'], 'w') as o:\n"
+        "        o.write(next(l for l in f if l.startswith('VmHWM:')).split()[1])\n"
+        "atexit.register(_hwm)\n"
+        "from fragscope.cli import diagnose_main; diagnose_main()")
+
+
 def run_cli_rss(url: str, start: float, end: float, *extra: str) -> tuple[float, float, dict | None, str]:
-    """As run_cli, with the child's own peak RSS (os.wait4 on this child only)."""
-    args = [sys.executable, "-c", "import sys; sys.argv[0] = 'diagnose'; from fragscope.cli import diagnose_main; "
-            "diagnose_main()", "--prometheus", url, "--start", repr(start), "--end", repr(end),
+    """As run_cli, with the child's own peak RSS (its VmHWM at exit)."""
+    args = [sys.executable, "-c", _HWM, "--prometheus", url, "--start", repr(start), "--end", repr(end),
             "--fail-on", "never", "--format", "json", *extra]
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, \
+            tempfile.NamedTemporaryFile("r", suffix=".hwm") as hwm:
         t0 = time.perf_counter()
-        p = subprocess.Popen(args, stdout=out, stderr=err, env=dict(os.environ, PYTHONPATH=ROOT))
-        _, status, ru = os.wait4(p.pid, 0)
+        p = subprocess.run(args, stdout=out, stderr=err, env=dict(os.environ, PYTHONPATH=ROOT,
+                                                                    BENCH_HWM_FILE=hwm.name))
         wall = time.perf_counter() - t0
-        p.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0)
         err.seek(0)
         body, msg = out.read(), err.read().decode(errors="replace").strip()
+        try:
+            rss_mb = int(open(hwm.name).read()) / 1024
+        except ValueError:
+            rss_mb = float("nan")
+    del p
     try:
         doc = json.loads(body)
     except ValueError:
         doc = None
-    return wall, ru.ru_maxrss / 1024, doc, msg
+    return wall, rss_mb, doc, msg
 
 
 def summary(doc: dict | None) -> str:
@@ -183,8 +198,23 @@ def _families(text: str) -> list[tuple[str, str]]:
     return [(h, "".join(b)) for h, b in out]
 
 
+def _more_gpus(cols: dict, healthy: dict, gpus: int) -> dict:
+    """``cols`` with GPUs 1..gpus-1 added: the healthy template's GPU series (gpu="0") relabelled."""
+    out = dict(cols)
+    for g in range(1, gpus):
+        for k, v in healthy.items():
+            lab = dict(k.labels)
+            if lab.get("gpu") != "0":
+                continue
+            lab["gpu"] = str(g)
+            if "gpu_uuid" in lab:
+                lab["gpu_uuid"] = f"{lab['gpu_uuid']}-{g}"
+            out[SeriesKey(k.name, make_labels(lab))] = v
+    return out
+
+
 def big_backfill(work: str, tsdb: str, pods: int, duration: float, promtool: str, batch: int,
-                 templates: int = 20) -> tuple[float, float, float, float, int]:
+                 templates: int = 20, gpus: int = 1) -> tuple[float, float, float, float, int]:
     """A large fleet, fast: ``templates`` healthy pods and the incident pods generated once, each pod's
     text their template's with its own pod label, ``batch`` pods per OpenMetrics file (families kept
     contiguous), one promtool backfill per file. Returns (generate s, backfill s, start, end, samples)."""
@@ -197,9 +227,12 @@ def big_backfill(work: str, tsdb: str, pods: int, duration: float, promtool: str
     tmpl: dict[object, list[tuple[str, str]]] = {}
     start = end = None
     samples = 0
+    healthy0 = generate(Scenario("healthy", duration_s=duration, seed=99))[0] if gpus > 1 else {}
     for key in [("healthy", k) for k in range(templates)] + [(kind, i) for i, kind in INCIDENTS.items()]:
         kind, seed = key
         cols, types, _ = generate(Scenario(kind, duration_s=duration, seed=100 + seed))
+        if gpus > 1:
+            cols = _more_gpus(cols, healthy0, gpus)
         cols = {SeriesKey(k.name, make_labels(dict(k.labels, namespace="llm", pod=placeholder))): v
                 for k, v in cols.items()}
         buf = io.StringIO()
@@ -261,10 +294,10 @@ def big_fleet(a, prom_bin: str, promtool: str) -> int:
     tsdb = os.path.join(work, "tsdb")
     t_all = time.perf_counter()
     print(f"machine: {os.cpu_count()} cores, load average {' '.join(open('/proc/loadavg').read().split()[:3])}; "
-          f"{a.pods:,} pods x {a.hours:g} h at 15 s; incidents at pods "
+          f"{a.pods:,} pods x {a.gpus} GPU(s) x {a.hours:g} h at 15 s; incidents at pods "
           f"{', '.join(f'{pod_name(i)} ({k})' for i, k in sorted(INCIDENTS.items()))}", flush=True)
     if not os.path.isdir(tsdb) or not os.listdir(tsdb):
-        g, b, start, end, n = big_backfill(work, tsdb, a.pods, a.hours * 3600, promtool, a.batch)
+        g, b, start, end, n = big_backfill(work, tsdb, a.pods, a.hours * 3600, promtool, a.batch, gpus=a.gpus)
         with open(os.path.join(work, "span.json"), "w") as fh:
             json.dump({"start": start, "end": end, "samples": n}, fh)
         print(f"      generated in {g:.0f} s, backfilled with promtool in {b:.0f} s ({n:,} samples)", flush=True)
@@ -294,7 +327,7 @@ def big_fleet(a, prom_bin: str, promtool: str) -> int:
         runs = [(a.pods, "triage (rules)", ("--triage", "rules")),
                 (min(a.subset, a.pods), "triage (rules), subset", ("--triage", "rules", "--selector", sub))]
         if a.queries:
-            runs.append((a.pods, "triage (queries)", ("--triage", "queries")))
+            runs.append((a.pods, "triage (queries)", ("--triage", "queries", "--timeout", "600")))
         for n, label, extra in runs:
             run_cli_rss(srv.url, start, end, *extra)  # the server's page cache warm once
             c0 = _proc_cpu(srv.proc.pid)
@@ -321,6 +354,7 @@ def main() -> int:
                     help="instead: one fleet of this many pods (healthy pods from 20 generated templates), the "
                          "rules backfilled, diagnosed with the rules; e.g. --pods 2000 --hours 1")
     ap.add_argument("--batch", type=int, default=100, help="--pods: pods per promtool backfill")
+    ap.add_argument("--gpus", type=int, default=1, help="--pods: GPUs per pod (GPU and allocator series each)")
     ap.add_argument("--subset", type=int, default=200, help="--pods: also diagnose only the first N pods")
     ap.add_argument("--queries", action="store_true", help="--pods: also --triage queries (slow on the server)")
     a = ap.parse_args()
