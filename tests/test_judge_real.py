@@ -624,3 +624,15 @@ def test_size_names_the_jobs_knobs_when_the_log_is_not_vllm_or_sglang():
 def test_diagnose_logs_points_an_nvidia_smi_table_to_its_reader():
     r = cli("logs", COL / "nvidia_smi_table_crosse2_unlisted.txt")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "diagnose nvidia-smi FILE" in r.stderr
+
+
+def test_agent_log_collector_counts_a_repeated_malloc_async_oom_once(tmp_path):
+    # ComfyUI-Sharp#24's block printed twice (the exception and the traceback's last line): one OOM for the agent too
+    from fragscope.collectors.logs import LogCollector
+
+    block = (DATA / "comfyui_sharp24_malloc_async_oom.log").read_text()
+    p = tmp_path / "app.log"
+    p.write_text(block + "Traceback (most recent call last):\n" + block)
+    r = LogCollector(str(p), from_start=True).collect(1.0)
+    (ooms,) = [s.value for s in r.samples if s.name == "fragscope_log_ooms_total"]
+    assert ooms == 1.0

@@ -146,7 +146,7 @@ class LogCollector:
 
     def _samples(self, now: float, new_oom: bool, stats_engines: set[str]) -> list[Sample]:
         st = self.state
-        out = [Sample(M_OOMS, self.labels, now, float(st.ooms_total))]
+        out = [Sample(M_OOMS, self.labels, now, float(st.ooms_total - self.parser.duplicate_ooms))]
         skipped = self.bad_lines + self.startup.bad_lines  # the start-up parser skips its own bad lines
         self.dropped["log_lines"] = skipped
         if skipped:

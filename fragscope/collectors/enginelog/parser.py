@@ -49,6 +49,7 @@ class LogParser:
         self._wrap: tuple[LogEvent, str] | None = None  # a stats record cut at the end of the previous line
         self._async: LogEvent | None = None  # a cudaMallocAsync OOM whose figures follow on the next lines
         self._async_lines = 0
+        self.duplicate_ooms = 0  # cudaMallocAsync OOMs found to repeat the previous one once their figures were read
         # a message whose text goes on over the next lines (rejoin.py): its text so far, line, time and events
         self._held: tuple[str, int, float | None, int | None, list[LogEvent]] | None = None
         self._held_n = 0
@@ -152,6 +153,7 @@ class LogParser:
                                                      or abs(ev.ts - last[1]) <= self.OOM_REPEAT_SECONDS)):
             last[2].fields["repeats"] = last[2].fields.get("repeats", 1) + 1
             ev.fields["duplicate"] = True
+            self.duplicate_ooms += 1  # already emitted (its figures came after it): counters subtract it
             return
         self._last_async = (sig, ev.ts, ev)
 
