@@ -193,7 +193,8 @@ def _print_summary(s: dict, out, startup_seen: bool = False) -> None:
         w(f"  OOM {fmt_ts(o['time'])} line {o['line']} (PyTorch {o['wording']}): asked "
           f"{fmt_value(o['requested_bytes'], 'bytes')}, free {fmt_value(o['free_bytes'], 'bytes')}, reserved-unallocated "
           f"{fmt_value(o['reserved_unallocated_bytes'], 'bytes')}, held outside PyTorch "
-          f"{fmt_value(o.get('held_outside_pytorch_bytes'), 'bytes')} → {o['verdict']}\n")
+          f"{fmt_value(o.get('held_outside_pytorch_bytes'), 'bytes')} → {o['verdict']}"
+          + (f" ({o['judged_by']})" if o.get("judged_by") else "") + "\n")
     st = s["stats"]
     if st["count"]:
         parts = []
