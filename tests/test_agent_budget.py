@@ -62,6 +62,7 @@ def _s(name: str, i: int | str, ts: float = 1.0, **extra: str) -> Sample:
 # --- admission ----------------------------------------------------------------------------------
 def test_churning_series_are_capped_and_the_followed_ones_keep_their_place():
     b = SeriesBudget(Limits(max_series_per_collector=100))
+    b.grace = 1  # a series missing for one run may be replaced
     steady = [_s("vllm:num_requests_waiting", f"s{i}") for i in range(10)]
     assert b.admit(steady) == steady
     for run in range(5):
@@ -73,6 +74,20 @@ def test_churning_series_are_capped_and_the_followed_ones_keep_their_place():
         assert b.series == 100
     assert b.dropped["series_limit"] == 5 * 410
     assert b.forgotten == 4 * 90  # last run's churn forgotten to make room for this run's
+
+
+def test_churn_stops_costing_new_entries_until_the_grace_has_passed():
+    b = SeriesBudget(Limits(max_series_per_collector=100))
+    steady = [_s("m", f"s{i}") for i in range(10)]
+    first = b.admit(steady + [_s("m", f"r0-{i}") for i in range(500)])
+    assert len(first) == 100
+    held = {s.labels for s in first}
+    for run in range(1, b.grace):  # churn: every new series dropped, the held ones kept, no replacement
+        out = b.admit(steady + [_s("m", f"r{run}-{i}") for i in range(500)])
+        assert out == steady and b.forgotten == 0
+    out = b.admit(steady + [_s("m", "new")])  # the first churn's series have been missing long enough
+    assert _s("m", "new") in out and b.forgotten == 1
+    assert {s.labels for s in out} - held == {_s("m", "new").labels}
 
 
 def test_labels_too_many_or_too_long_are_dropped_and_counted():

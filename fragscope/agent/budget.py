@@ -10,7 +10,7 @@ series it already follows and drops only the excess, so one hostile label cannot
 
 :class:`SeriesBudget` is one collector's admission: series with too many or too long labels are left
 out, and at most ``max_series`` distinct series are followed, the least recently seen forgotten first
-(a series seen in the current scrape is never displaced by a new one: the new one is dropped).
+(a series seen in the last GRACE_RUNS scrapes is never displaced by a new one: the new one is dropped).
 """
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ MAX_RING_SERIES = 4096
 MAX_RING_POINTS = 2_000_000  # 32 MB of float64 times and values at most
 
 REASONS = ("series_limit", "label_limit", "label_length")
+GRACE_RUNS = 30
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,11 @@ class SeriesBudget:
         self.limits = limits or Limits()
         self._seen: OrderedDict[tuple, int] = OrderedDict()  # (name, labels) -> last run it was seen in
         self._run = 0
+        # A series must have been missing for this many runs before a new one takes its place: a page whose
+        # labels churn then stops costing new long-lived entries (here, in the ring, in the history) every
+        # scrape, which fragmented the heap (~1 MB a scrape that malloc_trim could not return); a series
+        # that really went away (a restarted pid) is replaced after ~30 s at 1 s sampling.
+        self.grace = GRACE_RUNS
         self._lock = threading.Lock()
         self.dropped = dict.fromkeys(REASONS, 0)  # samples left out, by reason
         # what the collector itself left out to stay bounded (its ``dropped`` dict: lines past the line
@@ -111,7 +117,7 @@ class SeriesBudget:
                         continue
                     if len(seen) >= cap:
                         oldest, when = next(iter(seen.items()))
-                        if when == run:  # every series held was seen in this run: no room
+                        if run - when < self.grace:  # every series held was seen lately: no room
                             dropped["series_limit"] += 1
                             continue
                         del seen[oldest]

@@ -24,6 +24,9 @@ log = logging.getLogger(__name__)
 MAX_PROBE_FILES = 64
 MAX_DEVICES = 64
 MAX_LABEL = 256  # uuid, torch version, allocator settings: longer values are cut
+# A record is ~3 kB per device (probe/core.py): 256 KiB holds ~80 devices. Larger files are refused before
+# they are parsed (a 1 MB record is ~10 MB of Python objects while decoded).
+MAX_RECORD_READ = 256 * 1024
 
 
 def _num(v) -> float | None:
@@ -234,7 +237,7 @@ class TorchProbeCollector:
             sig = (st.st_ino, st.st_size, st.st_mtime_ns)
             memo = self._records.get(fname)
             if memo is None or memo[0] != sig:
-                rec = parse_record(read_untrusted(path, uids, MAX_RECORD_BYTES))
+                rec = parse_record(read_untrusted(path, uids, min(MAX_RECORD_BYTES, MAX_RECORD_READ)))
                 memo = self._records[fname] = [sig, rec, None]
             rec = memo[1]
         except FileNotFoundError:
