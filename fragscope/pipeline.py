@@ -158,9 +158,28 @@ def _add(report: Report, findings: list[Finding], frame: Frame, basis: str | Non
         report.findings.append(f)
 
 
+def suppressed(d: Diagnosis, frame: Frame) -> str | None:
+    """The first diagnosis of ``d.suppressed_by`` whose signature shows in the frame, or None."""
+    if not d.suppressed_by or frame.t.size < 2:
+        return None
+    sp = stats.spans(frame)
+    for sid in d.suppressed_by:
+        s = REGISTRY.get(sid)
+        if s is not None and s.signature is not None and s.signature(frame, sp):
+            return sid
+    return None
+
+
 def _run_one(report: Report, d: Diagnosis, frame: Frame, fn=None, basis: str | None = None) -> bool:
-    """Run one detector; True when it reported a finding."""
+    """Run one detector; True when it reported a finding. A change finding of a diagnosis whose suppressor
+    shows its signature (``suppressed_by``) is dropped."""
     res = _call(d, fn or d.detect, frame)
+    if res and not isinstance(res, Inconclusive) and (fn is None or fn is d.detect):
+        try:
+            if suppressed(d, frame):
+                res = []
+        except Exception as e:  # a signature bug must not hide the other findings
+            res = Inconclusive(d.id, [], f"suppression check failed: {type(e).__name__}: {e}")
     if isinstance(res, Inconclusive):
         if not res.missing:
             # Name what is missing from the registered requirements, in raw metric names.

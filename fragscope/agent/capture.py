@@ -25,12 +25,16 @@ from .capture_files import (MAX_TAKE_BYTES, UnsafeFile, _dir_bytes, _trace_compl
 log = logging.getLogger(__name__)
 
 KINDS = ("snapshot", "profile")
-# diagnosis id -> the captures that show "exactly where" (docs/captures.md#triggers)
-DEFAULT_TRIGGERS: dict[str, tuple[str, ...]] = {
-    "allocator-fragmentation": ("snapshot",),
-    "memory-leak": ("snapshot",),
-    "launch-bound": ("profile",),
-}
+
+
+def default_triggers() -> dict[str, tuple[str, ...]]:
+    """diagnosis id -> the captures that show "exactly where" (docs/captures.md#triggers), as each diagnosis
+    declares them (``capture=`` in its registration)."""
+    from ..playbooks import REGISTRY  # noqa: PLC0415  (the registry imports the detectors: only when capturing)
+
+    return {d.id: tuple(d.capture) for d in REGISTRY if d.capture}
+
+
 _SEV_RANK = {"info": 0, "warning": 1, "critical": 2}
 _DIR_RE = re.compile(r"^(\d{8}T\d{6}Z)-(snapshot|profile)-([0-9a-f]{6})$")
 _TRACE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz", ".json", ".json.gz")
@@ -139,7 +143,7 @@ class CaptureManager:
         self.trace_timeout = float(trace_timeout)
         self.trace_settle = float(trace_settle_seconds)
         self.profiler_dir = os.fspath(profiler_dir) if profiler_dir else None
-        self.triggers = {k: tuple(v) for k, v in (triggers or DEFAULT_TRIGGERS).items()}
+        self.triggers = {k: tuple(v) for k, v in (triggers or default_triggers()).items()}
         self.min_rank = _SEV_RANK.get(min_severity, 1)
         self.rearm_seconds = float(rearm_seconds)
         self.poll = float(poll_interval)

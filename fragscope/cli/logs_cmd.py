@@ -8,6 +8,7 @@ import time
 
 import click
 
+from .. import ids
 from .common import EXIT_OK, ByteSize, Duration, GibSize, fail
 
 FORMATS = click.Choice(["human", "json"])
@@ -333,8 +334,8 @@ def analyse_log_file(file: str, tz_offset: float = 0.0, max_bytes: int = 512 << 
             f"{info.engine_lines} engine log line(s) in {file}, none with KV capacity, stats, preemption or OOM "
             "figures (startup lines and stats lines are what the log checks read)"))
     elif summary["preemptions"]["count"] is None and summary["stats"]["count"] \
-            and not any(f.id == "kv-cache-pressure" for f in findings):
-        report.inconclusive.append(Inconclusive("kv-cache-pressure", ["preemptions_total"],
+            and not any(f.id == ids.KV_CACHE_PRESSURE for f in findings):
+        report.inconclusive.append(Inconclusive(ids.KV_CACHE_PRESSURE, ["preemptions_total"],
                                                 "this log does not report preemptions"))
     report.inconclusive.extend(x for x in judged if isinstance(x, Inconclusive))
     return report, summary, acc

@@ -33,12 +33,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .. import ids
 from ..collectors.triton_config import TritonModelConfig
 from ..model import Action, Evidence, Finding, Inconclusive, Playbook, Severity, Window
 from ..signals import SIGNALS
 from .frame import counter_increases
 
-ID = "batching-misconfiguration"
+ID = ids.BATCHING_MISCONFIGURATION
 
 
 @dataclass(frozen=True)

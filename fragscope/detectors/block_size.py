@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from .. import ids
 from ..kvbudget import VLLM_BLOCK_SIZES, block_waste
 from ..kvbudget import expected_waste_ratio as expected_waste  # noqa: F401  (re-export for old importers)
 from ..kvbudget import recommend_block_size  # noqa: F401
@@ -17,7 +18,7 @@ from ..promql import K, AlertRule, num, quote, sig as psig
 from ..signals import primary
 from .frame import Frame
 
-ID = "kv-block-size-mismatch"
+ID = ids.KV_BLOCK_SIZE_MISMATCH
 REQUIRES = ("cache_config_info", "request_prompt_tokens", "request_generation_tokens")
 CORROBORATES = ("kv_cache_usage_ratio",)
 

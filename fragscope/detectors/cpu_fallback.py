@@ -20,10 +20,11 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 
+from .. import ids
 from ..collectors.ort_profile import OrtProfile, Placement
 from ..model import Action, Evidence, Finding, Inconclusive, Playbook, Severity
 
-ID = "cpu-fallback"
+ID = ids.CPU_FALLBACK
 CPU = "CPUExecutionProvider"
 COPY_OPS = ("MemcpyToHost", "MemcpyFromHost")
 SHAPE_TYPES = {"int64", "int32", "bool"}

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import ids
 from ..model import Evidence, Finding, Inconclusive, Severity
 from ..promql import K, AlertRule, num, sig as psig
 from ..signals import any_of, primary
@@ -23,7 +24,7 @@ from . import common, stats
 from .frame import Frame
 from .host_common import gauge, increase, judged_span, runqueue_share, throttled_share
 
-ID = "engine-cpu-starved"
+ID = ids.ENGINE_CPU_STARVED
 REQUIRES = ("container_cpu_throttled_periods_total|process_runqueue_wait_seconds_total", "requests_running")
 CORROBORATES = ("container_cpu_periods_total", "container_cpu_quota_cores", "container_cpu_throttled_seconds_total",
                 "requests_waiting", "inter_token_latency_seconds", "ttft_seconds", "generation_tokens_total",

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import ids
 from ..signals import primary
 from ..model import Evidence, Finding, Inconclusive, Severity
 from ..promql import KG, PRESENT, RATE_RANGE, AlertRule, num, sig
@@ -22,7 +23,7 @@ from . import common, stats
 from . import level as lv
 from .frame import Frame
 
-ID = "allocator-fragmentation"
+ID = ids.ALLOCATOR_FRAGMENTATION
 REQUIRES = ("torch_reserved_bytes", "torch_allocated_bytes")
 CORROBORATES = ("torch_inactive_split_bytes", "torch_alloc_retries_total", "generation_tokens_total",
                 "requests_running", "preemptions_total", "kernel_gap_seconds", "gpu_utilization_ratio")
@@ -378,3 +379,9 @@ def alert_rule(cfg: Config = Config()) -> AlertRule:
         "Unusable share of the allocator's reserved memory with allocation retries (the level rule).",
         {"frag_high": cfg.frag_high, "frag_sustained": cfg.frag_sustained, "retries_per_min": cfg.retries_per_min,
          "retries_sustained_per_min": cfg.retries_sustained_per_min})
+
+
+# --- signature: what keeps the diagnoses it suppresses quiet (their SUPPRESSED_BY) -----------------------
+def signature(f: Frame, sp: stats.Spans) -> bool:
+    """The unusable share rising on any GPU."""
+    return common.any_frag_rising(f, sp)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import ids
 from ..model import Evidence, Finding, Inconclusive, Severity
 from ..promql import AlertRule
 from ..signals import any_of
@@ -27,7 +28,7 @@ from . import stats
 from .host_common import judged_span
 from .frame import Frame
 
-ID = "gpu-hardware-fault"
+ID = ids.GPU_HARDWARE_FAULT
 REQUIRES = ("gpu_xid_last|gpu_ecc_dbe_volatile_total|gpu_row_remap_pending|gpu_row_remap_failed|"
             "gpu_remapped_rows_uncorrectable_total|gpu_retired_pages_pending|gpu_pcie_link_gen|"
             "gpu_pcie_replays_total|gpu_nvlink_errors_total",)

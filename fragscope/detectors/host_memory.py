@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import ids
 from ..model import Evidence, Finding, Inconclusive, Severity
 from ..promql import AlertRule, num
 from ..signals import any_of
@@ -26,7 +27,7 @@ from . import stats
 from .frame import Frame
 from .host_common import gauge, increase, judged_span
 
-ID = "host-memory-pressure"
+ID = ids.HOST_MEMORY_PRESSURE
 REQUIRES = ("container_memory_working_set_bytes|host_memory_available_bytes|container_oom_kills_total",)
 CORROBORATES = ("container_memory_limit_bytes", "container_memory_swap_bytes", "host_memory_total_bytes",
                 "host_swap_in_bytes_total", "host_swap_out_bytes_total", "process_resident_memory_bytes")

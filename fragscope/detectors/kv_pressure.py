@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import ids
 from ..signals import any_of, primary, wanted_by_reason
 from ..model import Evidence, Finding, Inconclusive, Severity
 from ..promql import K, PRESENT, RATE_RANGE, AlertRule, num, sig
@@ -21,7 +22,7 @@ from . import common, stats
 from . import level as lv
 from .frame import Frame
 
-ID = "kv-cache-pressure"
+ID = ids.KV_CACHE_PRESSURE
 REQUIRES = ("kv_cache_usage_ratio",)
 CORROBORATES = ("preemptions_total", "requests_waiting", "ttft_seconds", "request_prompt_tokens")
 
@@ -261,3 +262,9 @@ def alert_rule(cfg: Config = Config()) -> AlertRule:
         "KV pool at the edge: usage p90 of the last minute while the scheduler preempts (any engine the signal "
         "table reads: vLLM V0/V1, Ray Serve, SGLang, engine logs, TensorRT-LLM).",
         {"kv_edge_preempting": cfg.kv_edge_preempting, "preempt_per_min": cfg.preempt_per_min})
+
+
+# --- signature: what keeps the diagnoses it suppresses quiet (their SUPPRESSED_BY) -----------------------
+def signature(f: Frame, sp: stats.Spans, cfg: Config = Config()) -> bool:
+    """Preemptions at >= preempt_per_min in the recent window: the pool ran out (not plain load)."""
+    return common.preemption_fact(f, sp, cfg.preempt_per_min).present

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import ids
 from ..signals import primary
 from ..model import Evidence, Finding, Inconclusive, Severity
 from ..promql import K, KG, PRESENT, RATE_RANGE, AlertRule, num, quote, sig
@@ -20,7 +21,7 @@ from . import common, stats
 from .frame import Frame
 from .host_common import throttled_share
 
-ID = "launch-bound"
+ID = ids.LAUNCH_BOUND
 CPU_THROTTLED_SHARE = 0.25  # cpu_starved.Config.throttled_share
 REQUIRES = ("kernel_gap_seconds|gpu_idle_ratio", "requests_running")
 CORROBORATES = ("gpu_utilization_ratio", "preemptions_total", "kv_cache_usage_ratio")

@@ -11,16 +11,17 @@ import math
 import time
 from typing import Sequence
 
+from .. import ids
 from ..collectors.enginelog.oomproc import ALLOC_SLACK_BYTES, OUTSIDE_MIN_BYTES, OUTSIDE_MIN_SHARE, judge_oom
 from ..model import Evidence, Finding, Severity
 
 GIB = 1024.0 ** 3
 
 # The diagnosis ids an OOM verdict becomes (playbooks: fragscope/playbooks/__init__.py).
-VERDICT_IDS = {"fragmentation": "allocator-fragmentation", "fragmentation-contributed": "allocator-fragmentation",
-               "capacity": "oom-capacity", "unknown": "oom-capacity", "outside-pytorch": "oom-outside-pytorch",
-               "other-process": "oom-outside-pytorch", "outside-allocator": "oom-outside-pytorch",
-               "memory-cap": "oom-memory-cap"}
+VERDICT_IDS = {"fragmentation": ids.ALLOCATOR_FRAGMENTATION, "fragmentation-contributed": ids.ALLOCATOR_FRAGMENTATION,
+               "capacity": ids.OOM_CAPACITY, "unknown": ids.OOM_CAPACITY, "outside-pytorch": ids.OOM_OUTSIDE_PYTORCH,
+               "other-process": ids.OOM_OUTSIDE_PYTORCH, "outside-allocator": ids.OOM_OUTSIDE_PYTORCH,
+               "memory-cap": ids.OOM_MEMORY_CAP}
 # re-exported: the verdict's constants live with the one judgement (collectors/enginelog/oomproc.py)
 __all__ = ["ALLOC_SLACK_BYTES", "OUTSIDE_MIN_BYTES", "OUTSIDE_MIN_SHARE", "VERDICT_IDS", "oom_summary", "oom_findings"]
 
@@ -102,7 +103,7 @@ def _fragmentation_finding(gpu: str, items: list[dict], cfg) -> Finding:
             ev.append(Evidence("log_oom_fragmentation_ratio", ratio, threshold=cfg.frag_contributing_ratio,
                                unit="ratio", note="reserved-but-unallocated / reserved",
                                agrees=ratio >= cfg.frag_contributing_ratio))
-    return Finding("allocator-fragmentation", sev, min(0.95, conf), summary, onset=items[0]["time"],
+    return Finding(ids.ALLOCATOR_FRAGMENTATION, sev, min(0.95, conf), summary, onset=items[0]["time"],
                    evidence=ev, missing=["torch_inactive_split_bytes"], subject={"gpu": gpu} if gpu else {})
 
 
@@ -128,7 +129,7 @@ def _other_finding(gpu: str, verdict: str, items: list[dict]) -> Finding:
                    f"an MPS/MIG or container memory limit){count}.")
         ev[1] = Evidence("log_oom_free_bytes", o["free_bytes"], threshold=o["requested_bytes"], unit="bytes",
                          note="free >= requested")
-        return Finding("oom-memory-cap", Severity.CRITICAL, 0.6, summary, onset=o["time"], evidence=ev,
+        return Finding(ids.OOM_MEMORY_CAP, Severity.CRITICAL, 0.6, summary, onset=o["time"], evidence=ev,
                        missing=["torch_memory_fraction"], subject=subject)
     if verdict in ("outside-pytorch", "other-process"):
         held = o["held_outside_pytorch_bytes"]
@@ -154,13 +155,13 @@ def _other_finding(gpu: str, verdict: str, items: list[dict]) -> Finding:
         if o["other_processes_bytes"] is not None:
             ev.append(Evidence("log_oom_other_processes_bytes", o["other_processes_bytes"], unit="bytes",
                                note="processes listed in the message, this process left out"))
-        return Finding("oom-outside-pytorch", Severity.CRITICAL, conf, "; ".join(parts) + count + ".",
+        return Finding(ids.OOM_OUTSIDE_PYTORCH, Severity.CRITICAL, conf, "; ".join(parts) + count + ".",
                        onset=o["time"], evidence=ev, missing=missing, subject=subject)
     if verdict == "outside-allocator":
         summary = (f"{where}: CUDA error: out of memory at {_hms(o['time'])} (line {o['line']}): a CUDA call outside "
                    f"PyTorch's caching allocator failed (NCCL, cuBLAS, CUDA graph capture, a native library); the "
                    f"message has no figures{count}.")
-        return Finding("oom-outside-pytorch", Severity.CRITICAL, 0.4, summary, onset=o["time"], evidence=ev[:1],
+        return Finding(ids.OOM_OUTSIDE_PYTORCH, Severity.CRITICAL, 0.4, summary, onset=o["time"], evidence=ev[:1],
                        missing=["oom_figures", "gpu_process_memory_bytes"], subject=subject)
     # capacity / unknown
     if verdict == "unknown":
@@ -171,7 +172,7 @@ def _other_finding(gpu: str, verdict: str, items: list[dict]) -> Finding:
         summary = (f"{where}: PyTorch OOM at {_hms(o['time'])} (line {o['line']}) {told}; the message lacks the "
                    f"{'/'.join(lacking) or 'free/total/reserved'} figure{'s' if len(lacking) != 1 else ''}, so the "
                    f"cause cannot be told apart{count}.")
-        return Finding("oom-capacity", Severity.CRITICAL, 0.3, summary, onset=o["time"], evidence=ev[:1],
+        return Finding(ids.OOM_CAPACITY, Severity.CRITICAL, 0.3, summary, onset=o["time"], evidence=ev[:1],
                        missing=[f"oom_{n}_bytes" for n in lacking] or ["oom_free_bytes", "oom_reserved_bytes"],
                        subject=subject)
     held = o["held_outside_pytorch_bytes"]
@@ -183,7 +184,7 @@ def _other_finding(gpu: str, verdict: str, items: list[dict]) -> Finding:
                            note="more than the device can hold: the figures are flagged, not used"))
         summary = (f"{where}: OOM at {_hms(o['time'])} {_figures(o)}: the figures cannot all be true: "
                    f"{o['inconsistency']}; the workload is far past the GPU's capacity{count}.")
-        return Finding("oom-capacity", Severity.CRITICAL, 0.6, summary, onset=o["time"], evidence=ev,
+        return Finding(ids.OOM_CAPACITY, Severity.CRITICAL, 0.6, summary, onset=o["time"], evidence=ev,
                        missing=["gpu_memory_used_bytes (NVML: dedicated vs shared memory)"], subject=subject)
     summary = (f"{where}: OOM at {_hms(o['time'])} {_figures(o)}: "
                + ("the request alone is larger than the GPU" if bigger else
@@ -192,15 +193,15 @@ def _other_finding(gpu: str, verdict: str, items: list[dict]) -> Finding:
                + count + ".")
     ev.append(Evidence("log_oom_held_outside_pytorch_bytes", held, unit="bytes", agrees=True,
                        note="total - free - reserved: small, not the cause"))
-    return Finding("oom-capacity", Severity.CRITICAL, 0.7, summary, onset=o["time"], evidence=ev, subject=subject)
+    return Finding(ids.OOM_CAPACITY, Severity.CRITICAL, 0.7, summary, onset=o["time"], evidence=ev, subject=subject)
 
 
 def oom_findings(ooms: Sequence[dict], cfg) -> list[Finding]:
     """One finding per (GPU, cause): fragmentation, capacity, memory held outside PyTorch, a memory cap."""
     groups: dict[tuple[str, str], list[dict]] = {}
     for o in ooms:
-        diag = VERDICT_IDS.get(o["verdict"], "oom-capacity")
-        key = "fragmentation" if diag == "allocator-fragmentation" else o["verdict"]
+        diag = VERDICT_IDS.get(o["verdict"], ids.OOM_CAPACITY)
+        key = "fragmentation" if diag == ids.ALLOCATOR_FRAGMENTATION else o["verdict"]
         groups.setdefault((str(o.get("gpu") or ""), key), []).append(o)
     out: list[Finding] = []
     for (gpu, key), items in sorted(groups.items()):

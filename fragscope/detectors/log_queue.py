@@ -14,12 +14,13 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
+from .. import ids
 from ..collectors.enginelog.events import LogEvent
 from ..model import Evidence, Finding, Severity
 from ..sizing.arith import SizingConfig, ceil_step
 
 GIB = 1024.0 ** 3
-ID = "kv-cache-pressure"
+ID = ids.KV_CACHE_PRESSURE
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +108,7 @@ def full_pool_queue_finding(events: Sequence[LogEvent], acc=None, job_kind: str 
 
 
 # --- a queue the KV pool does not explain --------------------------------------------------------------------------
-ADMISSION_ID = "admission-capped"
+ADMISSION_ID = ids.ADMISSION_CAPPED
 
 
 @dataclass(frozen=True, slots=True)

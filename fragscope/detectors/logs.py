@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
+from .. import ids
 from ..collectors.enginelog.events import GIB, LogEvent
 from ..collectors.enginelog.jobkind import job_kind
 from ..collectors.enginelog.state import LogState
@@ -230,7 +231,7 @@ def _untimed_pressure_finding(events: Sequence[LogEvent], pre: dict, cfg: Config
                f"cache blocks and recomputed requests. The excerpt has no timestamps, so there is no rate: a storm "
                f"cannot be told from a slow trickle. Missing for the rest: timestamps (the full log, kubectl logs "
                f"--timestamps) or vllm:num_preemptions_total over time (diagnose --vllm URL).")
-    return Finding("kv-cache-pressure", Severity.WARNING, max(0.05, min(0.95, conf)), summary, onset=None, evidence=ev,
+    return Finding(ids.KV_CACHE_PRESSURE, Severity.WARNING, max(0.05, min(0.95, conf)), summary, onset=None, evidence=ev,
                    missing=missing, subject={})
 
 
@@ -288,7 +289,7 @@ def _pressure_finding(events: Sequence[LogEvent], pre: dict, cfg: Config) -> Fin
                   "; no rate (no time passes between the first and the last observation)")
                + (f"; KV cache usage up to {kv_max * 100:.1f} %" if kv_max is not None else "")
                + (f"; up to {max(waiting):.0f} requests waiting" if waiting else "") + ".")
-    return Finding("kv-cache-pressure", sev, max(0.05, min(0.95, conf)), summary, onset=pre["first"], evidence=ev,
+    return Finding(ids.KV_CACHE_PRESSURE, sev, max(0.05, min(0.95, conf)), summary, onset=pre["first"], evidence=ev,
                    missing=missing, subject={})
 
 
@@ -387,7 +388,7 @@ def _kv_gap_findings(events: Sequence[LogEvent], check: dict | None, cfg: Config
         f = short.fields
         held = f["total_bytes"] - f["free_bytes"]
         out.append(Finding(
-            "kv-capacity-gap", Severity.CRITICAL, 0.9,
+            ids.KV_CAPACITY_GAP, Severity.CRITICAL, 0.9,
             f"engine could not start{' at ' + _hms(short.ts) if short.ts is not None else ''} (line {short.line_no}): "
             f"{_gib(f['free_bytes'])} of {_gib(f['total_bytes'])} free, "
             f"gpu_memory_utilization {f['gpu_memory_utilization']} wants {_gib(f['requested_bytes'])}; "
@@ -401,7 +402,7 @@ def _kv_gap_findings(events: Sequence[LogEvent], check: dict | None, cfg: Config
         f = ins.fields
         est = f.get("estimated_max_model_len")
         out.append(Finding(
-            "kv-capacity-gap", Severity.CRITICAL, 0.9,
+            ids.KV_CAPACITY_GAP, Severity.CRITICAL, 0.9,
             f"engine refused max_model_len {f['max_model_len']}: one request needs {_gib(f['needed_bytes'])} of KV "
             f"cache, only {_gib(f['available_bytes'])} is available" + (f" (fits {est} tokens)" if est else "") + ".",
             onset=ins.ts,
@@ -421,7 +422,7 @@ def _kv_gap_findings(events: Sequence[LogEvent], check: dict | None, cfg: Config
             ev.append(Evidence(f"reason:{r['reason']}", r["bytes"], unit="bytes", note=r["note"]))
         conf = 0.7 if lr else 0.5
         out.append(Finding(
-            "kv-capacity-gap", Severity.WARNING if check["gap_ratio"] >= 2 * cfg.kv_gap_ratio else Severity.INFO, conf,
+            ids.KV_CAPACITY_GAP, Severity.WARNING if check["gap_ratio"] >= 2 * cfg.kv_gap_ratio else Severity.INFO, conf,
             f"engine logged {check['logged_tokens']:,.0f} KV tokens, {check['gap_ratio'] * 100:.0f} % below the "
             f"kv-budget estimate of {check['expected_tokens']:,.0f}"
             + (f" ({_gib(check['gap_bytes'])})" if check["gap_bytes"] else "") + f"; {why}.",

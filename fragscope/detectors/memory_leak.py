@@ -12,12 +12,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import ids
 from ..model import Evidence, Finding, Inconclusive, Severity
 from ..promql import KG, PRESENT, AlertRule, num, sig
 from . import common, stats
 from .frame import Frame
 
-ID = "memory-leak"
+ID = ids.MEMORY_LEAK
 REQUIRES = ("torch_allocated_bytes|gpu_memory_used_bytes",)
 CORROBORATES = ("torch_reserved_bytes", "gpu_memory_used_bytes", "torch_ooms_total")
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import ids
 from ..signals import primary
 from ..model import Evidence, Finding, Inconclusive, Severity
 from ..promql import K, RATE_RANGE, AlertRule, num, sig
@@ -17,8 +18,11 @@ from . import common, stats
 from . import level as lv
 from .frame import Frame
 
-ID = "capacity-saturation"
+ID = ids.CAPACITY_SATURATION
 REQUIRES = ("requests_waiting|kv_cache_usage_ratio", "generation_tokens_total")
+# A busy server is not a sick one: where one of these shows its signature in the window (preemptions,
+# fragmentation rising, clocks falling), the pipeline drops this diagnosis's change finding.
+SUPPRESSED_BY = (ids.KV_CACHE_PRESSURE, ids.ALLOCATOR_FRAGMENTATION, ids.CLOCK_THROTTLING)
 CORROBORATES = ("requests_running", "preemptions_total", "ttft_seconds")
 
 
@@ -76,24 +80,13 @@ def detect(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive:
     if not holding:
         return []  # degrading under load is a pathology, left to the other detectors
     agree += 1
-    # quiet on the others' signatures
+    # Quiet on the others' signatures: declared in SUPPRESSED_BY and applied by the pipeline (a preemption
+    # storm, fragmentation rising, clocks falling are not "busy, not sick").
     pre = common.preemption_fact(f, sp, cfg.preempt_trickle_per_min)
-    if pre.present:
-        return []  # kv-cache-pressure
-    if common.any_frag_rising(f, sp):
-        return []
     for g in f.gpus():  # a server running out of memory is not "busy, not sick"
         ooms = stats.increase(f, f.gpu_cum.get(g, {}).get("torch_ooms_total"), (f.start, f.end))
         if math.isfinite(ooms) and ooms > 0:
             return []
-    for g in f.gpus():
-        if common.throttle_fact(f, g, sp).present:
-            return []
-        clk = f.gpu[g].get("gpu_sm_clock_hertz")
-        if clk is not None and np.isfinite(clk).any():  # clocks fell, reasons or not: not plain load
-            c = stats.change(f, clk, sp, direction=-1, floor_rel=0.01)
-            if c.known and c.baseline > 0 and 1 - c.recent / c.baseline >= 0.10:
-                return []
     if pre.evidence is not None:
         pre.evidence.note = "no preemption storm"
         pre.evidence.agrees = True

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import ids
 from ..collectors.snapshot import DEFAULT_POOL, OomEvent, Snapshot, allocator_settings_summary, parse_snapshot
 from ..model import Evidence, Finding, Inconclusive, Severity, rank_findings
 from .snapshot_allocator import (  # noqa: F401 - re-exported: the allocator facts of this analysis
@@ -34,12 +35,12 @@ from .snapshot_state import BlockColumns, SegState, SnapshotConfig, pool_json
 from .snapshot_state import ratio as _ratio
 
 # Diagnosis ids this module emits (contracts, docs/snapshot.md)
-FRAGMENTATION = "allocator-fragmentation"
-OOM_CROSS_STREAM = "oom-cross-stream"
-OOM_PRIVATE_POOL = "oom-private-pool"
-OOM_MEMORY_CAP = "oom-memory-cap"
-OOM_OUTSIDE_PYTORCH = "oom-outside-pytorch"
-OOM_CAPACITY = "oom-capacity"
+FRAGMENTATION = ids.ALLOCATOR_FRAGMENTATION
+OOM_CROSS_STREAM = ids.OOM_CROSS_STREAM
+OOM_PRIVATE_POOL = ids.OOM_PRIVATE_POOL
+OOM_MEMORY_CAP = ids.OOM_MEMORY_CAP
+OOM_OUTSIDE_PYTORCH = ids.OOM_OUTSIDE_PYTORCH
+OOM_CAPACITY = ids.OOM_CAPACITY
 OOM_CLASSES = {  # classification -> finding id
     "fragmentation": FRAGMENTATION,
     "cross-stream": OOM_CROSS_STREAM,

@@ -16,13 +16,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import ids
 from ..model import Evidence, Finding, Inconclusive, Severity
 from ..promql import K, AlertRule, sig as psig
 from ..signals import any_of
 from . import common, stats
 from .frame import Frame
 
-ID = "engine-stalled"
+ID = ids.ENGINE_STALLED
 REQUIRES = ("requests_running", "generation_tokens_total")
 CORROBORATES = ("requests_waiting", "prompt_tokens_total", "request_success_total", "gpu_utilization_ratio",
                 "process_cpu_seconds_total")

@@ -17,13 +17,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import ids
 from ..model import Evidence, Finding, Inconclusive, Severity
 from ..promql import AlertRule, num
 from . import common, stats
 from .frame import Frame
 from .host_common import judged_span, present_span
 
-ID = "rank-straggler"
+ID = ids.RANK_STRAGGLER
 REQUIRES = ("gpu_sm_clock_hertz",)
 CORROBORATES = ("gpu_utilization_ratio", "gpu_throttle_reason_active", "gpu_temperature_celsius",
                 "gpu_pcie_link_gen", "gpu_pcie_link_width", "gpu_power_watts", "generation_tokens_total")

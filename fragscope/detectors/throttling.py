@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import ids
 from ..gpus import MAX_SM_CLOCK_MHZ, max_sm_clock_hertz
 from ..model import Evidence, Finding, Inconclusive, Severity
 from ..promql import KG, PRESENT, RATE_RANGE, AlertRule, norm, num, quote, rx_escape, sig, variants
@@ -21,7 +22,7 @@ from . import common, stats
 from . import level as lv
 from .frame import Frame
 
-ID = "clock-throttling"
+ID = ids.CLOCK_THROTTLING
 REQUIRES = ("gpu_sm_clock_hertz",)
 CORROBORATES = ("gpu_throttle_reason_active", "gpu_temperature_celsius", "generation_tokens_total",
                 "gpu_utilization_ratio")
@@ -257,3 +258,18 @@ def alert_rule(cfg: Config = Config()) -> AlertRule:
         "Slowdown reason or SM clock far below the product's maximum while busy (the level rule; fragscope "
         "NVML or dcgm-exporter). Temperature (>= 83 C) is evidence in diagnose, not a trigger.",
         {"clock_of_max": cfg.clock_of_max, "util_busy": cfg.util_busy})
+
+
+# --- signature: what keeps the diagnoses it suppresses quiet (their SUPPRESSED_BY) -----------------------
+def signature(f: Frame, sp: stats.Spans, cfg: Config = Config()) -> bool:
+    """A slowdown reason active, or the SM clock down by clock_drop from its baseline, on any GPU (reasons
+    or not: clocks that fell are not plain load)."""
+    for g in f.gpus():
+        if common.throttle_fact(f, g, sp).present:
+            return True
+        clk = f.gpu[g].get("gpu_sm_clock_hertz")
+        if clk is not None and np.isfinite(clk).any():
+            c = stats.change(f, clk, sp, direction=-1, floor_rel=0.01)
+            if c.known and c.baseline > 0 and 1 - c.recent / c.baseline >= cfg.clock_drop:
+                return True
+    return False

@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from .. import ids
 
-LAUNCH_BOUND = "launch-bound"  # same id as the time-series detector
-SYNC_BOUND = "sync-bound"
-ALLOCATOR_STALLS = "allocator-stalls"
-UNIFIED_MEMORY_THRASHING = "unified-memory-thrashing"  # managed pages migrating on demand (faults/evictions)
+LAUNCH_BOUND = ids.LAUNCH_BOUND  # same id as the time-series detector
+SYNC_BOUND = ids.SYNC_BOUND
+ALLOCATOR_STALLS = ids.ALLOCATOR_STALLS
+UNIFIED_MEMORY_THRASHING = ids.UNIFIED_MEMORY_THRASHING  # managed pages migrating on demand (faults/evictions)
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from .. import ids
 from ..detectors import fragmentation as _frag
 from ..detectors import kv_pool as _kvpool
 from ..detectors import kv_pressure as _kv
@@ -86,16 +87,16 @@ class Check:
 
 
 CHECKS: tuple[Check, ...] = (
-    Check("kv-cache-pressure", "kv_cache_usage_p90_ratio", "max_over_time", kv_check,
+    Check(ids.KV_CACHE_PRESSURE, "kv_cache_usage_p90_ratio", "max_over_time", kv_check,
           RULE_PREFIX + "kv_cache_pressure:kv_usage_p90_ratio"),
-    Check("allocator-fragmentation", "unusable_reserved_ratio", "max_over_time", frag_check,
+    Check(ids.ALLOCATOR_FRAGMENTATION, "unusable_reserved_ratio", "max_over_time", frag_check,
           RULE_PREFIX + "allocator_fragmentation:unusable_ratio"),
-    Check("clock-throttling", "sm_clock_of_max_ratio", "min_over_time", throttle_check,
+    Check(ids.CLOCK_THROTTLING, "sm_clock_of_max_ratio", "min_over_time", throttle_check,
           RULE_PREFIX + "clock_throttling:clock_of_max_ratio"),
-    Check("kv-pool-undersized", "gpu_memory_spare_beyond_margin_ratio", "max_over_time", kv_pool_check,
+    Check(ids.KV_POOL_UNDERSIZED, "gpu_memory_spare_beyond_margin_ratio", "max_over_time", kv_pool_check,
           RULE_PREFIX + "kv_pool_undersized:spare_ratio"),
 )
-LEAK_ID = "memory-leak"
+LEAK_ID = ids.MEMORY_LEAK
 LEAK_RULES = {"torch_allocated_bytes": RULE_PREFIX + "memory:torch_allocated_bytes",
               "gpu_memory_used_bytes": RULE_PREFIX + "memory:gpu_memory_used_bytes"}
 # The leak check: growth over the window by a least-squares line (deriv), relative to the window's
@@ -105,8 +106,8 @@ LEAK_ALLOC_RATIO = 0.5 * LEAK.growth_of_base
 LEAK_USED_RATIO = 0.5 * LEAK.growth_of_total
 CHECK_IDS = tuple(c.id for c in CHECKS) + (LEAK_ID,)
 # Diagnoses the triage has no level check for: a target that passes the triage is not cleared of them.
-UNCHECKED = ("launch-bound", "capacity-saturation", "kv-block-size-mismatch", "engine-cpu-starved", "engine-stalled",
-             "rank-straggler", "gpu-hardware-fault", "host-memory-pressure")
+UNCHECKED = (ids.LAUNCH_BOUND, ids.CAPACITY_SATURATION, ids.KV_BLOCK_SIZE_MISMATCH, ids.ENGINE_CPU_STARVED,
+             ids.ENGINE_STALLED, ids.RANK_STRAGGLER, ids.GPU_HARDWARE_FAULT, ids.HOST_MEMORY_PRESSURE)
 
 
 def _tag(expr: str, **labels: str) -> str:

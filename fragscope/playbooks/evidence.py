@@ -2,6 +2,7 @@
 playbooks, registered without a window detector (docs/snapshot.md, docs/trace.md, docs/logs.md)."""
 from __future__ import annotations
 
+from .. import ids
 from ..detectors import batching, cpu_fallback
 from ..model import Action, Playbook
 from ..trace_playbooks import UNIFIED_MEMORY_THRASHING_PLAYBOOK
@@ -56,7 +57,7 @@ def _admission_actions(ctx: dict, config: dict) -> list[str]:
 
 DIAGNOSES = [
     _deep("snapshot", Playbook(
-        "oom-capacity", "Out of memory: plain capacity",
+        ids.OOM_CAPACITY, "Out of memory: plain capacity",
         "The allocator had no free memory worth the name: the workload needs more than the GPU holds.",
         ["Reduce the memory the failing step needs: a smaller batch or shorter sequences (a serving engine: its "
          "concurrency and context-length limits)."],
@@ -67,7 +68,7 @@ DIAGNOSES = [
         ["no OOM at the same load; peak reserved below the GPU's memory"], []), also_from=("log",),
         actions=_oom_capacity_actions),
     _deep("snapshot", Playbook(
-        "oom-outside-pytorch", "Out of memory: memory held outside PyTorch",
+        ids.OOM_OUTSIDE_PYTORCH, "Out of memory: memory held outside PyTorch",
         "PyTorch's own pool was small; the GPU's memory was held by something else (NCCL buffers, CUDA "
         "graphs' private pools, another process, a leak in a native library).",
         ["Find the holder: nvidia-smi --query-compute-apps, per-process NVML memory (fragscope agent)."],
@@ -76,21 +77,21 @@ DIAGNOSES = [
         ["per-process GPU memory adds up to NVML used; no OOM at the same load"], []), also_from=("log",),
         actions=_oom_outside_actions),
     _deep("snapshot", Playbook(
-        "oom-cross-stream", "Out of memory: free memory stranded on another stream",
+        ids.OOM_CROSS_STREAM, "Out of memory: free memory stranded on another stream",
         "Enough memory was free, but cached on another CUDA stream's blocks, which this stream cannot reuse.",
         ["torch.cuda.empty_cache() at a quiet point returns whole free segments (not split ones)."],
         [expandable_segments("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (one growable segment per stream)."),
          Action("Avoid allocating on side streams, or record_stream / synchronise so blocks return.", [], [])],
         ["next snapshot shows little inactive memory on idle streams"], [])),
     _deep("snapshot", Playbook(
-        "oom-private-pool", "Out of memory: memory pinned in a private pool",
+        ids.OOM_PRIVATE_POOL, "Out of memory: memory pinned in a private pool",
         "Free memory sat in a private pool (CUDA graphs' memory pool, a MemPool) that ordinary allocations cannot use.",
         ["Capture fewer CUDA graph batch sizes, or release graphs no longer used."],
         [Action("Reduce vLLM's captured graph sizes (compilation_config cudagraph_capture_sizes / max_num_seqs).",
                 [], ["fewer graphs mean more eager (launch-bound) steps at uncaptured sizes"])],
         ["private-pool bytes in the snapshot shrink; no OOM at the same load"], [])),
     _deep("snapshot", Playbook(
-        "oom-memory-cap", "Out of memory: per-process memory cap",
+        ids.OOM_MEMORY_CAP, "Out of memory: per-process memory cap",
         "The device still had room, but a per-process limit (set_per_process_memory_fraction or the "
         "allocator's memory-fraction policy) refused the request.",
         ["Check torch.cuda.set_per_process_memory_fraction / the engine's memory fraction settings."],
@@ -98,7 +99,7 @@ DIAGNOSES = [
                 ["no other process relies on the memory the cap protects"], [])],
         ["no OOM rejections (num_oom_rejections flat)"], []), also_from=("log",)),
     _deep("log", Playbook(
-        "admission-capped", "Requests queued with KV memory free: admission capped",
+        ids.ADMISSION_CAPPED, "Requests queued with KV memory free: admission capped",
         "Requests waited while the KV pool kept free room, so memory did not hold them back: the running batch is at "
         "its cap (vLLM --max-num-seqs, SGLang --max-running-requests), a request at the queue's head needs more KV "
         "blocks than are free, the batched-token budget limits prefill, or the scheduler is stuck.",
@@ -111,7 +112,7 @@ DIAGNOSES = [
          Action("Restart a scheduler that admits nothing for minutes (no token generated).", [], [])],
         ["waiting falls to ~0 while KV usage rises toward the pool's size"], []), actions=_admission_actions),
     _deep("log", Playbook(
-        "kv-capacity-gap", "KV-cache capacity below the estimate",
+        ids.KV_CAPACITY_GAP, "KV-cache capacity below the estimate",
         "The engine allocated fewer KV tokens than the kv-budget estimate for this model and GPU: memory went "
         "elsewhere (CUDA graphs, NCCL buffers, activation peak, another process) or the config differs.",
         ["Read the startup log's memory profile lines (diagnose logs) to see where memory went."],
@@ -120,7 +121,7 @@ DIAGNOSES = [
          Action("If another process holds memory: isolate the GPU.", [], [])],
         ["logged KV capacity within ~10 % of `fragscope kv-budget`"], [])),
     _deep("trace", Playbook(
-        "sync-bound", "Host synchronisation stalls",
+        ids.SYNC_BOUND, "Host synchronisation stalls",
         "The host blocks on the GPU (cudaDeviceSynchronize / cudaStreamSynchronize / synchronous copies), "
         "so it cannot queue the next work in time.",
         ["Find the synchronising call sites in the trace (diagnose trace lists them)."],
@@ -129,7 +130,7 @@ DIAGNOSES = [
          Action("Use events (cudaStreamWaitEvent) instead of full synchronisation.", [], [])],
         ["synchronous API time share falls; GPU idle share falls"], ["nsys analyze cuda_api_sync"])),
     _deep("trace", Playbook(
-        "allocator-stalls", "Allocator stalls in the timeline",
+        ids.ALLOCATOR_STALLS, "Allocator stalls in the timeline",
         "cudaFree followed by cudaMalloc in steady state: the caching allocator is flushing and re-allocating "
         "(allocation retries), each a device synchronisation.",
         ["Check the allocator: fragscope_torch_alloc_retries_total, a memory snapshot (diagnose snapshot)."],
@@ -138,7 +139,7 @@ DIAGNOSES = [
         ["no cudaMalloc/cudaFree between warm-up and the end of the trace"], [])),
     # sizing from the engine's own start-up accounting (docs/sizing.md); kv-pool-undersized is a window
     # diagnosis (playbooks/window.py) that the log reports too
-    Diagnosis("startup-oom", STARTUP_OOM, source="log", alerting=False, actions=startup_oom_actions),
+    Diagnosis(ids.STARTUP_OOM, STARTUP_OOM, source="log", alerting=False, actions=startup_oom_actions),
     _deep("trace", UNIFIED_MEMORY_THRASHING_PLAYBOOK),
     # ONNX Runtime profiling JSON (a Chrome trace of node runs): docs/engines.md
     _deep("trace", cpu_fallback.PLAYBOOK, actions=cpu_fallback.actions, also_from=("log",)),

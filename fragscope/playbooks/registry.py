@@ -16,7 +16,8 @@ from typing import Any, Callable
 from ..model import Finding, Inconclusive, Playbook
 from ..signals import SIGNALS
 
-SOURCES = ("window", "snapshot", "trace", "log", "config")  # config: a model config + counters (Triton)
+SOURCES = ("window", "snapshot", "trace", "log", "config")
+CAPTURE_KINDS = ("snapshot", "profile")  # the agent's captures (agent/capture.py KINDS)  # config: a model config + counters (Triton)
 
 ActionsFn = Callable[[dict, dict], list[str]]
 
@@ -42,6 +43,15 @@ class Diagnosis:
     # The alert rule, generated from the detector's Config (its module's ``alert_rule``): the rule file
     # dashboards/rules/fragscope-alerts.yml is written from these (python -m fragscope.fleet.alerts).
     alert: Callable[[], Any] | None = None
+    # The captures the agent takes when the finding becomes active ("snapshot": a memory snapshot through the
+    # probe; "profile": a short engine profile), to show exactly where (docs/captures.md#triggers).
+    capture: tuple[str, ...] = ()
+    # Diagnoses whose signature in the window keeps this one quiet: the pipeline drops this diagnosis's change
+    # findings where one of them shows (each suppressor's ``signature``). Read by the pipeline, listed by
+    # ``diagnose explain`` and docs/diagnoses.md.
+    suppressed_by: tuple[str, ...] = ()
+    # This diagnosis's signature, for those it suppresses: (frame, spans) -> whether it shows in the window.
+    signature: Callable[..., bool] | None = None
     runs_on_short_windows: bool = False  # the detector itself judges windows too short for a baseline
     # Level evidence (the module's ``level``): the present state judged by itself. Runs on windows too
     # short for a baseline, and on long ones when the change detector found nothing (the window may lie
@@ -54,6 +64,9 @@ class Diagnosis:
     min_trend_span_s: float = 0.0
 
     def __post_init__(self) -> None:
+        for k in self.capture:
+            if k not in CAPTURE_KINDS:
+                raise ValueError(f"{self.id}: capture kind {k!r} is not one of {CAPTURE_KINDS}")
         if self.source not in SOURCES:
             raise ValueError(f"{self.id}: source must be one of {SOURCES}")
         if self.playbook.id != self.id:

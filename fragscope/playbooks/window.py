@@ -92,7 +92,8 @@ FRAGMENTATION = Diagnosis(
          "pytorch/pytorch#29554 (fragmentation measure), #159564 (expandable segments and inactive_split)"]),
     detect=fragmentation.detect, config=fragmentation.Config,
     requires=fragmentation.REQUIRES, corroborates=fragmentation.CORROBORATES,
-    actions=_fragmentation_actions, also_from=("snapshot", "log"), level=fragmentation.level, alert=fragmentation.alert_rule)
+    actions=_fragmentation_actions, also_from=("snapshot", "log"), level=fragmentation.level, alert=fragmentation.alert_rule,
+    capture=("snapshot",), signature=fragmentation.signature)
 
 
 # --- kv-cache-pressure -------------------------------------------------------------------------
@@ -167,7 +168,7 @@ KV_PRESSURE = Diagnosis(
         ["vLLM docs: 'Preemption' in optimization.md"]),
     detect=kv_pressure.detect, config=kv_pressure.Config,
     requires=kv_pressure.REQUIRES, corroborates=kv_pressure.CORROBORATES,
-    actions=_kv_actions, also_from=("log",), level=kv_pressure.level, alert=kv_pressure.alert_rule)
+    actions=_kv_actions, also_from=("log",), level=kv_pressure.level, alert=kv_pressure.alert_rule, signature=kv_pressure.signature)
 
 
 # --- memory-leak -------------------------------------------------------------------------------
@@ -201,7 +202,7 @@ MEMORY_LEAK = Diagnosis(
     requires=memory_leak.REQUIRES, corroborates=memory_leak.CORROBORATES, actions=_leak_actions,
     short_window_reason="a leak shows only as growth over time: give it at least 30 min of history "
                         "(e.g. diagnose --agent URL --since 1h, or a recording of that length)",
-    min_trend_span_s=30 * 60.0, alert=memory_leak.alert_rule)
+    min_trend_span_s=30 * 60.0, alert=memory_leak.alert_rule, capture=("snapshot",))
 
 
 # --- clock-throttling --------------------------------------------------------------------------
@@ -229,7 +230,7 @@ THROTTLING = Diagnosis(
         ["NVML nvmlDeviceGetCurrentClocksEventReasons"]),
     detect=throttling.detect, config=throttling.Config,
     requires=throttling.REQUIRES, corroborates=throttling.CORROBORATES, actions=_throttling_actions,
-    level=throttling.level, alert=throttling.alert_rule)
+    level=throttling.level, alert=throttling.alert_rule, signature=throttling.signature)
 
 
 # --- launch-bound ------------------------------------------------------------------------------
@@ -259,7 +260,7 @@ LAUNCH_BOUND = Diagnosis(
     detect=launch_bound.detect, config=launch_bound.Config,
     requires=launch_bound.REQUIRES, corroborates=launch_bound.CORROBORATES,
     actions=_launch_actions, also_from=("trace",),
-    runs_on_short_windows=True, alert=launch_bound.alert_rule)  # its evidence is level already: work waiting while the GPU idles between kernels
+    runs_on_short_windows=True, alert=launch_bound.alert_rule, capture=("profile",))  # its evidence is level already: work waiting while the GPU idles between kernels
 
 
 # --- capacity-saturation -----------------------------------------------------------------------
@@ -289,7 +290,8 @@ SATURATION = Diagnosis(
     detect=saturation.detect, config=saturation.Config,
     requires=saturation.REQUIRES, corroborates=saturation.CORROBORATES,
     actions=lambda ctx, config: _saturation_actions(ctx),
-    level=saturation.level, level_on_long_windows=False, alert=saturation.alert_rule)
+    level=saturation.level, level_on_long_windows=False, alert=saturation.alert_rule,
+    suppressed_by=saturation.SUPPRESSED_BY)
 
 
 # --- kv-block-size-mismatch --------------------------------------------------------------------

@@ -2,7 +2,7 @@
 diagnoses (a Triton model's config.pbtxt and scrapes, ONNX Runtime profiles) (docs/scenarios.md).
 
     from fragscope.scenarios import Scenario, generate, to_window, write_openmetrics
-    window, truth = to_window(Scenario("allocator-fragmentation", seed=3))
+    window, truth = to_window(Scenario(ids.ALLOCATOR_FRAGMENTATION, seed=3))
     case = triton_case(TritonScenario("triton-delay-too-short", seed=3))   # config + scrapes + truth
     case = ort_case(OrtScenario("ort-many-islands", seed=3))               # profile events + log + truth
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import IO
 
+from .. import ids
 from ..model import Window
 from .generator import generate
 from .ort import ORT_CONFOUNDERS, ORT_KINDS, ORT_PATHOLOGIES, OrtCase, OrtScenario, ort_case
@@ -23,8 +24,8 @@ from .writers import write_columns
 # Diagnoses judged from artefacts other than a metrics window (registry source "config" / "trace"):
 # id -> (pathology kinds, confounder kinds that must stay quiet). Window diagnoses: PATHOLOGIES.
 ARTEFACT_FAMILIES = {
-    "batching-misconfiguration": (tuple(TRITON_PATHOLOGIES), TRITON_CONFOUNDERS),
-    "cpu-fallback": (tuple(ORT_PATHOLOGIES), ORT_CONFOUNDERS),
+    ids.BATCHING_MISCONFIGURATION: (tuple(TRITON_PATHOLOGIES), TRITON_CONFOUNDERS),
+    ids.CPU_FALLBACK: (tuple(ORT_PATHOLOGIES), ORT_CONFOUNDERS),
 }
 
 __all__ = ["Scenario", "Truth", "KINDS", "PATHOLOGIES", "CONFOUNDERS", "generate", "to_window",

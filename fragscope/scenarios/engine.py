@@ -14,6 +14,7 @@ import math
 
 import numpy as np
 
+from .. import ids
 from ..kvbudget import GIB, kv_budget
 from .mechanism import (GEN_LEN, K_BATCH, MAX_CLOCK_MHZ, PROMPT_LEN, REF_GEN_TOK_S, TIMEOUT_S, V0_TOK_S, Run, ramp,
                         solve_batch)
@@ -28,16 +29,16 @@ def simulate_engine(s: Scenario, rng: np.random.Generator) -> Run:
     rel = np.arange(n, dtype=np.float64) * dt
     ts = s.start_ts + rel
     # kv-pool-undersized is kv-cache-pressure's mechanism judged with the GPU's headroom (truth.py)
-    kind = "kv-cache-pressure" if s.kind == "kv-pool-undersized" else s.kind
+    kind = ids.KV_CACHE_PRESSURE if s.kind == ids.KV_POOL_UNDERSIZED else s.kind
     sev = s.severity
-    G = max(2, s.gpus) if kind in ("rank-straggler", "rank-idle-by-design") else s.gpus  # a rank needs peers
+    G = max(2, s.gpus) if kind in (ids.RANK_STRAGGLER, "rank-idle-by-design") else s.gpus  # a rank needs peers
     affected = tuple(g for g in (s.affected_gpus if s.affected_gpus is not None else
-                                 ((0,) if kind in ("clock-throttling", "throttling-with-load") else range(G)))
+                                 ((0,) if kind in (ids.CLOCK_THROTTLING, "throttling-with-load") else range(G)))
                      if 0 <= g < G)
     onset = s.onset_s if s.onset_s is not None else s.duration_s / 3.0
-    if kind == "engine-stalled" and s.onset_s is None:
+    if kind == ids.ENGINE_STALLED and s.onset_s is None:
         onset = max(0.0, s.duration_s - 20 * 60.0)  # a hang is noticed within the hour: its last 20 minutes
-    static_kind = kind == "kv-block-size-mismatch"
+    static_kind = kind == ids.KV_BLOCK_SIZE_MISMATCH
     if static_kind:
         onset = 0.0
     p = ramp(s, rel, onset) if sev > 0 else np.zeros(n)
@@ -59,7 +60,7 @@ def simulate_engine(s: Scenario, rng: np.random.Generator) -> Run:
     # --- request shape -------------------------------------------------------------------------
     block = s.block_size
     avg_len = s.avg_seq_len
-    if kind == "kv-block-size-mismatch":
+    if kind == ids.KV_BLOCK_SIZE_MISMATCH:
         if block == 16:
             block = 64
         if avg_len is None:
@@ -74,8 +75,8 @@ def simulate_engine(s: Scenario, rng: np.random.Generator) -> Run:
         num_kv_heads=max(1, 8 // G), head_dim=128, dtype_bytes=2).num_blocks
 
     # --- traffic ---------------------------------------------------------------------------------
-    load = s.load * {"clock-throttling": 1.45, "throttling-with-load": 1.3, "launch-bound": 0.5,
-                     "engine-cpu-starved": 0.5, "link-idle-downshift": 0.4}.get(kind, 1.0)
+    load = s.load * {ids.CLOCK_THROTTLING: 1.45, "throttling-with-load": 1.3, ids.LAUNCH_BOUND: 0.5,
+                     ids.ENGINE_CPU_STARVED: 0.5, "link-idle-downshift": 0.4}.get(kind, 1.0)
     lam0 = REF_GEN_TOK_S * load / lg0  # requests/s
     wave = np.ones(n)
     if s.daily_wave:
@@ -99,13 +100,13 @@ def simulate_engine(s: Scenario, rng: np.random.Generator) -> Run:
         lam *= 1.0 + 0.4 * sev * p
     elif kind == "traffic-drop":
         lam *= 1.0 - 0.75 * min(sev, 1.2) * p
-    elif kind == "capacity-saturation":
+    elif kind == ids.CAPACITY_SATURATION:
         lam *= 1.0 + 1.2 * sev * p
     elif kind == "leak-with-traffic":
         lam *= 1.0 + 0.4 * p_traffic
     elif kind == "throttling-with-load":
         lam *= 1.0 + 0.35 * np.exp(-0.5 * ((rel - onset - 1800.0) / 3600.0) ** 2)
-    elif kind == "kv-cache-pressure":
+    elif kind == ids.KV_CACHE_PRESSURE:
         # longer requests: generation x1.5 and prompts long enough that the KV demand of the batch the
         # traffic needs reaches (0.9 + 0.15 × severity) × the KV pool at full progress (whatever the wave).
         lg_end = lg0 * 1.5
@@ -119,26 +120,26 @@ def simulate_engine(s: Scenario, rng: np.random.Generator) -> Run:
 
     # clocks per GPU (MHz) and their effect on the engine (tensor parallel: the slowest GPU paces all)
     clock = np.full((G, n), MAX_CLOCK_MHZ)
-    throttled = kind in ("clock-throttling", "throttling-with-load")
+    throttled = kind in (ids.CLOCK_THROTTLING, "throttling-with-load")
     clock_low = max(600.0, MAX_CLOCK_MHZ - 580.0 * sev)
     if throttled:
         for g in affected:
             clock[g] = MAX_CLOCK_MHZ - (MAX_CLOCK_MHZ - clock_low) * p
         eff = eff * clock.min(axis=0) / MAX_CLOCK_MHZ
-    if kind == "launch-bound":
+    if kind == ids.LAUNCH_BOUND:
         eff = eff * (1.0 - 0.6 * min(sev, 1.5) * p)
-    if kind == "engine-cpu-starved":  # every step waits for the next CFS period (scenarios/host.py)
+    if kind == ids.ENGINE_CPU_STARVED:  # every step waits for the next CFS period (scenarios/host.py)
         eff = eff * (1.0 - 0.5 * min(sev, 1.5) * p)
-    if kind == "rank-straggler":  # one rank's clock (no slowdown reason): the slowest paces every step
+    if kind == ids.RANK_STRAGGLER:  # one rank's clock (no slowdown reason): the slowest paces every step
         clock[G - 1] = MAX_CLOCK_MHZ * (1.0 - 0.16 * min(sev, 3.0) * p)  # severity 1: 84 % of the maximum
         eff = eff * clock.min(axis=0) / MAX_CLOCK_MHZ
-    if kind == "allocator-fragmentation":
+    if kind == ids.ALLOCATOR_FRAGMENTATION:
         eff = eff * (1.0 - 0.15 * min(sev, 2.0) * p)  # retries: cache flush + device sync
 
     r_dem = solve_batch(lam * lg, eff)  # batch the traffic needs
     r_nom = float(np.median(solve_batch(lam0 * np.full(1, lg0), np.ones(1))))  # ~128 at load 1
     frag_cap = np.full(n, np.inf)
-    if kind == "allocator-fragmentation":
+    if kind == ids.ALLOCATOR_FRAGMENTATION:
         r_top = min(float(s.max_num_seqs), float(np.nanmax(np.where(np.isfinite(r_dem), r_dem, s.max_num_seqs))) * 1.05)
         cap_end = max(4.0, r_nom * (1.0 - 0.75 * min(sev, 1.25)))
         frag_cap = r_top + (cap_end - r_top) * p
@@ -196,9 +197,9 @@ def simulate_engine(s: Scenario, rng: np.random.Generator) -> Run:
     full = np.clip((kv_usage - 0.95) / 0.05, 0.0, 1.0)
     v_now = V0_TOK_S * eff / (1.0 + R / K_BATCH)
     pre_rate = full * R * v_now / (block * bps)
-    if kind == "allocator-fragmentation":
+    if kind == ids.ALLOCATOR_FRAGMENTATION:
         pre_rate = pre_rate + 5.0 * min(sev, 2.0) * p
-    if kind == "capacity-saturation":
+    if kind == ids.CAPACITY_SATURATION:
         pre_rate = pre_rate + 0.002 * p  # a trickle
     pre_inc = PRE + pre_rate * dt
     pre_inc = np.maximum(0.0, pre_inc + (rng.poisson(pre_inc) - pre_inc) * nz) * up

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import ids
 from ..kvbudget import GIB
 from .mechanism import CTX_BYTES, KERNEL_EVERY_S, MAX_CLOCK_MHZ, THROTTLE_LABELS, Run
 from .spec import Scenario
@@ -32,7 +33,7 @@ def simulate_gpus(s: Scenario, rng: np.random.Generator, run: Run) -> None:
         inact_share = np.full(n, 0.3)
         retry_rate = np.zeros(n)
         oom_rate = np.zeros(n)
-        if kind == "allocator-fragmentation" and hit:
+        if kind == ids.ALLOCATOR_FRAGMENTATION and hit:
             gap = np.minimum(0.7, gap + 0.30 * sev * pg)
             inact_share = 0.3 + 0.6 * pg
             retry_rate = (40.0 / 60.0) * sev * pg
@@ -40,7 +41,7 @@ def simulate_gpus(s: Scenario, rng: np.random.Generator, run: Run) -> None:
             gap = np.clip(0.25 + rng.normal(0, 0.003, n) * nz, 0.2, 0.3)
             inact_share = np.full(n, 0.2)
         alloc = res * (1.0 - gap)
-        if kind in ("memory-leak", "leak-with-traffic") and hit:
+        if kind in (ids.MEMORY_LEAK, "leak-with-traffic") and hit:
             alloc0 = reserved0 * 0.95
             span = max(s.duration_s - onset, dt)
             rate = (ceiling * 0.965 - alloc0) / (0.92 * span) * sev * max(0.5, gj)
@@ -72,10 +73,10 @@ def simulate_gpus(s: Scenario, rng: np.random.Generator, run: Run) -> None:
     reason = {r_: np.zeros((G, n)) for r_ in THROTTLE_LABELS}
     for g in range(G):
         base = util_load.copy()
-        if kind == "allocator-fragmentation":
+        if kind == ids.ALLOCATOR_FRAGMENTATION:
             r_would = np.minimum(np.where(np.isfinite(r_dem), r_dem, s.max_num_seqs), s.max_num_seqs)
             base = np.maximum(base, 0.95 * (1.0 - np.exp(-r_would / 50.0)))
-        if kind in ("launch-bound", "engine-cpu-starved"):
+        if kind in (ids.LAUNCH_BOUND, ids.ENGINE_CPU_STARVED):
             base = base * (1.0 - 0.55 * min(sev, 1.4) * p)
         if kind == "rank-idle-by-design" and g == G - 1:
             base = np.zeros(n)  # a GPU the engine does not use (a spare, or a stage with nothing to do)
@@ -111,11 +112,11 @@ def simulate_gpus(s: Scenario, rng: np.random.Generator, run: Run) -> None:
         pk = p[k_idx] if g in affected else np.zeros(k_idx.size)
         m50 = np.ones(k_idx.size); m99 = np.ones(k_idx.size)
         idle_g = 1.0 - util[g, k_idx] * 0.98
-        if kind == "allocator-fragmentation":
+        if kind == ids.ALLOCATOR_FRAGMENTATION:
             m50 = 4.0 ** (min(sev, 1.5) * pk)
             m99 = 40.0 ** (min(sev, 1.5) * pk)
             idle_g = idle_g + 0.12 * min(sev, 1.5) * pk
-        elif kind in ("launch-bound", "engine-cpu-starved"):
+        elif kind in (ids.LAUNCH_BOUND, ids.ENGINE_CPU_STARVED):
             m50 = 17.5 ** (min(sev, 1.5) * pk)
             m99 = 60.0 ** (min(sev, 1.5) * pk)
         ln = lambda: np.exp(rng.normal(0, 0.15, k_idx.size) * nz)  # noqa: E731

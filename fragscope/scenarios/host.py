@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import ids
 from ..kvbudget import GIB
 from .mechanism import Run
 from .spec import Scenario
@@ -35,7 +36,7 @@ def fault_kind(s: Scenario) -> str:
 
 
 def _stall_from(s: Scenario, run: Run) -> int | None:
-    if s.kind != "engine-stalled" or s.severity <= 0:
+    if s.kind != ids.ENGINE_STALLED or s.severity <= 0:
         return None
     idx = np.flatnonzero(run.p > 0)
     return int(idx[0]) if idx.size else None
@@ -71,11 +72,11 @@ def host_columns(s: Scenario, run: Run, put, uuids: list[str]) -> None:
     up = run.up
     # --- CPU: the container's quota and throttling; the engine processes' CPU and run-queue delay ----
     share = np.clip(0.01 + 0.01 * rng.standard_normal(n) * nz, 0.0, 0.05)
-    if kind == "engine-cpu-starved" and sev > 0:
+    if kind == ids.ENGINE_CPU_STARVED and sev > 0:
         share = np.clip(share + (0.25 + 0.3 * min(sev, 1.5)) * p, 0.0, 0.95)
     busy = np.clip(0.3 + 0.5 * run.util.mean(axis=0), 0.1, 1.0)  # cores' worth of the quota in use
     cores = QUOTA_CORES * np.where(share > 0.1, 1.0, busy * 0.6)
-    if kind == "engine-stalled" and sev > 0:
+    if kind == ids.ENGINE_STALLED and sev > 0:
         i0 = _stall_from(s, run)
         if i0 is not None:
             cores[i0:] = 1.0 if stall_kind(s) == "collective" else 0.005
@@ -93,7 +94,7 @@ def host_columns(s: Scenario, run: Run, put, uuids: list[str]) -> None:
     # --- memory: the engine cgroup's working set, limit, OOM kills; the host -------------------------
     ws_ratio = 0.45 + 0.02 * np.sin(np.arange(n) * dt / 3600.0) + 0.003 * rng.standard_normal(n) * nz
     kills = np.zeros(n)
-    if kind == "host-memory-pressure" and sev > 0:
+    if kind == ids.HOST_MEMORY_PRESSURE and sev > 0:
         ws_ratio = ws_ratio + (min(0.995, 0.90 + 0.05 * sev) - 0.45) * p
         if sev >= 1.5:
             hit = np.flatnonzero(p >= 0.95)
@@ -113,7 +114,7 @@ def host_columns(s: Scenario, run: Run, put, uuids: list[str]) -> None:
     # --- GPU hardware health -------------------------------------------------------------------------
     if s.gpu_source == "none":
         return
-    fault = fault_kind(s) if kind == "gpu-hardware-fault" and s.severity > 0 else None
+    fault = fault_kind(s) if kind == ids.GPU_HARDWARE_FAULT and s.severity > 0 else None
     on = p > 0
     for g in range(run.G):
         hit = fault is not None and g == 0

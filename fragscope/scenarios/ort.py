@@ -26,9 +26,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import ids
 from .spec import Truth
 
-ID = "cpu-fallback"
+ID = ids.CPU_FALLBACK
 CPU = "CPUExecutionProvider"
 # kind -> what a correct reading reports
 ORT_PATHOLOGIES = {

@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from .. import ids
 
 # Pathologies (diagnosis ids, docs/diagnoses.md) and confounders (healthy-but-changing servers).
-PATHOLOGIES = ("allocator-fragmentation", "kv-cache-pressure", "memory-leak", "clock-throttling",
-               "launch-bound", "capacity-saturation", "kv-block-size-mismatch",
-               "kv-pool-undersized",  # kv-cache-pressure's mechanism; the GPU keeps headroom (docs/sizing.md)
+PATHOLOGIES = (ids.ALLOCATOR_FRAGMENTATION, ids.KV_CACHE_PRESSURE, ids.MEMORY_LEAK, ids.CLOCK_THROTTLING,
+               ids.LAUNCH_BOUND, ids.CAPACITY_SATURATION, ids.KV_BLOCK_SIZE_MISMATCH,
+               ids.KV_POOL_UNDERSIZED,  # kv-cache-pressure's mechanism; the GPU keeps headroom (docs/sizing.md)
                # beyond the GPU's memory (scenarios/host.py)
-               "engine-cpu-starved", "engine-stalled", "rank-straggler", "gpu-hardware-fault", "host-memory-pressure")
+               ids.ENGINE_CPU_STARVED, ids.ENGINE_STALLED, ids.RANK_STRAGGLER, ids.GPU_HARDWARE_FAULT, ids.HOST_MEMORY_PRESSURE)
 CONFOUNDERS = (
     "healthy",             # daily-wave traffic, nothing wrong
     "traffic-surge",       # demand rises within capacity: throughput, batch and KV usage rise; no queue

@@ -30,10 +30,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .. import ids
 from ..model import Window
 from .spec import Truth
 
-ID = "batching-misconfiguration"
+ID = ids.BATCHING_MISCONFIGURATION
 # kind -> the problem a correct reading names (context.problem of the finding, docs/engines.md)
 TRITON_PATHOLOGIES = {
     "triton-delay-too-short": "delay-too-short",  # low fill, 100 µs delay, moderate traffic keeps the instance busy

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import ids
 from ..kvbudget import expected_waste_ratio
 from ..sizing.arith import SizingConfig
 from .mechanism import CTX_BYTES, Run
@@ -33,41 +34,41 @@ def truth_of(s: Scenario, run: Run) -> Truth:
     tolerated: set[str] = set()
     notes = []
     present = s.severity > 0
-    if kind in ("allocator-fragmentation", "kv-cache-pressure", "memory-leak", "clock-throttling",
-                "launch-bound", "capacity-saturation") and present:
+    if kind in (ids.ALLOCATOR_FRAGMENTATION, ids.KV_CACHE_PRESSURE, ids.MEMORY_LEAK, ids.CLOCK_THROTTLING,
+                ids.LAUNCH_BOUND, ids.CAPACITY_SATURATION) and present:
         diag.add(kind)
-    if kind in ("engine-cpu-starved", "engine-stalled", "host-memory-pressure") and present:
+    if kind in (ids.ENGINE_CPU_STARVED, ids.ENGINE_STALLED, ids.HOST_MEMORY_PRESSURE) and present:
         diag.add(kind)
-    if kind in ("rank-straggler", "gpu-hardware-fault") and present and s.gpu_source != "none":
+    if kind in (ids.RANK_STRAGGLER, ids.GPU_HARDWARE_FAULT) and present and s.gpu_source != "none":
         diag.add(kind)
-    if kind == "rank-straggler":
+    if kind == ids.RANK_STRAGGLER:
         # the slow rank's clock sits below 80 % of the product's maximum: clock-throttling's level rule
-        tolerated.update({"clock-throttling", "capacity-saturation"})
-    if kind in ("engine-cpu-starved", "engine-stalled"):
-        tolerated.add("capacity-saturation")
+        tolerated.update({ids.CLOCK_THROTTLING, ids.CAPACITY_SATURATION})
+    if kind in (ids.ENGINE_CPU_STARVED, ids.ENGINE_STALLED):
+        tolerated.add(ids.CAPACITY_SATURATION)
     if kind == "leak-with-traffic" and present:
-        diag.add("memory-leak")
+        diag.add(ids.MEMORY_LEAK)
     if kind == "throttling-with-load" and present:
-        diag.add("clock-throttling")
-    if kind in ("clock-throttling", "throttling-with-load", "traffic-surge", "leak-with-traffic"):
-        tolerated.add("capacity-saturation")
-    if kind == "kv-cache-pressure":
-        tolerated.add("capacity-saturation")
-    if kind == "kv-cache-pressure" and present and s.gpu_source != "none" and _gpu_spare(s, run) >= SIZING.min_step:
+        diag.add(ids.CLOCK_THROTTLING)
+    if kind in (ids.CLOCK_THROTTLING, "throttling-with-load", "traffic-surge", "leak-with-traffic"):
+        tolerated.add(ids.CAPACITY_SATURATION)
+    if kind == ids.KV_CACHE_PRESSURE:
+        tolerated.add(ids.CAPACITY_SATURATION)
+    if kind == ids.KV_CACHE_PRESSURE and present and s.gpu_source != "none" and _gpu_spare(s, run) >= SIZING.min_step:
         # the pool ran full while the GPU kept memory beyond the sizing margin (the default 0.9 leaves ~10 %):
         # kv-pool-undersized too; at 0.98 nothing is left and kv-cache-pressure stands alone
-        diag.add("kv-pool-undersized")
+        diag.add(ids.KV_POOL_UNDERSIZED)
     waste = expected_waste_ratio(block, avg_len)
     if waste >= 0.2:
-        diag.add("kv-block-size-mismatch")
+        diag.add(ids.KV_BLOCK_SIZE_MISMATCH)
     elif waste >= 0.1:
-        tolerated.add("kv-block-size-mismatch")
+        tolerated.add(ids.KV_BLOCK_SIZE_MISMATCH)
     onset_ts = None
-    if diag - {"kv-block-size-mismatch"}:
+    if diag - {ids.KV_BLOCK_SIZE_MISMATCH}:
         onset_ts = s.start_ts + onset
     elif diag:
         onset_ts = s.start_ts
-    if s.severity < 0.5 and diag - {"kv-block-size-mismatch"}:
+    if s.severity < 0.5 and diag - {ids.KV_BLOCK_SIZE_MISMATCH}:
         notes.append(f"mild (severity {s.severity}): a detector may grade it info/warning")
     if restart_i is not None:
         notes.append(f"engine restarted at +{s.restart_at_s:.0f}s: counters reset, pathology cleared")
@@ -105,25 +106,25 @@ def truth_of(s: Scenario, run: Run) -> Truth:
     }
     desc = {
         "healthy": "healthy server, traffic with a daily wave",
-        "allocator-fragmentation": "allocator fragmentation: reserved-allocated gap and retries grow, batch and "
+        ids.ALLOCATOR_FRAGMENTATION: "allocator fragmentation: reserved-allocated gap and retries grow, batch and "
                                    "throughput fall at unchanged traffic, utilization stays high",
-        "kv-cache-pressure": "longer requests fill the KV cache: usage ~1, preemptions, TTFT p99 up",
-        "memory-leak": "allocated memory grows with reserved following, NVML used grows, OOMs at the end",
-        "clock-throttling": f"SM clock falls with {s.throttle_reason} on GPU(s) {list(affected)}",
-        "launch-bound": "host-bound: low utilization, wide kernel gaps, no memory pathology",
-        "capacity-saturation": "traffic ramps past capacity: queue, batch and KV usage up, no pathology",
-        "kv-block-size-mismatch": f"block_size {block} for ~{avg_len:.0f}-token sequences",
+        ids.KV_CACHE_PRESSURE: "longer requests fill the KV cache: usage ~1, preemptions, TTFT p99 up",
+        ids.MEMORY_LEAK: "allocated memory grows with reserved following, NVML used grows, OOMs at the end",
+        ids.CLOCK_THROTTLING: f"SM clock falls with {s.throttle_reason} on GPU(s) {list(affected)}",
+        ids.LAUNCH_BOUND: "host-bound: low utilization, wide kernel gaps, no memory pathology",
+        ids.CAPACITY_SATURATION: "traffic ramps past capacity: queue, batch and KV usage up, no pathology",
+        ids.KV_BLOCK_SIZE_MISMATCH: f"block_size {block} for ~{avg_len:.0f}-token sequences",
         "traffic-surge": "demand rises within capacity: throughput rises, nothing wrong",
         "traffic-drop": "demand falls: throughput and batch fall with it, nothing wrong",
         "stable-slack": "a constant 25 % allocator slack with no retries or decline: nothing wrong",
         "leak-with-traffic": "memory leak while traffic rises",
         "throttling-with-load": "clock throttling during a traffic peak",
-        "engine-cpu-starved": "the engine container's CPU quota runs out: throttled periods up, steps slower, "
+        ids.ENGINE_CPU_STARVED: "the engine container's CPU quota runs out: throttled periods up, steps slower, "
                               "the GPU idles between kernels",
-        "engine-stalled": "the engine stops making progress with requests in flight (its last 20 minutes)",
-        "rank-straggler": "one GPU of the engine runs a lower SM clock than its peers, no slowdown reason",
-        "gpu-hardware-fault": "a hardware fault on GPU 0 (Xid, ECC, row remap or PCIe)",
-        "host-memory-pressure": "the engine container's working set climbs to its memory limit",
+        ids.ENGINE_STALLED: "the engine stops making progress with requests in flight (its last 20 minutes)",
+        ids.RANK_STRAGGLER: "one GPU of the engine runs a lower SM clock than its peers, no slowdown reason",
+        ids.GPU_HARDWARE_FAULT: "a hardware fault on GPU 0 (Xid, ECC, row remap or PCIe)",
+        ids.HOST_MEMORY_PRESSURE: "the engine container's working set climbs to its memory limit",
         "rank-idle-by-design": "one GPU of the pod idles at idle clocks while the others serve: nothing wrong",
         "link-idle-downshift": "PCIe links train down at low load and back up under load: nothing wrong",
         "old-corrected-ecc": "a few corrected ECC errors and one old uncorrectable in the lifetime count: nothing wrong",

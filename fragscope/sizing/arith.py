@@ -6,11 +6,12 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
+from .. import ids
 from ..collectors.enginelog.oomproc import judge_oom
 from ..units import GiB as GIB, MiB as MIB
 from .startup import StartupAccounting
 
-STARTUP_OOM = "startup-oom"
+STARTUP_OOM = ids.STARTUP_OOM
 RUNTIME_OOM = "runtime-oom"
 POOL_TOO_SMALL = "pool-too-small"
 MEMORY_ELSEWHERE = "memory-held-elsewhere"

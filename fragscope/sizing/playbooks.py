@@ -6,10 +6,11 @@ actions with the registry's signature ``(ctx, config) -> list[str]`` (values fro
 """
 from __future__ import annotations
 
+from .. import ids
 from ..model import Action, Playbook
 
-KV_POOL_UNDERSIZED_ID = "kv-pool-undersized"
-STARTUP_OOM_ID = "startup-oom"
+KV_POOL_UNDERSIZED_ID = ids.KV_POOL_UNDERSIZED
+STARTUP_OOM_ID = ids.STARTUP_OOM
 
 KV_POOL_UNDERSIZED = Playbook(
     KV_POOL_UNDERSIZED_ID, "KV pool too small for the traffic while the GPU has headroom",
@@ -70,7 +71,7 @@ PLAYBOOKS = {p.id: p for p in (KV_POOL_UNDERSIZED, STARTUP_OOM)}
 
 def kv_pool_undersized_actions(ctx: dict, config: dict) -> list[str]:
     acts = computed_actions(KV_POOL_UNDERSIZED_ID, ctx)
-    if "allocator-fragmentation" in ((ctx.get("_peers") or {}).get("ids") or ()):
+    if ids.ALLOCATOR_FRAGMENTATION in ((ctx.get("_peers") or {}).get("ids") or ()):
         # the allocator grows outside the utilization budget: the free memory measured now is what the
         # fragmented allocator left, and handing it to the KV pool leaves no room for its next segment
         acts.insert(0, "First fix the allocator fragmentation found here (restart, expandable_segments), then "
@@ -87,7 +88,7 @@ def computed_actions(diag_id: str, ctx: dict) -> list[str]:
     rec = (ctx or {}).get("recommendation") or {}
     acts = []
     for case in rec.get("cases", []):
-        if diag_id == STARTUP_OOM_ID and case["case"] not in ("startup-oom", "memory-held-elsewhere"):
+        if diag_id == STARTUP_OOM_ID and case["case"] not in (ids.STARTUP_OOM, "memory-held-elsewhere"):
             continue
         if diag_id == KV_POOL_UNDERSIZED_ID and case["case"] != "pool-too-small":
             continue
