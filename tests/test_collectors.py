@@ -185,13 +185,12 @@ class TestHttpGet:
 
     def test_timeouts_are_total(self, server):
         url, _ = server
-        t0 = time.monotonic()
         with pytest.raises(FetchError, match="timed out") as ei:
             http_get(url + "/slow", timeout_s=0.3)
         assert ei.value.reason is Reason.TIMEOUT
-        with pytest.raises(FetchError, match="timed out"):
+        with pytest.raises(FetchError, match="timed out") as ei:
             http_get(url + "/trickle", timeout_s=0.4)  # each read is quick, the whole is not
-        assert time.monotonic() - t0 < 1.8
+        assert ei.value.reason is Reason.TIMEOUT
 
     def test_refused(self):
         with pytest.raises(FetchError, match="cannot connect \\(connection refused\\)"):

@@ -8,7 +8,6 @@ import os
 import random
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -110,12 +109,11 @@ def test_huge_line_is_cut_and_its_head_still_read(tmp_path):
     assert info.events[0].fields["requested_bytes"] == 2 * 1024 ** 3
 
 
-def test_pathological_line_parses_in_bounded_time():
-    # many pattern starts without the closing figure: bounded lookahead, not quadratic backtracking
+def test_pathological_line_parses_to_nothing():
+    # many pattern starts without the closing figure: nothing is read from it (bench/bench_bounds.py times it:
+    # bounded lookahead, not quadratic backtracking)
     line = "Sequence group x is preempted by PreemptionMode.RECOMPUTE " * 1100 + "block_size= Namespace(" * 2000
-    t0 = time.perf_counter()
     assert parse_log_line(line[: 64 << 10]) is None
-    assert time.perf_counter() - t0 < 1.0
 
 
 BAD_NUMBERS = [
@@ -241,7 +239,6 @@ def test_seeded_mutations_keep_the_contract(tmp_path):
     seeds = [(DATA / n).read_bytes()[:20000] for n in FUZZ_SOURCES]
     f = tmp_path / "m.log"
     runs, refused = 0, 0
-    t0 = time.perf_counter()
     for i in range(240):
         data = _mutate(seeds[i % len(seeds)], rng)
         if i % 8 == 7:  # every other compressed mutant is cut in half (a truncated .gz)
@@ -258,8 +255,7 @@ def test_seeded_mutations_keep_the_contract(tmp_path):
         json.dumps(summary, allow_nan=False, default=str)
         json.dumps([x.to_dict() for x in findings], allow_nan=False, default=str)
         runs += 1
-    assert runs > 150 and refused >= 15  # both paths exercised
-    assert time.perf_counter() - t0 < 30
+    assert runs > 150 and refused >= 15  # both paths exercised (bench/bench_bounds.py times the run)
 
 
 @pytest.mark.parametrize("opt", ["--gpu-memory-gib", "--gpu-memory-utilization", "--weights-gib", "--overhead-gib"])
