@@ -24,17 +24,32 @@ class Source:
     note: str = ""  # which engine / version exposes it
 
 
+# What a signal is measured per: the frame keeps GPU-scope signals per GPU and the others once per target
+# (engine-wide: one serving engine, its process, its container, its host). A signal of any other scope is an
+# error at import, never filed under a GPU by default.
+GPU_SCOPE = "gpu"
+TARGET_SCOPES = ("engine", "process", "container", "host")
+SCOPES = (GPU_SCOPE,) + TARGET_SCOPES
+KINDS = ("gauge", "counter", "histogram", "summary", "info")
+
+
 @dataclass(frozen=True, slots=True)
 class Signal:
     id: str
     kind: str  # gauge | counter | histogram | summary | info
-    scope: str  # engine | gpu | process | trace
+    scope: str  # one of SCOPES: gpu, engine, process, container, host
     unit: str
     sources: tuple[Source, ...]
     doc: str = ""
     # False: only some engine versions expose it (a newer family): a scrape without it is not
     # reported as "not exposed" (collectors/vllm.py EXPECTED).
     expected: bool = True
+
+    def __post_init__(self) -> None:
+        if self.scope not in SCOPES:
+            raise ValueError(f"signal {self.id}: scope {self.scope!r} is not one of {SCOPES}")
+        if self.kind not in KINDS:
+            raise ValueError(f"signal {self.id}: kind {self.kind!r} is not one of {KINDS}")
 
 
 def _s(metric: str, scale: float = 1.0, note: str = "") -> Source:

@@ -235,3 +235,19 @@ def test_metric_names_live_in_signals_only():
                 if pat.search(line):
                     bad.append(f"{sub}/{path.name}:{i}: {line.strip()[:100]}")
     assert not bad, "raw metric names outside signals.py:\n" + "\n".join(bad)
+
+
+def test_docs_signal_table_is_generated():
+    """docs/signals.md mirrors fragscope/signals.py: python -m fragscope.signals > docs/signals.md."""
+    from fragscope.signals import markdown
+
+    assert (ROOT / "docs" / "signals.md").read_text(encoding="utf-8") == markdown(), \
+        "stale: python -m fragscope.signals > docs/signals.md"
+
+
+def test_a_signal_of_an_unknown_scope_is_an_error_at_import():
+    from fragscope.signals import SCOPES, Signal, Source
+
+    assert {"engine", "gpu", "process", "container", "host"} <= set(SCOPES)
+    with pytest.raises(ValueError, match="scope 'rack'"):
+        Signal("x_test", "gauge", "rack", "", (Source("x_test"),))

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..collectors.engines import derive
 from ..model import Series, Window
-from ..signals import DCGM_FB_RESERVED, SIGNALS, VLLM_RUNNING, VLLM_V0_KV, VLLM_V1_KV
+from ..signals import DCGM_FB_RESERVED, GPU_SCOPE, SIGNALS, TARGET_SCOPES, VLLM_RUNNING, VLLM_V0_KV, VLLM_V1_KV
 from .frame_model import SLOWDOWN_REASONS, THERMAL_REASONS, Frame
 from .frame_dcgm import NVML_REASON_BITS, _dcgm_throttle
 from .frame_histograms import _histogram, histogram_quantile
@@ -117,7 +117,7 @@ def build_frame(window: Window) -> Frame:
         if sig.kind == "histogram":
             _histogram(f, sig_id, metric, by_name, grid, lookback, w)
             continue
-        if sig.scope in ("engine", "container", "process", "host"):  # one value per pod (engine-wide)
+        if sig.scope in TARGET_SCOPES:  # one value per target (engine-wide)
             if sig.kind == "counter":
                 rates, cums = _Agg(grid.size, "sum"), _Agg(grid.size, "sum")
                 for s in series:
@@ -135,6 +135,8 @@ def build_frame(window: Window) -> Frame:
                     agg.add(lo, v * scale)
                 f.engine[sig_id] = agg.result()
             continue
+        if sig.scope != GPU_SCOPE:  # signals.py refuses other scopes at import: never filed under a GPU by default
+            raise ValueError(f"signal {sig_id}: scope {sig.scope!r} has no place in the frame")
         # GPU-scope signals
         if sig_id == "gpu_throttle_reason_active":
             for s in series:
