@@ -121,7 +121,7 @@ def variables() -> list:
 def panels() -> list:
     rate = "$__rate_interval"
     out = []
-    # --- row 0: the seeds' figure -----------------------------------------------------------
+    # --- row 0: the headline figure -----------------------------------------------------------
     frag = (f"max by ({BY_GPU}) (fragscope_torch_fragmentation_ratio{{{GPU}}})\n"
             f"or max by ({BY_GPU}) (1 - sum by ({BY_GPU}) (fragscope_torch_allocated_bytes{{{GPU}}})\n"
             f"  / (sum by ({BY_GPU}) (fragscope_torch_reserved_bytes{{{GPU}}}) > 0))")

@@ -1,4 +1,4 @@
-"""KV-cache budget maths (seed 001): how many paged-attention blocks fit, and how much they waste.
+"""KV-cache budget maths (paged attention, vLLM paper: Kwon et al., SOSP 2023): how many paged-attention blocks fit, and how much they waste.
 
 Pure functions over numbers; no I/O except :func:`read_model_config`, which reads a Hugging Face
 ``config.json``. Documented in docs/kv-budget.md.
@@ -72,7 +72,7 @@ def expected_waste_ratio(block_size: int, avg_seq_len: float) -> float:
     """Expected unused share of a sequence's KV blocks: (B − 1) / (2 × L + B − 1).
 
     The last block of a sequence of L tokens is on average (B − 1) / 2 tokens short (uniform remainder),
-    so the waste is that over the allocated L + (B − 1) / 2 tokens. Seed 001: L = 32, B = 64 → 0.496.
+    so the waste is that over the allocated L + (B − 1) / 2 tokens. E.g. L = 32, B = 64 → 0.496.
     """
     if block_size <= 0 or avg_seq_len <= 0:
         raise KvBudgetError("block_size and avg_seq_len must be positive")
@@ -101,7 +101,7 @@ def _positive(name: str, value, integer: bool = False) -> None:
 def kv_budget(*, gpu_memory_bytes: float, gpu_memory_utilization: float, weights_bytes: float,
               overhead_bytes: float, block_size: int, num_layers: int, num_kv_heads: int, head_dim: int,
               dtype_bytes: float, max_seq_len: int | None = None, avg_seq_len: float | None = None) -> KvBudget:
-    """Blocks, cached tokens, concurrency and waste for one GPU's KV cache (seed 001's maths)."""
+    """Blocks, cached tokens, concurrency and waste for one GPU's KV cache (the paged-attention arithmetic of the vLLM paper (Kwon et al., SOSP 2023))."""
     _positive("gpu_memory_bytes", gpu_memory_bytes)
     _positive("gpu_memory_utilization", gpu_memory_utilization)
     if gpu_memory_utilization > 1:

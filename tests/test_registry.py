@@ -251,3 +251,14 @@ def test_a_signal_of_an_unknown_scope_is_an_error_at_import():
     assert {"engine", "gpu", "process", "container", "host"} <= set(SCOPES)
     with pytest.raises(ValueError, match="scope 'rack'"):
         Signal("x_test", "gauge", "rack", "", (Source("x_test"),))
+
+
+def test_docs_state_the_memory_leak_thresholds_of_its_config():
+    """The memory-leak row of docs/diagnoses.md quotes its Config (it once said 2 % and R² 0.8)."""
+    from fragscope.detectors.memory_leak import Config
+
+    c = Config()
+    row = next(ln for ln in (ROOT / "docs" / "diagnoses.md").read_text(encoding="utf-8").splitlines()
+               if ln.startswith("| `memory-leak` |"))
+    assert f"≥ {c.growth_of_base * 100:g} % of baseline" in row and f"≥ {c.growth_of_total * 100:g} % of the GPU" in row
+    assert f"R² ≥ {c.r2_min:g}" in row

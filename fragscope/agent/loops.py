@@ -264,7 +264,7 @@ def capture_loop(agent: Any) -> None:
         agent._capture_wake.wait(min(30.0, max(0.05, next_profile - time.monotonic())))
         agent._capture_wake.clear()
         if time.monotonic() >= next_profile:
-            # periodic short profile: the kernel-gap signals of the time series (issue 2)
+            # periodic short profile: the kernel-gap signals of the time series
             next_profile = time.monotonic() + every
             try:
                 left = cap.budget_left(time.time())  # periodic ones count too

@@ -113,7 +113,7 @@ def register(fragscope_group: click.Group, diagnose_group: click.Group) -> None:
     def kv_budget_cmd(gpu_memory_gib, gpu_memory_utilization, weights_gib, overhead_gib, block_size, num_layers,
                       num_kv_heads, head_dim, dtype_bytes, max_seq_len, avg_seq_len, target_concurrency, target_len,
                       tensor_parallel_size, model_config, fmt):
-        """KV-cache blocks, concurrency, block-size waste, and the GPU a target needs (seed 001's maths)."""
+        """KV-cache blocks, concurrency, block-size waste, and the GPU a target needs (the paged-attention arithmetic of the vLLM paper (Kwon et al., SOSP 2023))."""
         doc, text = kv_budget_answer(gpu_memory_gib, gpu_memory_utilization, weights_gib, overhead_gib, block_size,
                                      num_layers, num_kv_heads, head_dim, dtype_bytes, max_seq_len, avg_seq_len,
                                      target_concurrency, target_len, tensor_parallel_size, model_config)

@@ -19,15 +19,15 @@ from .stats import Change, Spans
 
 @dataclass
 class Defaults:
-    # A throughput fall counts when >= 15 % below baseline (seed: 1200 -> 300 tok/s is -75 %;
+    # A throughput fall counts when >= 15 % below baseline (the fragmentation reference case: 1200 -> 300 tok/s is -75 %;
     # -15 % is well outside the few-% noise of a steady server).
     tput_drop: float = 0.15
     # Preemptions: vLLM preempts only when the KV block pool is exhausted; a healthy server
-    # runs at ~0/min. 1/min sustained is a real, if small, storm (seed: hundreds per minute).
+    # runs at ~0/min. 1/min sustained is a real, if small, storm (a preemption storm runs at hundreds per minute).
     preempt_per_min: float = 1.0
     # Kernel gaps: seed 50 µs -> 2 ms; a doubling of the median gap is a real change.
     gap_ratio: float = 2.0
-    # "Busy" GPU: NVML utilization >= 70 % (seed: 85-90 % throughout the fragmentation).
+    # "Busy" GPU: NVML utilization >= 70 % (85-90 % throughout the fragmentation reference case).
     util_busy: float = 0.70
     # Waiting requests: a queue exists when >= 1 request waits for most of the recent window.
     waiting_share: float = 0.5

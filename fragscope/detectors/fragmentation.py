@@ -31,13 +31,13 @@ CORROBORATES = ("torch_inactive_split_bytes", "torch_alloc_retries_total", "gene
 
 @dataclass(frozen=True)
 class Config:
-    # seed: fragmentation 5 % -> 35 % over 6 h. A rise of 5 points is a sixth of that path and far
+    # The fragmentation reference case: 5 % -> 35 % over 6 h. A rise of 5 points is a sixth of that path and far
     # outside the noise of a steady allocator (< 1 point).
     frag_rise: float = 0.05
     # A quarter of reserved memory free-but-unusable is pathological whatever the baseline
-    # (seed end state 35 %; the OOM message calls it "reserved by PyTorch but unallocated").
+    # (that case ends at 35 %; the OOM message calls it "reserved by PyTorch but unallocated").
     frag_high: float = 0.25
-    # Early (minutes after onset, seed: ~+1 point after 15 min): a rise of >= 0.5 points and
+    # Early (minutes after onset: ~+1 point after 15 min in that case): a rise of >= 0.5 points and
     # >= 2 noise scales, confirmed by an allocator-internal signal (retries or inactive split
     # blocks) and >= 3 agreeing signals in all; or >= 3 noise scales and >= 4 agreeing signals.
     frag_early: float = 0.005
@@ -47,7 +47,7 @@ class Config:
     inactive_rise: float = 0.03
     # steady-state serving should never retry a cudaMalloc: any sustained retry rate counts
     retries_per_min: float = 0.1
-    # critical when throughput has lost >= 40 % (seed: -75 % at 6 h), or OOMs, or >= 30 % unusable
+    # critical when throughput has lost >= 40 % (that case: -75 % at 6 h), or OOMs, or >= 30 % unusable
     critical_tput_drop: float = 0.40
     critical_frag: float = 0.30
     # Level evidence (the present alone, ``level``): frag_high with retries >= retries_per_min; sustained

@@ -26,7 +26,7 @@ __all__ = ["Frame", "build_frame", "counter_increases", "histogram_quantile", "N
 # Prometheus' default lookback for instant vectors is 5 min; we use a tighter one tied to the
 # scrape interval so a dead source shows as a gap, not as a flat line.
 _LOOKBACK_STEPS = 3.0
-_SPARSE_LOOKBACK_S = 20 * 60.0  # kernel-gap captures every ~10 min (issue 2)
+_SPARSE_LOOKBACK_S = 20 * 60.0  # kernel-gap captures every ~10 min
 _RATE_WINDOW_S = 120.0  # like rate(x[2m]) at a 15 s scrape interval
 _MAX_POINTS = 20000
 

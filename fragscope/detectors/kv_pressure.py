@@ -35,7 +35,7 @@ class Config:
     # stays healthy" signature of queueing behind a full pool).
     ttft_p99_ratio: float = 3.0
     ttft_p50_ratio: float = 2.0
-    # Storm: >= 60 preemptions/min (seed: "hundreds per minute") is critical.
+    # Storm: >= 60 preemptions/min (a storm runs at hundreds per minute) is critical.
     critical_preempt_per_min: float = 60.0
     length_growth: float = 0.2  # requests >= 20 % longer than baseline explain the pressure
     # Level evidence (the present alone, ``level``): vLLM preempts only when no free block is left for a

@@ -25,7 +25,7 @@ CORROBORATES = ("torch_reserved_bytes", "gpu_memory_used_bytes", "torch_ooms_tot
 
 @dataclass(frozen=True)
 class Config:
-    # Growth that matters: >= 2 % of the GPU's memory (or >= 10 % of the baseline allocation)
+    # Growth that matters: >= 1.5 % of the GPU's memory (or >= 10 % of the baseline allocation)
     # since onset. A serving engine's live allocations are flat once the KV pool exists.
     growth_of_total: float = 0.015
     growth_of_base: float = 0.10

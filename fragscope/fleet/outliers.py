@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 OUTLIER_Z = 3.5
 MIN_PEERS = 3  # including the candidate: fewer cannot tell an outlier from a split
 THROUGHPUT_MIN_REL_DIFF = 0.20  # 20 % of the peers' median tokens/s
-FRAGMENTATION_MIN_ABS_DIFF = 0.05  # 5 points of reserved memory (seeds: 5 % healthy -> 35 %)
+FRAGMENTATION_MIN_ABS_DIFF = 0.05  # 5 points of reserved memory (5 % in healthy serving -> 35 % in the fragmentation reference case)
 
 
 def robust_z(values: np.ndarray) -> np.ndarray | None:

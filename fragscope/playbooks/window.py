@@ -40,7 +40,7 @@ def _fragmentation_actions(ctx: dict, config: dict) -> list[str]:
     sized = _f(ctx.get("sized_gpu_memory_utilization"))
     slack = _f(ctx.get("slack_bytes"))
     total = _f(ctx.get("gpu_memory_total_bytes"))
-    step = 0.05  # seed: 0.9 -> 0.85 leaves the allocator headroom outside the KV pool
+    step = 0.05  # 0.9 -> 0.85 (5 % of the GPU) leaves the allocator headroom outside the KV pool
     head = f" (~{step * total / GiB:.1f} GiB of this GPU)" if total else ""
     waste = f"; the allocator now holds {slack / GiB:.1f} GiB it cannot use" if slack else ""
     if sized is not None:
@@ -313,7 +313,7 @@ BLOCK_SIZE = Diagnosis(
                 ["the attention backend supports that block size (FlashAttention needs multiples of 16)"],
                 ["prefix caching hit rates depend on block granularity: re-check them after the change"])],
         ["more KV blocks in use per request at the same traffic; fewer preemptions at peaks"],
-        ["seed 001: waste ≈ (block_size − 1) / (2 × avg_seq_len + block_size − 1)"]),
+        ["vLLM paper (Kwon et al., SOSP 2023), internal fragmentation of the last block: waste ≈ (block_size − 1) / (2 × avg_seq_len + block_size − 1)"]),
     detect=block_size.detect, config=getattr(block_size, "Config", None),
     requires=block_size.REQUIRES, corroborates=block_size.CORROBORATES,
     actions=_block_actions, runs_on_short_windows=True, alert=block_size.alert_rule)

@@ -7,7 +7,7 @@ diagnoses (a Triton model's config.pbtxt and scrapes, ONNX Runtime profiles) (do
     case = ort_case(OrtScenario("ort-many-islands", seed=3))               # profile events + log + truth
 
 Used by the tests and benchmarks; the detectors never import it (ground thresholds in mechanisms and
-the seeds' figures, not in this generator).
+the documented reference figures, not in this generator).
 """
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from ..kvbudget import GIB
 from .spec import Scenario
 
 
-# --- reference operating point (seed 001 / the fragmentation reference case) ---------------------
+# --- reference operating point (the fragmentation reference case) ---------------------
 V0_TOK_S = 11.75  # per-sequence decode speed at batch -> 0 (tokens/s)
 K_BATCH = 512.0  # batch at which per-sequence speed halves: v(R) = V0 / (1 + R / K)
 REF_GEN_TOK_S = 1203.0  # generation tokens/s at load 1 (batch ~128 at 9.4 tok/s/seq)

@@ -45,7 +45,7 @@ class Scenario:
     gpu_source: str = "fragscope"  # "fragscope" (bytes/ratio/hertz) | "dcgm" (MiB/%/MHz) | "none"
     torch_probe: bool = True  # fragscope_torch_* (labels pid, gpu)
     kernel_stats: bool = True  # sparse fragscope_kernel_gap_seconds / fragscope_gpu_idle_ratio
-    severity: float = 1.0  # magnitude of the pathology (0.3 mild, 1 the seeds' reference, 2 extreme; 0 none)
+    severity: float = 1.0  # magnitude of the pathology (0.3 mild, 1 the documented reference, 2 extreme; 0 none)
     noise: float = 1.0  # noise multiplier (0: smooth expected values)
     daily_wave: bool = True  # traffic follows a smooth daily wave
     restart_at_s: float | None = None  # engine restart: counters reset to 0, the pathology clears

@@ -1,6 +1,6 @@
 """Synthetic sizing scenarios: a start-up log (real vLLM V1 wordings) and a run-time summary per failure mode.
 
-For the scenario generator and the evaluation (issue 16: one family per failure mode, with confounders that
+For the scenario generator and the evaluation (one family per failure mode, with confounders that
 must stay quiet). Pure: returns lines and a dict. Every figure follows vLLM's own arithmetic
 (docs/sizing.md), so the expected recommendation can be computed independently.
 """
