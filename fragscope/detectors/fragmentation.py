@@ -27,6 +27,7 @@ ID = ids.ALLOCATOR_FRAGMENTATION
 REQUIRES = ("torch_reserved_bytes", "torch_allocated_bytes")
 CORROBORATES = ("torch_inactive_split_bytes", "torch_alloc_retries_total", "generation_tokens_total",
                 "requests_running", "preemptions_total", "kernel_gap_seconds", "gpu_utilization_ratio")
+CAPTURE = ("snapshot",)  # what the agent captures when it fires, to show exactly where (docs/captures.md)
 
 
 @dataclass(frozen=True)

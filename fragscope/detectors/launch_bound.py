@@ -25,6 +25,7 @@ ID = ids.LAUNCH_BOUND
 CPU_THROTTLED_SHARE = 0.25  # cpu_starved.Config.throttled_share
 REQUIRES = ("kernel_gap_seconds|gpu_idle_ratio", "requests_running")
 CORROBORATES = ("gpu_utilization_ratio", "preemptions_total", "kv_cache_usage_ratio")
+CAPTURE = ("profile",)  # what the agent captures when it fires, to show exactly where (docs/captures.md)
 
 
 @dataclass(frozen=True)

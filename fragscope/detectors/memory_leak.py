@@ -21,6 +21,7 @@ from .frame import Frame
 ID = ids.MEMORY_LEAK
 REQUIRES = ("torch_allocated_bytes|gpu_memory_used_bytes",)
 CORROBORATES = ("torch_reserved_bytes", "gpu_memory_used_bytes", "torch_ooms_total")
+CAPTURE = ("snapshot",)  # what the agent captures when it fires, to show exactly where (docs/captures.md)
 
 
 @dataclass(frozen=True)

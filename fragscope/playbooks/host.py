@@ -42,8 +42,8 @@ def _cpu_actions(ctx: dict, config: dict) -> list[str]:
     return acts
 
 
-CPU_STARVED = Diagnosis(
-    cpu_starved.ID,
+CPU_STARVED = Diagnosis.from_module(
+    cpu_starved,
     Playbook(
         cpu_starved.ID, "Engine starved of CPU",
         "The engine's container runs out of its CPU quota (or waits for a CPU): its scheduler, tokenizer and "
@@ -72,9 +72,7 @@ CPU_STARVED = Diagnosis(
          "GPU utilization back up at the same traffic"],
         ["Linux kernel docs: scheduler/sched-bwc.rst (CFS bandwidth control)",
          "Kubernetes docs: Control CPU Management Policies on the Node (static policy)",
-         "kubernetes-mixin CPUThrottlingHigh alert (> 25 % of periods throttled)"]),
-    detect=cpu_starved.detect, config=cpu_starved.Config, alert=cpu_starved.alert_rule, requires=cpu_starved.REQUIRES,
-    corroborates=cpu_starved.CORROBORATES, actions=_cpu_actions, runs_on_short_windows=True)
+         "kubernetes-mixin CPUThrottlingHigh alert (> 25 % of periods throttled)"]), actions=_cpu_actions, runs_on_short_windows=True)
 
 
 # --- engine-stalled ------------------------------------------------------------------------------
@@ -94,8 +92,8 @@ def _stall_actions(ctx: dict, config: dict) -> list[str]:
     return acts
 
 
-STALLED = Diagnosis(
-    stalled.ID,
+STALLED = Diagnosis.from_module(
+    stalled,
     Playbook(
         stalled.ID, "Engine stalled: requests in flight, no progress",
         "Requests are running or waiting, yet the engine produces no token and finishes no request while its "
@@ -119,7 +117,6 @@ STALLED = Diagnosis(
         ["PyTorch docs: torch.distributed environment variables (TORCH_NCCL_ASYNC_ERROR_HANDLING, "
          "TORCH_NCCL_TRACE_BUFFER_SIZE)", "NCCL docs: environment variables (NCCL_DEBUG)",
          "py-spy: py-spy dump --pid"]),
-    detect=stalled.detect, config=stalled.Config, alert=stalled.alert_rule, requires=stalled.REQUIRES, corroborates=stalled.CORROBORATES,
     actions=_stall_actions, runs_on_short_windows=True)
 
 
@@ -137,8 +134,8 @@ def _straggler_actions(ctx: dict, config: dict) -> list[str]:
     return acts
 
 
-STRAGGLER = Diagnosis(
-    straggler.ID,
+STRAGGLER = Diagnosis.from_module(
+    straggler,
     Playbook(
         straggler.ID, "One rank slower than its peers",
         "In a multi-GPU engine one busy GPU runs slower than the others; every collective waits for it, so "
@@ -154,14 +151,12 @@ STRAGGLER = Diagnosis(
                 "peers.", ["the gap persists across reboots"], ["a single observation: confirm over hours first"])],
         ["the GPUs' SM clocks within a few % of each other under load", "throughput up at the same traffic"],
         ["HTA (Holistic Trace Analysis): comm/comp overlap and straggler analysis across ranks",
-         "NVIDIA nvidia-smi: clocks event reasons"]),
-    detect=straggler.detect, config=straggler.Config, alert=straggler.alert_rule, requires=straggler.REQUIRES,
-    corroborates=straggler.CORROBORATES, actions=_straggler_actions, runs_on_short_windows=True)
+         "NVIDIA nvidia-smi: clocks event reasons"]), actions=_straggler_actions, runs_on_short_windows=True)
 
 
 # --- gpu-hardware-fault --------------------------------------------------------------------------
-HW_FAULT = Diagnosis(
-    gpu_fault.ID,
+HW_FAULT = Diagnosis.from_module(
+    gpu_fault,
     Playbook(
         gpu_fault.ID, "GPU hardware fault",
         "The GPU reports a hardware fault (an Xid of a hardware class, uncorrectable ECC errors, a pending or "
@@ -182,9 +177,7 @@ HW_FAULT = Diagnosis(
          "the reset", "the PCIe link at its maximum generation and width under load; replays flat"],
         ["NVIDIA Xid catalogue: docs.nvidia.com/deploy/xid-errors (Resolution Bucket)",
          "NVIDIA A100+ GPU memory error management: docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt",
-         "DCGM health watches (PCIe replay rate, NVLink errors, memory)"]),
-    detect=gpu_fault.detect, config=gpu_fault.Config, alert=gpu_fault.alert_rule, requires=gpu_fault.REQUIRES,
-    corroborates=gpu_fault.CORROBORATES, actions=lambda ctx, config: list(dict.fromkeys(ctx.get("actions") or [])),
+         "DCGM health watches (PCIe replay rate, NVLink errors, memory)"]), actions=lambda ctx, config: list(dict.fromkeys(ctx.get("actions") or [])),
     runs_on_short_windows=True)
 
 
@@ -202,8 +195,8 @@ def _mem_actions(ctx: dict, config: dict) -> list[str]:
     return acts
 
 
-HOST_MEMORY = Diagnosis(
-    host_memory.ID,
+HOST_MEMORY = Diagnosis.from_module(
+    host_memory,
     Playbook(
         host_memory.ID, "Host memory pressure",
         "The engine's container is near its memory limit, the kernel's OOM killer ended a process in it, or the "
@@ -224,9 +217,7 @@ HOST_MEMORY = Diagnosis(
          "no swap traffic on the host"],
         ["Linux kernel docs: admin-guide/cgroup-v2.rst (memory.max, memory.events oom_kill)",
          "Kubernetes docs: node-pressure eviction (working set)", "vLLM engine arguments: --swap-space, "
-         "--cpu-offload-gb"]),
-    detect=host_memory.detect, config=host_memory.Config, alert=host_memory.alert_rule, requires=host_memory.REQUIRES,
-    corroborates=host_memory.CORROBORATES, actions=_mem_actions, runs_on_short_windows=True)
+         "--cpu-offload-gb"]), actions=_mem_actions, runs_on_short_windows=True)
 
 
 DIAGNOSES = [CPU_STARVED, STALLED, STRAGGLER, HW_FAULT, HOST_MEMORY]

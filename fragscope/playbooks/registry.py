@@ -82,6 +82,23 @@ class Diagnosis:
     def title(self) -> str:
         return self.playbook.title
 
+    @classmethod
+    def from_module(cls, mod: Any, playbook: Playbook, **kw: Any) -> "Diagnosis":
+        """A window diagnosis as its module declares it (docs/diagnoses.md, "Adding a diagnosis"): ``ID``,
+        ``detect``, ``Config``, ``REQUIRES``, ``CORROBORATES`` and, where the module has them, ``level``,
+        ``alert_rule``, ``signature``, ``SUPPRESSED_BY`` and ``CAPTURE``. ``kw`` adds the rest (actions,
+        also_from, ...) or overrides."""
+        fields: dict[str, Any] = {"detect": mod.detect, "config": getattr(mod, "Config", None),
+                                  "requires": tuple(getattr(mod, "REQUIRES", ())),
+                                  "corroborates": tuple(getattr(mod, "CORROBORATES", ()))}
+        for attr, key in (("level", "level"), ("alert_rule", "alert"), ("signature", "signature"),
+                          ("SUPPRESSED_BY", "suppressed_by"), ("CAPTURE", "capture")):
+            v = getattr(mod, attr, None)
+            if v is not None and not isinstance(v, type(mod)):  # a function or tuple, never a submodule
+                fields[key] = v
+        fields.update(kw)
+        return cls(mod.ID, playbook, **fields)
+
 
 @dataclass
 class Registry:

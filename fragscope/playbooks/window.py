@@ -60,8 +60,8 @@ def _fragmentation_actions(ctx: dict, config: dict) -> list[str]:
     return acts
 
 
-FRAGMENTATION = Diagnosis(
-    fragmentation.ID,
+FRAGMENTATION = Diagnosis.from_module(
+    fragmentation,
     Playbook(
         fragmentation.ID, "PyTorch allocator fragmentation",
         "Memory the caching allocator holds is split into pieces too small for new requests; the engine "
@@ -90,10 +90,7 @@ FRAGMENTATION = Diagnosis(
          "tokens/s at the same traffic returns to the baseline; running batch back to its baseline"],
         ["pytorch docs: notes/cuda.rst 'Optimizing memory usage with PYTORCH_CUDA_ALLOC_CONF'",
          "pytorch/pytorch#29554 (fragmentation measure), #159564 (expandable segments and inactive_split)"]),
-    detect=fragmentation.detect, config=fragmentation.Config,
-    requires=fragmentation.REQUIRES, corroborates=fragmentation.CORROBORATES,
-    actions=_fragmentation_actions, also_from=("snapshot", "log"), level=fragmentation.level, alert=fragmentation.alert_rule,
-    capture=("snapshot",), signature=fragmentation.signature)
+    actions=_fragmentation_actions, also_from=("snapshot", "log"))
 
 
 # --- kv-cache-pressure -------------------------------------------------------------------------
@@ -139,8 +136,8 @@ def _kv_actions(ctx: dict, config: dict) -> list[str]:
     return acts
 
 
-KV_PRESSURE = Diagnosis(
-    kv_pressure.ID,
+KV_PRESSURE = Diagnosis.from_module(
+    kv_pressure,
     Playbook(
         kv_pressure.ID, "KV-cache pressure and preemption storm",
         "The KV block pool is full; the scheduler preempts running sequences to free blocks and redoes "
@@ -166,9 +163,7 @@ KV_PRESSURE = Diagnosis(
         ["rate(vllm:num_preemptions_total[5m]) back to ~0",
          "vllm:kv_cache_usage_perc peaks below ~0.9", "TTFT p99 back within ~2x of p50 trends"],
         ["vLLM docs: 'Preemption' in optimization.md"]),
-    detect=kv_pressure.detect, config=kv_pressure.Config,
-    requires=kv_pressure.REQUIRES, corroborates=kv_pressure.CORROBORATES,
-    actions=_kv_actions, also_from=("log",), level=kv_pressure.level, alert=kv_pressure.alert_rule, signature=kv_pressure.signature)
+    actions=_kv_actions, also_from=("log",))
 
 
 # --- memory-leak -------------------------------------------------------------------------------
@@ -180,8 +175,8 @@ def _leak_actions(ctx: dict, config: dict) -> list[str]:
             "take a memory snapshot first."]
 
 
-MEMORY_LEAK = Diagnosis(
-    memory_leak.ID,
+MEMORY_LEAK = Diagnosis.from_module(
+    memory_leak,
     Playbook(
         memory_leak.ID, "GPU memory leak",
         "Live allocations grow without bound, independent of traffic; the process will run out of memory.",
@@ -197,12 +192,10 @@ MEMORY_LEAK = Diagnosis(
                 ["more than one replica"], ["a single replica"])],
         ["fragscope_torch_allocated_bytes flat (slope ~0) over hours at steady traffic",
          "no torch OOMs"],
-        ["pytorch docs: torch_cuda_memory.html (memory snapshots)"]),
-    detect=memory_leak.detect, config=memory_leak.Config,
-    requires=memory_leak.REQUIRES, corroborates=memory_leak.CORROBORATES, actions=_leak_actions,
+        ["pytorch docs: torch_cuda_memory.html (memory snapshots)"]), actions=_leak_actions,
     short_window_reason="a leak shows only as growth over time: give it at least 30 min of history "
                         "(e.g. diagnose --agent URL --since 1h, or a recording of that length)",
-    min_trend_span_s=30 * 60.0, alert=memory_leak.alert_rule, capture=("snapshot",))
+    min_trend_span_s=30 * 60.0)
 
 
 # --- clock-throttling --------------------------------------------------------------------------
@@ -211,8 +204,8 @@ def _throttling_actions(ctx: dict, config: dict) -> list[str]:
             f"{(_f(ctx.get('clock_drop_ratio')) or 0) * 100:.0f} % down."]
 
 
-THROTTLING = Diagnosis(
-    throttling.ID,
+THROTTLING = Diagnosis.from_module(
+    throttling,
     Playbook(
         throttling.ID, "GPU clock throttling",
         "The GPU lowered its clocks for power or temperature; the same work runs slower.",
@@ -227,10 +220,7 @@ THROTTLING = Diagnosis(
          Action("hw_slowdown / hw_power_brake_slowdown: a hardware or PSU signal — drain the node and open a "
                 "hardware ticket.", ["reason hw_slowdown or hw_power_brake_slowdown"], [])],
         ["SM clock back near its max under load; throttle reasons inactive; tokens/s back to baseline"],
-        ["NVML nvmlDeviceGetCurrentClocksEventReasons"]),
-    detect=throttling.detect, config=throttling.Config,
-    requires=throttling.REQUIRES, corroborates=throttling.CORROBORATES, actions=_throttling_actions,
-    level=throttling.level, alert=throttling.alert_rule, signature=throttling.signature)
+        ["NVML nvmlDeviceGetCurrentClocksEventReasons"]), actions=_throttling_actions)
 
 
 # --- launch-bound ------------------------------------------------------------------------------
@@ -241,8 +231,8 @@ def _launch_actions(ctx: dict, config: dict) -> list[str]:
     return ["Remove --enforce-eager if set (CUDA graphs), and check the container's CPU throttling."]
 
 
-LAUNCH_BOUND = Diagnosis(
-    launch_bound.ID,
+LAUNCH_BOUND = Diagnosis.from_module(
+    launch_bound,
     Playbook(
         launch_bound.ID, "Host-bound kernel launches",
         "Requests are running but the GPU waits on the CPU between kernels.",
@@ -257,10 +247,8 @@ LAUNCH_BOUND = Diagnosis(
          Action("Fuse small kernels (torch.compile, fused ops) to cut launch count.", [], [])],
         ["kernel gap p50 back to tens of µs; GPU idle share < 10 %; utilization up at the same traffic"],
         ["HTA idle time and kernel launch statistics"]),
-    detect=launch_bound.detect, config=launch_bound.Config,
-    requires=launch_bound.REQUIRES, corroborates=launch_bound.CORROBORATES,
     actions=_launch_actions, also_from=("trace",),
-    runs_on_short_windows=True, alert=launch_bound.alert_rule, capture=("profile",))  # its evidence is level already: work waiting while the GPU idles between kernels
+    runs_on_short_windows=True)  # its evidence is level already: work waiting while the GPU idles between kernels
 
 
 # --- capacity-saturation -----------------------------------------------------------------------
@@ -276,8 +264,8 @@ def _saturation_actions(ctx: dict) -> list[str]:
             "window) while requests queue."]
 
 
-SATURATION = Diagnosis(
-    saturation.ID,
+SATURATION = Diagnosis.from_module(
+    saturation,
     Playbook(
         saturation.ID, "Capacity saturation (healthy but busy)",
         "The server is doing all it can: queue and KV usage rose with traffic, throughput with them, no pathology.",
@@ -287,11 +275,7 @@ SATURATION = Diagnosis(
          Action("If latency SLOs matter more than throughput: cap max_num_seqs to bound the batch.",
                 [], ["throughput-oriented batch traffic"])],
         ["requests waiting back to ~0 at the same traffic; TTFT p99 within SLO"], []),
-    detect=saturation.detect, config=saturation.Config,
-    requires=saturation.REQUIRES, corroborates=saturation.CORROBORATES,
-    actions=lambda ctx, config: _saturation_actions(ctx),
-    level=saturation.level, level_on_long_windows=False, alert=saturation.alert_rule,
-    suppressed_by=saturation.SUPPRESSED_BY)
+    actions=lambda ctx, config: _saturation_actions(ctx), level_on_long_windows=False)
 
 
 # --- kv-block-size-mismatch --------------------------------------------------------------------
@@ -303,8 +287,8 @@ def _block_actions(ctx: dict, config: dict) -> list[str]:
             f"{(_f(ctx.get('waste')) or 0) * 100:.0f} % → {(_f(ctx.get('recommended_waste')) or 0) * 100:.0f} %."]
 
 
-BLOCK_SIZE = Diagnosis(
-    block_size.ID,
+BLOCK_SIZE = Diagnosis.from_module(
+    block_size,
     Playbook(
         block_size.ID, "KV block size too large for the sequences",
         "Partial last blocks waste KV memory: the pool holds fewer sequences than it could.",
@@ -314,16 +298,13 @@ BLOCK_SIZE = Diagnosis(
                 ["prefix caching hit rates depend on block granularity: re-check them after the change"])],
         ["more KV blocks in use per request at the same traffic; fewer preemptions at peaks"],
         ["vLLM paper (Kwon et al., SOSP 2023), internal fragmentation of the last block: waste ≈ (block_size − 1) / (2 × avg_seq_len + block_size − 1)"]),
-    detect=block_size.detect, config=getattr(block_size, "Config", None),
-    requires=block_size.REQUIRES, corroborates=block_size.CORROBORATES,
-    actions=_block_actions, runs_on_short_windows=True, alert=block_size.alert_rule)
+    actions=_block_actions, runs_on_short_windows=True)
 
 
 # --- kv-pool-undersized (docs/sizing.md): metrics alone here; the engine log's figures in diagnose logs ----
-KV_POOL = Diagnosis(
-    kv_pool.ID, KV_POOL_UNDERSIZED, detect=kv_pool.detect, config=kv_pool.Config,
-    requires=kv_pool.REQUIRES, corroborates=kv_pool.CORROBORATES, actions=kv_pool_undersized_actions,
-    also_from=("log",), runs_on_short_windows=True, alert=kv_pool.alert_rule)  # a level judgement: peaks over whatever window is given
+KV_POOL = Diagnosis.from_module(
+    kv_pool, KV_POOL_UNDERSIZED, actions=kv_pool_undersized_actions,
+    also_from=("log",), runs_on_short_windows=True)  # a level judgement: peaks over whatever window is given
 
 
 # Run order of the window detectors (the order findings of equal rank are listed in).
