@@ -436,3 +436,39 @@ def test_connections_past_the_cap_are_answered_503_without_a_thread(api):
     while srv._slots._value < 4 and time.monotonic() < deadline:  # freed once the clients hang up
         time.sleep(0.05)
     assert _code(f"{base}/healthz")[0] == 200
+
+
+def test_a_hard_link_in_the_probe_directory_is_refused(tmp_path):
+    d = tmp_path / "probe"
+    d.mkdir()
+    (d / "torch-1.json").write_bytes(_record(1))
+    (tmp_path / "elsewhere.json").write_bytes(_record(2))
+    os.link(tmp_path / "elsewhere.json", d / "torch-2.json")
+    c = TorchProbeCollector(str(d))
+    res = c.collect(time.time())
+    assert res.up
+    assert {dict(s.labels).get("pid") for s in res.samples if s.name == "fragscope_torch_reserved_bytes"} == {"1"}
+    assert c.dropped["probe_unsafe"] == 1
+
+
+def test_the_agent_page_answers_with_denormal_and_huge_gauges():
+    import urllib.request
+
+    from fragscope.agent.api import serve
+
+    cfg = AgentConfig(listen="127.0.0.1:0", data_dir=None, store_enabled=False, detect_window=600.0, detect_step=5.0)
+    state = AgentState(cfg)
+    state.ring = Ring(600.0, 5.0)
+    now = time.time()
+    for i in range(20):
+        t = now - 100 + 5 * i
+        state.ring.add([Sample("vllm:kv_cache_usage_perc", (("engine", "0"),), t, 5e-324 if i % 2 else 0.0),
+                        Sample("vllm:num_requests_waiting", (("engine", "0"),), t, 1.7e308 if i % 3 else 5e-324)])
+    srv = serve(state, cfg)
+    try:
+        url = f"http://127.0.0.1:{srv.server_address[1]}/?format=html"
+        with urllib.request.urlopen(url, timeout=30) as r:  # noqa: S310 - 127.0.0.1 only
+            assert r.status == 200 and b"<svg" in r.read()
+    finally:
+        srv.shutdown()
+        srv.server_close()

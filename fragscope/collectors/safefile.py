@@ -138,7 +138,7 @@ def read_untrusted(path: str, uids: frozenset[int] | None, max_bytes: int) -> by
     """The bytes of ``path``, a file another process publishes (the probe directory), read the way the
     agent's captures take files: never through a symbolic link (O_NOFOLLOW), never a FIFO or device
     (O_NONBLOCK, then a regular-file check on the open descriptor), owned by one of ``uids`` (None: any),
-    not writable by everyone, at most ``max_bytes`` (checked on the descriptor and while reading).
+    not writable by everyone, one link only, at most ``max_bytes`` (checked on the descriptor and while reading).
     Raises UnsafeFile or OSError."""
     import errno
 
@@ -158,6 +158,8 @@ def read_untrusted(path: str, uids: frozenset[int] | None, max_bytes: int) -> by
                                           "user or the directory's owner; see capture.probe_uids); refused")
         if st.st_mode & stat.S_IWOTH:
             raise UnsafeFile(errno.EPERM, "writable by every user; refused")
+        if st.st_nlink != 1:  # a hard link to a file elsewhere (the probe publishes by rename: one link)
+            raise UnsafeFile(errno.EPERM, f"has {st.st_nlink} hard links; refused")
         if st.st_size > max_bytes:
             raise UnsafeFile(errno.EFBIG, f"{st.st_size} bytes, over the {max_bytes} byte limit; refused")
         chunks = []
