@@ -35,7 +35,11 @@ def registry_gaps(d: Diagnosis, registry=REGISTRY) -> list[str]:
         gaps.append("playbook: what to do now, durable fixes (each with its text), how to verify")
     if PLAYBOOKS.get(d.id) is not pb:
         gaps.append("playbook not in PLAYBOOKS (register it through fragscope.playbooks)")
+    from fragscope.playbooks.registry import THRESHOLDS_BEGIN, THRESHOLDS_END
+
     doc = (ROOT / "docs" / "diagnoses.md").read_text(encoding="utf-8")
+    if THRESHOLDS_BEGIN in doc:  # the generated threshold table is no description
+        doc = doc[:doc.index(THRESHOLDS_BEGIN)] + doc[doc.index(THRESHOLDS_END):]
     if not any(f"`{d.id}`" in ln for ln in doc.splitlines() if ln.startswith("|")):
         gaps.append(f"no table row for `{d.id}` in docs/diagnoses.md")
     for s in d.suppressed_by:
@@ -262,3 +266,10 @@ def test_docs_state_the_memory_leak_thresholds_of_its_config():
                if ln.startswith("| `memory-leak` |"))
     assert f"≥ {c.growth_of_base * 100:g} % of baseline" in row and f"≥ {c.growth_of_total * 100:g} % of the GPU" in row
     assert f"R² ≥ {c.r2_min:g}" in row
+
+
+def test_docs_threshold_table_is_generated_from_the_configs():
+    from fragscope.playbooks.registry import thresholds_markdown
+
+    assert thresholds_markdown(REGISTRY) in (ROOT / "docs" / "diagnoses.md").read_text(encoding="utf-8"), \
+        "stale: python -m fragscope.playbooks into docs/diagnoses.md#thresholds"
