@@ -12,11 +12,11 @@ H = "INFO 05-01 10:00:01 [worker.py:1] "
 
 
 def test_sizing_reads_the_collectors_patterns():
-    for name in ("_BLOCKS", "_KV_TOKENS", "_MAX_CONC", "_AVAIL_KV", "_WEIGHTS", "_GRAPH", "_SHORTFALL", "_KV_INSUFF",
-                 "_KV_INSUFF_EST"):
+    for name in ("BLOCKS", "KV_TOKENS", "MAX_CONC", "AVAIL_KV", "WEIGHTS", "GRAPH", "SHORTFALL", "KV_INSUFF",
+                 "KV_INSUFF_EST"):
         assert getattr(wordings, name) is getattr(patterns, name), name
-    assert set(wordings._V0_PROSE.values()) <= {rx for _, rx in patterns.PROFILE_PROSE}
-    assert set(wordings._V0_KV.values()) <= {rx for _, rx in patterns.PROFILE_KEYVALUE}
+    assert set(wordings.V0_PROSE.values()) <= {rx for _, rx in patterns.PROFILE_PROSE}
+    assert set(wordings.V0_KV.values()) <= {rx for _, rx in patterns.PROFILE_KEYVALUE}
 
 
 @pytest.mark.parametrize("line,gpu,cpu", [

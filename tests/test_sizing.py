@@ -455,14 +455,14 @@ def test_full_v0_log_judges_the_pool_from_its_own_stats_lines():
 def test_every_marker_passes_the_line_gate():
     from fragscope.sizing import wordings as W
 
-    markers = [x for _, subs in W._PHASES for x in subs] + list(W._READY) + list(W._NEW_STARTUP)
-    assert all(W._gate(m) for m in markers), [m for m in markers if not W._gate(m)]
+    markers = [x for _, subs in W.PHASES for x in subs] + list(W.READY) + list(W.NEW_STARTUP)
+    assert all(W.may_be_startup_line(m) for m in markers), [m for m in markers if not W.may_be_startup_line(m)]
     for name in os.listdir(DATA):  # every fixture line that carries a figure passes it
         with open(os.path.join(DATA, name), encoding="utf-8") as fh:
             for line in fh:
                 if any(u in line for u in ("GiB", "GB", "blocks", "tokens")):
-                    assert W._gate(line), (name, line)
-    assert not W._gate('INFO:     127.0.0.1:5555 - "POST /v1/completions HTTP/1.1" 200 OK')
+                    assert W.may_be_startup_line(line), (name, line)
+    assert not W.may_be_startup_line('INFO:     127.0.0.1:5555 - "POST /v1/completions HTTP/1.1" 200 OK')
 
 
 def test_pool_sized_to_the_demand_when_it_fits_under_the_ceiling():

@@ -18,13 +18,13 @@ from ..collectors.enginelog import parse_log_line
 from ..collectors.enginelog.prefixes import Clock, split_line
 from ..collectors.enginelog.rejoin import unwrap_lines
 from ..collectors.enginelog.patterns import async_oom_complete, fill_async_oom
-from .wordings import (_ANSI, _AVAIL_KV, _BLOCKS, _CFG, _ENGINE_V, _GRAPH, _GRAPH_EST, _GRAPH_POOL,
-                       _GRAPH_PROFILING_OFF, _GRAPH_PROFILING_ON, _KV_INSUFF, _KV_INSUFF_EST, _KV_INSUFF_OLD,
-                       _KV_TOKENS, _MAX_CONC, _NEW_STARTUP, _NO_CACHE, _PHASES, _READY, _SG_AVAIL, _SG_FIELDS,
-                       _SG_GRAPH_BEGIN, _SG_GRAPH_END, _SG_KV, _SG_LOAD_BEGIN, _SG_LOAD_END, _SG_MAX_TOTAL, _SG_POOL_END,
-                       _SHORTFALL, _SUMMARY_DESIRED, _SUMMARY_FIT, _SUMMARY_FREE, _SUMMARY_FULL, _SUMMARY_INUSE,
-                       _SUMMARY_PARTS, _V0_KV, _V0_KV_GMU, _V0_PROSE, _V0_PROSE_BUDGET, _V0_TABLE, _V0_TABLE_GMU,
-                       _VERSION, _WEIGHTS, _gate, _gib, _int, _size, _sz)
+from .wordings import (ANSI, AVAIL_KV, BLOCKS, CFG, ENGINE_V, GRAPH, GRAPH_EST, GRAPH_POOL,
+                       GRAPH_PROFILING_OFF, GRAPH_PROFILING_ON, KV_INSUFF, KV_INSUFF_EST, KV_INSUFF_OLD,
+                       KV_TOKENS, MAX_CONC, NEW_STARTUP, NO_CACHE, PHASES, READY, SG_AVAIL, SG_FIELDS,
+                       SG_GRAPH_BEGIN, SG_GRAPH_END, SG_KV, SG_LOAD_BEGIN, SG_LOAD_END, SG_MAX_TOTAL, SG_POOL_END,
+                       SHORTFALL, SUMMARY_DESIRED, SUMMARY_FIT, SUMMARY_FREE, SUMMARY_FULL, SUMMARY_INUSE,
+                       SUMMARY_PARTS, V0_KV, V0_KV_GMU, V0_PROSE, V0_PROSE_BUDGET, V0_TABLE, V0_TABLE_GMU,
+                       VERSION, WEIGHTS, may_be_startup_line, gib_with_commas, int_with_commas, size_of_match, signed_size_of_match)
 
 
 @dataclass
@@ -175,33 +175,33 @@ class StartupParser:
                 return
             self._async.pop("_limit_label", None)
             self._async = None
-        if not _gate(raw) or raw == self._last_raw:
+        if not may_be_startup_line(raw) or raw == self._last_raw:
             # the same line again (a progress bar redrawn, a worker's identical echo) sets what it set
             return
         self._last_raw = raw
         if ("is preempted " in raw or (self.acc.served and ("Avg prompt throughput" in raw or "batch" in raw))) \
                 and "out of memory" not in raw:
             return  # stats lines after start-up: the run-time summary reads them, not this parser
-        line = _ANSI.sub("", raw).rstrip("\r\n") if "\x1b" in raw else raw.rstrip("\r\n")
+        line = ANSI.sub("", raw).rstrip("\r\n") if "\x1b" in raw else raw.rstrip("\r\n")
         if not line.strip():
             return
         a = self.acc
-        if any(m in line for m in _NEW_STARTUP):
+        if any(m in line for m in NEW_STARTUP):
             if not ("Load weight begin" in line and self.phase == "load"):
                 self._new_startup()
                 a = self.acc
-        m = _ENGINE_V.search(line)
+        m = ENGINE_V.search(line)
         if m:
             a.engine = "vllm-" + m.group(1).lower()
-        m = _VERSION.search(line)
+        m = VERSION.search(line)
         if m:
             a.version = next(g for g in m.groups() if g)
             a.engine = a.engine or "vllm"
-        for name, sub in _PHASES:
+        for name, sub in PHASES:
             if any(s in line for s in sub):
                 self.phase = name
                 break
-        if any(s in line for s in _READY):
+        if any(s in line for s in READY):
             if a.pool_tokens or a.kv_cache_bytes is not None:
                 a.started = True
                 if any(s in line for s in ("Avg prompt throughput", "Decode batch", "Prefill batch")):
@@ -216,7 +216,7 @@ class StartupParser:
     def _config(self, line: str) -> None:
         if not ("Namespace(" in line or "args" in line or "config" in line or "ServerArgs(" in line):
             return
-        for name, (rx, conv) in _CFG.items():
+        for name, (rx, conv) in CFG.items():
             m = rx.search(line)
             if m:
                 target = "kv_cache_memory_bytes_setting" if name == "kv_cache_memory_bytes" else name
@@ -231,147 +231,147 @@ class StartupParser:
         if "Memory profiling results" in line:
             self._in_profile_table = True
             a.engine = a.engine or "vllm-v0"
-        m = _V0_PROSE_BUDGET.search(line)
+        m = V0_PROSE_BUDGET.search(line)
         if m:
-            self._set("total_gpu_memory_bytes", _size(m, 1))
+            self._set("total_gpu_memory_bytes", size_of_match(m, 1))
             self._set("gpu_memory_utilization", float(m.group(3)))
-            self._set("requested_memory_bytes", _size(m, 4))
+            self._set("requested_memory_bytes", size_of_match(m, 4))
             a.engine = a.engine or "vllm"
-        for rx_table in (_V0_PROSE, _V0_KV):
+        for rx_table in (V0_PROSE, V0_KV):
             for name, rx in rx_table.items():
                 m = rx.search(line)
                 if m:
-                    self._set(name, _sz(m))
+                    self._set(name, signed_size_of_match(m))
         if "kv_cache_size=" in line:
-            m = _V0_KV_GMU.search(line)
+            m = V0_KV_GMU.search(line)
             if m:
                 self._set("gpu_memory_utilization", float(m.group(1)))
         if self._in_profile_table:
             hit = False
-            for name, rx in _V0_TABLE.items():
+            for name, rx in V0_TABLE.items():
                 m = rx.search(line)
                 if m:
-                    self._set(name, _size(m))
+                    self._set(name, size_of_match(m))
                     hit = True
-            m = _V0_TABLE_GMU.search(line)
+            m = V0_TABLE_GMU.search(line)
             if m:
                 self._set("gpu_memory_utilization", float(m.group(1)))
                 hit = True
             if not hit and "Memory profiling results" not in line and "duration" not in line:
                 self._in_profile_table = False
-        m = _WEIGHTS.search(line)
+        m = WEIGHTS.search(line)
         if m:
-            self._set("weights_bytes", _size(m))
+            self._set("weights_bytes", size_of_match(m))
             a.engine = a.engine or "vllm"
-        m = _BLOCKS.search(line)
+        m = BLOCKS.search(line)
         if m:
-            self._set("gpu_blocks", _int(m.group(2)))
+            self._set("gpu_blocks", int_with_commas(m.group(2)))
             if m.group(3) is not None:
-                self._set("cpu_blocks", _int(m.group(3)))
+                self._set("cpu_blocks", int_with_commas(m.group(3)))
             a.engine = a.engine or "vllm"
-        m = _KV_TOKENS.search(line)
+        m = KV_TOKENS.search(line)
         if m:
-            self._set("kv_cache_tokens", _int(m.group(2)))
+            self._set("kv_cache_tokens", int_with_commas(m.group(2)))
             a.engine = a.engine or "vllm-v1"
-        m = _MAX_CONC.search(line)
+        m = MAX_CONC.search(line)
         if m:
-            self._set("max_concurrency_tokens_per_request", _int(m.group(1)))
+            self._set("max_concurrency_tokens_per_request", int_with_commas(m.group(1)))
             self._set("max_concurrency", float(m.group(2).replace(",", "")))
-        m = _AVAIL_KV.search(line)
+        m = AVAIL_KV.search(line)
         if m:
-            self._set("kv_cache_bytes", _sz(m))
+            self._set("kv_cache_bytes", signed_size_of_match(m))
             a.engine = a.engine or "vllm-v1"
-        m = _GRAPH.search(line)
+        m = GRAPH.search(line)
         if m:
             self._set("cuda_graph_seconds", float(m.group(1)))
             if m.group(2) is not None:
-                self._set("cuda_graph_bytes", _size(m, 2))
-        m = _GRAPH_EST.search(line)
+                self._set("cuda_graph_bytes", size_of_match(m, 2))
+        m = GRAPH_EST.search(line)
         if m:
-            self._set("cuda_graph_estimate_bytes", _size(m))
+            self._set("cuda_graph_estimate_bytes", size_of_match(m))
             if a.cuda_graph_in_budget is None:
                 self._set("cuda_graph_in_budget", True)
-        m = _GRAPH_POOL.search(line)
+        m = GRAPH_POOL.search(line)
         if m:
-            self._set("cuda_graph_bytes", _size(m, 1))
-            self._set("cuda_graph_estimate_bytes", _size(m, 3))
-        if _GRAPH_PROFILING_ON.search(line):
+            self._set("cuda_graph_bytes", size_of_match(m, 1))
+            self._set("cuda_graph_estimate_bytes", size_of_match(m, 3))
+        if GRAPH_PROFILING_ON.search(line):
             self._set("cuda_graph_in_budget", True)
-            self._set("gpu_memory_utilization", float(_GRAPH_PROFILING_ON.search(line).group(1)))
-        elif _GRAPH_PROFILING_OFF in line:
+            self._set("gpu_memory_utilization", float(GRAPH_PROFILING_ON.search(line).group(1)))
+        elif GRAPH_PROFILING_OFF in line:
             self._set("cuda_graph_in_budget", False)
-        m = _SUMMARY_FREE.search(line)
+        m = SUMMARY_FREE.search(line)
         if m:
-            self._set("startup_free_bytes", _gib(m.group(1)))
-            self._set("total_gpu_memory_bytes", _gib(m.group(2)))
-            d = _SUMMARY_DESIRED.search(line)
+            self._set("startup_free_bytes", gib_with_commas(m.group(1)))
+            self._set("total_gpu_memory_bytes", gib_with_commas(m.group(2)))
+            d = SUMMARY_DESIRED.search(line)
             if d:
                 self._set("gpu_memory_utilization", float(d.group(1)))
-                self._set("requested_memory_bytes", _gib(d.group(2)))
-            for name, rx in _SUMMARY_PARTS.items():
+                self._set("requested_memory_bytes", gib_with_commas(d.group(2)))
+            for name, rx in SUMMARY_PARTS.items():
                 p = rx.search(line)
                 if p:
-                    self._set(name, _gib(p.group(1)))
-            for name, rx in (("kv_cache_memory_bytes_fit", _SUMMARY_FIT), ("kv_cache_memory_bytes_full", _SUMMARY_FULL)):
+                    self._set(name, gib_with_commas(p.group(1)))
+            for name, rx in (("kv_cache_memory_bytes_fit", SUMMARY_FIT), ("kv_cache_memory_bytes_full", SUMMARY_FULL)):
                 p = rx.search(line)
                 if p:
                     self._set(name, int(p.group(1)))
-            p = _SUMMARY_INUSE.search(line)
+            p = SUMMARY_INUSE.search(line)
             if p:
-                self._set("kv_cache_bytes", _gib(p.group(1)))
+                self._set("kv_cache_bytes", gib_with_commas(p.group(1)))
             a.engine = "vllm-v1"
 
     def _sglang(self, line: str) -> None:
         a = self.acc
-        m = _SG_LOAD_BEGIN.search(line)
+        m = SG_LOAD_BEGIN.search(line)
         if m:
             if a.sglang_free_at_init_bytes is None:  # a draft model (MTP / EAGLE) loads second: keep the first
-                self._set("sglang_free_at_init_bytes", _size(m))
+                self._set("sglang_free_at_init_bytes", size_of_match(m))
             if self._sg_loads and not self._sg_after_begin:
                 # a begin after an end: another model (draft) loads; its ends add to what is loaded so far
                 self._sg_base = a.weights_bytes
             self._sg_after_begin = True
             a.engine = "sglang"
-        m = _SG_LOAD_END.search(line)
+        m = SG_LOAD_END.search(line)
         if m:
-            self._set("sglang_free_after_weights_bytes", _size(m, 1))
+            self._set("sglang_free_after_weights_bytes", size_of_match(m, 1))
             # a draft model's "mem usage" adds to the target's (it can be negative: shared embeddings freed);
             # tensor-parallel workers print their own end lines after all begins: those replace, not add
-            usage = _size(m, 3)
+            usage = size_of_match(m, 3)
             if self._sg_base is not None:
                 usage += self._sg_base
             self._sg_after_begin = False
-            self._sg_loads.append(_size(m, 3))
+            self._sg_loads.append(size_of_match(m, 3))
             self._set("weights_bytes", usage)
             a.engine = "sglang"
-        m = _SG_KV.search(line)
+        m = SG_KV.search(line)
         if m:
-            self._set("kv_cache_tokens", _int(m.group(1)))
-            self._set("kv_cache_bytes", _size(m, 2) + _size(m, 4))
+            self._set("kv_cache_tokens", int_with_commas(m.group(1)))
+            self._set("kv_cache_bytes", size_of_match(m, 2) + size_of_match(m, 4))
             a.engine = "sglang"
-        m = _SG_POOL_END.search(line)
+        m = SG_POOL_END.search(line)
         if m:
-            self._set("sglang_free_after_pool_bytes", _size(m))
-        m = _SG_GRAPH_BEGIN.search(line)
+            self._set("sglang_free_after_pool_bytes", size_of_match(m))
+        m = SG_GRAPH_BEGIN.search(line)
         if m:
-            self._set("sglang_free_at_graph_begin_bytes", _size(m))
-        m = _SG_GRAPH_END.search(line)
+            self._set("sglang_free_at_graph_begin_bytes", size_of_match(m))
+        m = SG_GRAPH_END.search(line)
         if m:
             self._set("cuda_graph_seconds", float(m.group(1)))
             if m.group(2) is not None:
-                self._set("cuda_graph_bytes", _size(m, 2))
+                self._set("cuda_graph_bytes", size_of_match(m, 2))
             if m.group(4) is not None:
-                self._set("sglang_free_after_graphs_bytes", _size(m, 4))
-        m = _SG_MAX_TOTAL.search(line)
+                self._set("sglang_free_after_graphs_bytes", size_of_match(m, 4))
+        m = SG_MAX_TOTAL.search(line)
         if m:
             self._set("max_total_num_tokens", int(m.group(1)))
-            for name, rx in _SG_FIELDS.items():
+            for name, rx in SG_FIELDS.items():
                 g = rx.search(line)
                 if g:
                     self._set(name, int(g.group(1)))
-            g = _SG_AVAIL.search(line)
+            g = SG_AVAIL.search(line)
             if g:
-                self._set("sglang_free_after_graphs_bytes", _size(g))
+                self._set("sglang_free_after_graphs_bytes", size_of_match(g))
             a.engine = "sglang"
             a.started = True  # SGLang prints this once the scheduler is up
 
@@ -385,34 +385,34 @@ class StartupParser:
             if self.phase in ("graph-capture", "profile", "kv-allocation", "load") and a.failure.get("phase") is None:
                 a.failure["phase"] = self.phase
             return
-        m = _SHORTFALL.search(line)
+        m = SHORTFALL.search(line)
         if m:
             a.failure = {"kind": "startup-shortfall", "phase": "init", "line": self.line_no,
-                         "free_bytes": _gib(m.group(1)), "total_bytes": _gib(m.group(2)),
-                         "gpu_memory_utilization": float(m.group(3)), "requested_bytes": _gib(m.group(4))}
-            self._set("total_gpu_memory_bytes", _gib(m.group(2)))
+                         "free_bytes": gib_with_commas(m.group(1)), "total_bytes": gib_with_commas(m.group(2)),
+                         "gpu_memory_utilization": float(m.group(3)), "requested_bytes": gib_with_commas(m.group(4))}
+            self._set("total_gpu_memory_bytes", gib_with_commas(m.group(2)))
             self._set("gpu_memory_utilization", float(m.group(3)))
-            self._set("requested_memory_bytes", _gib(m.group(4)))
-            self._set("startup_free_bytes", _gib(m.group(1)))
+            self._set("requested_memory_bytes", gib_with_commas(m.group(4)))
+            self._set("startup_free_bytes", gib_with_commas(m.group(1)))
             a.engine = a.engine or "vllm"  # vLLM's own wordings (gpu_worker.py, kv_cache_utils.py)
             return
-        if _NO_CACHE.search(line):
+        if NO_CACHE.search(line):
             a.failure = {"kind": "no-kv-memory", "phase": "kv-allocation", "line": self.line_no}
             return
-        m = _KV_INSUFF_OLD.search(line)
+        m = KV_INSUFF_OLD.search(line)
         if m:
             a.failure = {"kind": "kv-insufficient", "phase": "kv-allocation", "line": self.line_no,
                          "max_model_len": int(m.group(1)), "available_tokens": int(m.group(2))}
             a.engine = a.engine or "vllm"
             return
-        m = _KV_INSUFF.search(line)
+        m = KV_INSUFF.search(line)
         if m:
             f = {"kind": "kv-insufficient", "phase": "kv-allocation", "line": self.line_no,
-                 "max_model_len": _int(m.group(1)), "needed_bytes": _gib(m.group(2)),
-                 "available_bytes": _gib(m.group(3))}
-            e = _KV_INSUFF_EST.search(line)
+                 "max_model_len": int_with_commas(m.group(1)), "needed_bytes": gib_with_commas(m.group(2)),
+                 "available_bytes": gib_with_commas(m.group(3))}
+            e = KV_INSUFF_EST.search(line)
             if e:
-                f["estimated_max_model_len"] = _int(e.group(1))
+                f["estimated_max_model_len"] = int_with_commas(e.group(1))
             a.failure = f
             a.engine = a.engine or "vllm"
             return

@@ -11,34 +11,34 @@ from __future__ import annotations
 import re
 
 from ..collectors.enginelog import parse_size
-from ..collectors.enginelog.patterns import (_AVAIL_KV, _BLOCKS, _GRAPH, _KV_INSUFF, _KV_INSUFF_EST,  # noqa: F401
-                                             _KV_TOKENS, _MAX_CONC, _SHORTFALL, _WEIGHTS, PROFILE_KEYVALUE,
+from ..collectors.enginelog.patterns import (AVAIL_KV, BLOCKS, GRAPH, KV_INSUFF, KV_INSUFF_EST,  # noqa: F401
+                                             KV_TOKENS, MAX_CONC, SHORTFALL, WEIGHTS, PROFILE_KEYVALUE,
                                              PROFILE_PROSE, signed_size)
 from ..units import GiB as GIB
 
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _NUM = r"(-?\d[\d,]*(?:\.\d+)?)"
 _UNIT = r"\s*(bytes|B|KiB|KB|MiB|MB|GiB|GB|TiB|TB)\b"
 _SIZE = _NUM + _UNIT
 
 
-def _size(m: re.Match, i: int = 1) -> float:
+def size_of_match(m: re.Match, i: int = 1) -> float:
     num = m.group(i)
     neg = num.startswith("-")
     v = parse_size(num.lstrip("-"), m.group(i + 1))
     return -v if neg else v
 
 
-def _sz(m: re.Match, i: int = 1) -> float:
+def signed_size_of_match(m: re.Match, i: int = 1) -> float:
     """A size from a shared wording (collectors.enginelog.patterns), signed where vLLM can print it below 0."""
     return signed_size(m, i)
 
 
-def _int(s: str) -> int:
+def int_with_commas(s: str) -> int:
     return int(s.replace(",", ""))
 
 
-def _gib(s: str) -> float:
+def gib_with_commas(s: str) -> float:
     return float(s.replace(",", "")) * GIB
 
 
@@ -46,8 +46,8 @@ def _gib(s: str) -> float:
 # vLLM wordings. V0 0.6.4 (PR #10511 era, a table), V0 0.6.5-0.8 (prose, worker.py), older V0
 # (key=value), V1 (gpu_worker.py / kv_cache_utils.py), V1 >= 0.21 (CUDA-graph estimate and the
 # one-line "Free memory on device ... on startup." summary).
-_V0_PROSE_BUDGET = re.compile(r"total_gpu_memory \(" + _SIZE + r"\) x gpu_memory_utilization \(([\d.]+)\) = " + _SIZE)
-_V0_TABLE = {  # "INFO ... worker.py:243] total_gpu_memory     79.22GiB" under "Memory profiling results:"
+V0_PROSE_BUDGET = re.compile(r"total_gpu_memory \(" + _SIZE + r"\) x gpu_memory_utilization \(([\d.]+)\) = " + _SIZE)
+V0_TABLE = {  # "INFO ... worker.py:243] total_gpu_memory     79.22GiB" under "Memory profiling results:"
     "total_gpu_memory_bytes": re.compile(r"\btotal_gpu_memory\s+" + _SIZE),
     "requested_memory_bytes": re.compile(r"the current vLLM instance can use\s+" + _SIZE),
     "weights_bytes": re.compile(r"model weights take\s+" + _SIZE),
@@ -55,37 +55,37 @@ _V0_TABLE = {  # "INFO ... worker.py:243] total_gpu_memory     79.22GiB" under "
     "activation_peak_bytes": re.compile(r"PyTorch activation peak memory\s+" + _SIZE),
     "kv_cache_bytes": re.compile(r"available_kv_cache_memory\s+" + _SIZE),
 }
-_V0_TABLE_GMU = re.compile(r"\bgpu_memory_utilization\s+([\d.]+)\s*$")
-_V0_KV = {k: rx for k, rx in PROFILE_KEYVALUE if k != "initial_memory_usage_bytes"}
-_V0_KV_GMU = re.compile(r"gpu_memory_utilization=([\d.]+)")
-_V0_PROSE = {k: rx for k, rx in PROFILE_PROSE if k != "total_gpu_memory_bytes"}  # the total: _V0_PROSE_BUDGET
-_GRAPH_EST = re.compile(r"Estimated CUDA graph memory: " + _SIZE)
-_GRAPH_POOL = re.compile(r"CUDA graph pool memory: " + _SIZE + r" \(actual\), " + _SIZE + r" \(estimated\)")
-_GRAPH_PROFILING_ON = re.compile(r"current --gpu-memory-utilization=([\d.]+) is equivalent to "
+V0_TABLE_GMU = re.compile(r"\bgpu_memory_utilization\s+([\d.]+)\s*$")
+V0_KV = {k: rx for k, rx in PROFILE_KEYVALUE if k != "initial_memory_usage_bytes"}
+V0_KV_GMU = re.compile(r"gpu_memory_utilization=([\d.]+)")
+V0_PROSE = {k: rx for k, rx in PROFILE_PROSE if k != "total_gpu_memory_bytes"}  # the total: V0_PROSE_BUDGET
+GRAPH_EST = re.compile(r"Estimated CUDA graph memory: " + _SIZE)
+GRAPH_POOL = re.compile(r"CUDA graph pool memory: " + _SIZE + r" \(actual\), " + _SIZE + r" \(estimated\)")
+GRAPH_PROFILING_ON = re.compile(r"current --gpu-memory-utilization=([\d.]+) is equivalent to "
                                  r"--gpu-memory-utilization=([\d.]+) without CUDA graph memory profiling")
-_GRAPH_PROFILING_OFF = "CUDA graph memory profiling is disabled"
+GRAPH_PROFILING_OFF = "CUDA graph memory profiling is disabled"
 # V1 >= 0.2x gpu_worker.py: one line after graph capture
-_SUMMARY_FREE = re.compile(r"Free memory on device(?: \S+)? \(([\d.,]+)/([\d.,]+) GiB\) on startup\. ")
-_SUMMARY_DESIRED = re.compile(r"Desired GPU memory utilization is \(([\d.]+), ([\d.,]+) GiB\)")
-_SUMMARY_PARTS = {
+SUMMARY_FREE = re.compile(r"Free memory on device(?: \S+)? \(([\d.,]+)/([\d.,]+) GiB\) on startup\. ")
+SUMMARY_DESIRED = re.compile(r"Desired GPU memory utilization is \(([\d.]+), ([\d.,]+) GiB\)")
+SUMMARY_PARTS = {
     "consumed_memory_bytes": re.compile(r"([\d.,]+) GiB for consumed memory"),
     "weights_bytes": re.compile(r"([\d.,]+) GiB for weights?\b"),
     "activation_peak_bytes": re.compile(r"([\d.,]+) GiB for peak activation"),
     "non_torch_memory_bytes": re.compile(r"([\d.,]+) GiB for non-torch memory"),
     "cuda_graph_bytes": re.compile(r"([\d.,]+) GiB for CUDAGraph memory"),
 }
-_SUMMARY_FIT = re.compile(r"`--kv-cache-memory(?:-bytes)?=(\d+)`[^`]*?to fit into requested memory")
-_SUMMARY_FULL = re.compile(r"`--kv-cache-memory(?:-bytes)?=(\d+)`[^`]*?to fully utilize gpu memory")
-_SUMMARY_INUSE = re.compile(r"Current kv cache memory in use is ([\d.,]+) GiB")
-# failures at start-up (_SHORTFALL, _KV_INSUFF, _KV_INSUFF_EST: collectors.enginelog.patterns)
-_NO_CACHE = re.compile(r"No available memory for the cache blocks|Not enough memory\. Please try to increase "
+SUMMARY_FIT = re.compile(r"`--kv-cache-memory(?:-bytes)?=(\d+)`[^`]*?to fit into requested memory")
+SUMMARY_FULL = re.compile(r"`--kv-cache-memory(?:-bytes)?=(\d+)`[^`]*?to fully utilize gpu memory")
+SUMMARY_INUSE = re.compile(r"Current kv cache memory in use is ([\d.,]+) GiB")
+# failures at start-up (SHORTFALL, KV_INSUFF, KV_INSUFF_EST: collectors.enginelog.patterns)
+NO_CACHE = re.compile(r"No available memory for the cache blocks|Not enough memory\. Please try to increase "
                        r"--mem-fraction-static")
 # V0 (2023-24): "The model's max seq len (4096) is larger than the maximum number of tokens that can be stored
 # in KV cache (3664)."
-_KV_INSUFF_OLD = re.compile(r"max seq len \((\d+)\) is larger than the maximum number of tokens that can be stored "
+KV_INSUFF_OLD = re.compile(r"max seq len \((\d+)\) is larger than the maximum number of tokens that can be stored "
                             r"in KV cache \((\d+)\)")
 # configuration echoes: Namespace(...), "non-default args: {...}", "Initializing a V0 LLM engine (v0.7.2) with config:"
-_CFG = {
+CFG = {
     "gpu_memory_utilization": (re.compile(r"['\"]?gpu_memory_utilization['\"]?\s*[:=]\s*([\d.]+)"), float),
     "max_model_len": (re.compile(r"['\"]?(?:max_model_len|max_seq_len)['\"]?\s*[:=]\s*(\d+)"), int),
     "max_num_seqs": (re.compile(r"['\"]?max_num_seqs['\"]?\s*[:=]\s*(\d+)"), int),
@@ -95,30 +95,30 @@ _CFG = {
     "mem_fraction_static": (re.compile(r"['\"]?mem_fraction_static['\"]?\s*[:=]\s*([\d.]+)"), float),
     "page_size": (re.compile(r"\bpage_size['\"]?\s*[:=]\s*(\d+)"), int),
 }
-_VERSION = re.compile(r"vLLM API server version:? v?([\w.+\-]+)|Initializing an? (?:V[01] )?LLM engine \(v([\w.+\-]+)\)"
+VERSION = re.compile(r"vLLM API server version:? v?([\w.+\-]+)|Initializing an? (?:V[01] )?LLM engine \(v([\w.+\-]+)\)"
                       r"|█\s+version\s+([\w.+\-]+)")
-_ENGINE_V = re.compile(r"Initializing an? (V[01]) LLM engine")
+ENGINE_V = re.compile(r"Initializing an? (V[01]) LLM engine")
 
 # SGLang (scheduler / model_runner / cuda_graph_runner)
-_SG_LOAD_BEGIN = re.compile(r"Load weight begin\. avail mem=" + _SIZE)
-_SG_LOAD_END = re.compile(r"Load weight end\..*?avail mem=" + _SIZE + r", mem usage=" + _SIZE)
-_SG_KV = re.compile(r"KV Cache is allocated\.(?: dtype: [\w.]+,)? #tokens: ([\d,]+), K size: " + _SIZE +
+SG_LOAD_BEGIN = re.compile(r"Load weight begin\. avail mem=" + _SIZE)
+SG_LOAD_END = re.compile(r"Load weight end\..*?avail mem=" + _SIZE + r", mem usage=" + _SIZE)
+SG_KV = re.compile(r"KV Cache is allocated\.(?: dtype: [\w.]+,)? #tokens: ([\d,]+), K size: " + _SIZE +
                     r", V size: " + _SIZE)
-_SG_POOL_END = re.compile(r"Memory pool end\. avail mem=" + _SIZE)
+SG_POOL_END = re.compile(r"Memory pool end\. avail mem=" + _SIZE)
 # "Capture cuda graph begin. This can take up to several minutes. avail mem=13.95 GB": after workspaces, before graphs
-_SG_GRAPH_BEGIN = re.compile(r"Capture cuda graph begin\..{0,80}?avail mem=" + _SIZE)
-_SG_GRAPH_BEGIN = re.compile(r"Capture cuda graph begin\..*?avail mem=" + _SIZE)
-_SG_GRAPH_END = re.compile(r"Capture cuda graph end\. Time elapsed: ([\d.]+) s\.(?: mem usage=" + _SIZE +
+SG_GRAPH_BEGIN = re.compile(r"Capture cuda graph begin\..{0,80}?avail mem=" + _SIZE)
+SG_GRAPH_BEGIN = re.compile(r"Capture cuda graph begin\..*?avail mem=" + _SIZE)
+SG_GRAPH_END = re.compile(r"Capture cuda graph end\. Time elapsed: ([\d.]+) s\.(?: mem usage=" + _SIZE +
                            r"\.)?(?: avail mem=" + _SIZE + r")?")
-_SG_MAX_TOTAL = re.compile(r"max_total_num_tokens=(\d+)")
-_SG_FIELDS = {
+SG_MAX_TOTAL = re.compile(r"max_total_num_tokens=(\d+)")
+SG_FIELDS = {
     "max_running_requests": re.compile(r"max_running_requests=(\d+)"),
     "context_len": re.compile(r"context_len=(\d+)"),
 }
-_SG_AVAIL = re.compile(r"available_gpu_mem=" + _SIZE)
+SG_AVAIL = re.compile(r"available_gpu_mem=" + _SIZE)
 
 # where a failure happened: the latest marker before it (traceback frames win: they are specific)
-_PHASES = (  # (phase, substrings); checked in this order
+PHASES = (  # (phase, substrings); checked in this order
     ("graph-capture", ("Capturing CUDA graph", "Capturing cudagraphs", "Capturing the model for CUDA graphs",
                        "Capture cuda graph begin", "Capturing batches", "capture_model", "capture_end",
                        "torch.cuda.graph(", "Profiling CUDA graph memory", "cuda_graph_runner")),
@@ -129,10 +129,10 @@ _PHASES = (  # (phase, substrings); checked in this order
     ("load", ("load_model", "Loading model weights", "Starting to load model", "Load weight begin",
               "Loading safetensors checkpoint")),
 )
-_READY = ("Application startup complete", "Starting vLLM API server", "Started server process",
+READY = ("Application startup complete", "Starting vLLM API server", "Started server process",
           "The server is fired up and ready to roll", "Avg prompt throughput", "Decode batch", "Prefill batch",
           "Uvicorn running on")
-_NEW_STARTUP = ("Initializing a V0 LLM engine", "Initializing a V1 LLM engine", "Initializing an LLM engine",
+NEW_STARTUP = ("Initializing a V0 LLM engine", "Initializing a V1 LLM engine", "Initializing an LLM engine",
                 "vLLM API server version", "Load weight begin", "server_args=ServerArgs(")
 
 
@@ -147,5 +147,5 @@ _GATE_KEYS = ("GiB", "GB", "MiB", "KiB", "blocks", "emory", "KV", "onfig", "args
 _GATE_RX = re.compile("|".join(re.escape(k) for k in _GATE_KEYS))  # 2x faster than any(k in line ...)
 
 
-def _gate(line: str) -> bool:
+def may_be_startup_line(line: str) -> bool:
     return _GATE_RX.search(line) is not None

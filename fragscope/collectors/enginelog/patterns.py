@@ -263,16 +263,16 @@ def _oom_runtime(m: re.Match, msg: str):
 # --- startup capacity ------------------------------------------------------------------------
 # The one source of the start-up wordings both readers share: this collector and the sizing parser
 # (fragscope/sizing/wordings.py imports them; group layouts are part of that contract).
-_KV_TOKENS = re.compile(r"\b(GPU|CPU|XPU|TPU|HPU|NPU) KV cache size: " + INT + " tokens")  # 1 device, 2 tokens
-_MAX_CONC = re.compile(r"Maximum concurrency for " + INT + " tokens per request: " +
+KV_TOKENS = re.compile(r"\b(GPU|CPU|XPU|TPU|HPU|NPU) KV cache size: " + INT + " tokens")  # 1 device, 2 tokens
+MAX_CONC = re.compile(r"Maximum concurrency for " + INT + " tokens per request: " +
                        r"(\d{1,3}(?:,\d{3}){1,4}(?:\.\d{1,6})?|\d{1,12}(?:\.\d{1,6})?)x")  # 1 tokens, 2 times
 # V0 "# GPU blocks: 2627, # CPU blocks: 327"; the CPU count is absent in some releases and the Ray/XPU
 # executors print "# cuda blocks" (1 device, 2 blocks, 3 CPU blocks or None)
-_BLOCKS = re.compile(r"# (GPU|CUDA|NPU|XPU|TPU|HPU) blocks: " + INT + r"(?:, # CPU blocks: " + INT + r")?",
+BLOCKS = re.compile(r"# (GPU|CUDA|NPU|XPU|TPU|HPU) blocks: " + INT + r"(?:, # CPU blocks: " + INT + r")?",
                      re.IGNORECASE)
-_AVAIL_KV = re.compile(r"Available KV cache memory: " + SSIZE)
-_WEIGHTS = re.compile(r"(?:Loading model weights took|Model loading took) " + SIZE)
-_GRAPH = re.compile(r"Graph capturing finished in " + NUM + r" secs?(?:, took " + SIZE + r")?")  # 1 s, 2-3 size
+AVAIL_KV = re.compile(r"Available KV cache memory: " + SSIZE)
+WEIGHTS = re.compile(r"(?:Loading model weights took|Model loading took) " + SIZE)
+GRAPH = re.compile(r"Graph capturing finished in " + NUM + r" secs?(?:, took " + SIZE + r")?")  # 1 s, 2-3 size
 # V0 worker.py "Memory profiling results: total_gpu_memory=63.43GiB ... gpu_memory_utilization=0.90"
 PROFILE_KEYVALUE = (
     ("total_gpu_memory_bytes", re.compile(r"total_gpu_memory=" + SIZE)),
@@ -299,11 +299,11 @@ _CONFIG = (("block_size", re.compile(r"\bblock_size=" + INT), to_int),
            ("kv_cache_dtype", re.compile(r"\bkv_cache_dtype=['\"]?([\w.]{1,40})"), str))
 _CONFIG_ANY = re.compile(r"block_size=|gpu_memory_utilization=")
 # V1 gpu_worker.py init_device ValueError
-_SHORTFALL = re.compile(r"Free memory on device(?: \S{1,40})? \(" + NUM + "/" + NUM + r" GiB\) on startup is less than "
+SHORTFALL = re.compile(r"Free memory on device(?: \S{1,40})? \(" + NUM + "/" + NUM + r" GiB\) on startup is less than "
                         r"desired GPU memory utilization \(" + NUM + ", " + NUM + r" GiB\)")
-_KV_INSUFF = re.compile(r"max seq len \(" + INT + r"\), \(?" + NUM + r" GiB\)? KV cache is needed, which is larger "
+KV_INSUFF = re.compile(r"max seq len \(" + INT + r"\), \(?" + NUM + r" GiB\)? KV cache is needed, which is larger "
                         r"than the available KV cache memory \(" + NUM + r" GiB\)")
-_KV_INSUFF_EST = re.compile(r"estimated maximum model length is " + INT)
+KV_INSUFF_EST = re.compile(r"estimated maximum model length is " + INT)
 
 
 def _kv_tokens(m, msg):
@@ -340,7 +340,7 @@ def _shortfall(m, msg):
 def _kv_insuff(m, msg):
     f: Fields = {"max_model_len": to_int(m.group(1)), "needed_bytes": to_float(m.group(2)) * GIB,
                  "available_bytes": to_float(m.group(3)) * GIB}
-    _opt(f, "estimated_max_model_len", _KV_INSUFF_EST, msg, to_int)
+    _opt(f, "estimated_max_model_len", KV_INSUFF_EST, msg, to_int)
     return f, ""
 
 
@@ -370,14 +370,14 @@ RULES: tuple[Rule, ...] = (
     Rule("oom", ("out of memory",), _OOM, _oom, "torch"),
     Rule("oom", ("out of memory",), _OOM_RUNTIME, _oom_runtime, "torch"),
     Rule("oom", ("would exceed allowed memory",), _OOM_ASYNC, _oom_async, "torch"),
-    Rule("kv_cache_tokens", ("KV cache size",), _KV_TOKENS, _kv_tokens, "vllm-v1", exclusive=False),
-    Rule("max_concurrency", ("Maximum concurrency",), _MAX_CONC, _max_conc, "vllm"),
-    Rule("kv_blocks", ("blocks:",), _BLOCKS, _blocks, "vllm-v0"),
-    Rule("kv_memory", ("Available KV cache memory",), _AVAIL_KV, _size_field("kv_cache_bytes"), "vllm-v1"),
-    Rule("weights", ("weights took", "loading took"), _WEIGHTS, _size_field("weights_bytes"), "vllm"),
-    Rule("cuda_graph", ("Graph capturing",), _GRAPH, _graph, "vllm"),
-    Rule("startup_memory_shortfall", ("Free memory on device",), _SHORTFALL, _shortfall, "vllm-v1"),
-    Rule("kv_insufficient", ("KV cache is needed",), _KV_INSUFF, _kv_insuff, "vllm"),
+    Rule("kv_cache_tokens", ("KV cache size",), KV_TOKENS, _kv_tokens, "vllm-v1", exclusive=False),
+    Rule("max_concurrency", ("Maximum concurrency",), MAX_CONC, _max_conc, "vllm"),
+    Rule("kv_blocks", ("blocks:",), BLOCKS, _blocks, "vllm-v0"),
+    Rule("kv_memory", ("Available KV cache memory",), AVAIL_KV, _size_field("kv_cache_bytes"), "vllm-v1"),
+    Rule("weights", ("weights took", "loading took"), WEIGHTS, _size_field("weights_bytes"), "vllm"),
+    Rule("cuda_graph", ("Graph capturing",), GRAPH, _graph, "vllm"),
+    Rule("startup_memory_shortfall", ("Free memory on device",), SHORTFALL, _shortfall, "vllm-v1"),
+    Rule("kv_insufficient", ("KV cache is needed",), KV_INSUFF, _kv_insuff, "vllm"),
     Rule("memory_profile", ("profiling", "model weights take", "KV Cache is", "non_torch_memory"), _PROFILE_ANY,
          _profile, "vllm-v0"),
     Rule("config", ("block_size=", "gpu_memory_utilization="), _CONFIG_ANY, _config, "vllm"),
