@@ -14,7 +14,7 @@ from ..model import CollectResult, Missing, Reason, Sample
 from ..signals import SIGNALS
 from .exposition import LineCache, ParseError, scrape_kept
 from .endpoint import DCGM_PAGE_KINDS, Endpoint
-from .exposition_parse import keep_line
+from .exposition_parse import MAX_KEPT_LINES, keep_line
 from .http import DEFAULT_MAX_BYTES, Fetch, FetchError, http_get
 from .logonce import LogOnce
 
@@ -92,6 +92,8 @@ def _parse(text: str, ts: float, source: str, key_cache: dict | None, lines: Lin
             keep_line(kept, m.group(), lines, counts)
         elif lines is not None:
             lines.drop(m.group())
+    if len(kept) >= MAX_KEPT_LINES:  # a page past the line cap (labels churning): nothing of it is memoised
+        key_cache = lines = None
     return scrape_kept(kept, text, ts, source, KEEP, key_cache, lines)
 
 

@@ -16,7 +16,7 @@ from ..model import CollectResult, Missing, Reason, Sample, make_labels
 from ..signals import SIGNALS, normalise_name
 from .exposition import LineCache, ParseError, scrape_kept
 from .endpoint import Endpoint
-from .exposition_parse import keep_line
+from .exposition_parse import MAX_KEPT_LINES, keep_line
 from .http import DEFAULT_MAX_BYTES, Fetch, FetchError, http_get
 from .logonce import LogOnce
 
@@ -118,6 +118,8 @@ def parse_vllm_metrics(text: str, ts: float, source: str = "vllm", key_cache: di
         from .engines import engine_samples
 
         return engine_samples(text, ts, source, key_cache)
+    if len(kept) >= MAX_KEPT_LINES:  # a page past the line cap (labels churning): nothing of it is memoised
+        key_cache = lines = None
     return scrape_kept(kept, text, ts, source, KEEP, key_cache, lines)
 
 
