@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import ids
 from ..model import Evidence, Finding, Inconclusive, Severity
-from ..promql import AlertRule, num
+from ..promql import K, PRESENT, RATE_RANGE, AlertRule, num, sig as psig
 from ..signals import any_of
 from ..units import fmt_bytes
 from . import stats
@@ -157,3 +157,12 @@ def alert_rule(cfg: Config = Config()) -> AlertRule:
         f"The engine container's working set at {cfg.limit_ratio * 100:g} % of its memory limit, or the kernel's "
         "OOM killer at work in it.",
         {"limit_ratio": cfg.limit_ratio})
+
+
+def triage_check(m=(), present: str = PRESENT, rate: str = RATE_RANGE, cfg: Config = Config()) -> str:
+    """Working set at >= 90 % of the container's memory limit (value: the share of the limit).
+
+    A limit of 0 (cAdvisor's "no limit") never trips; OOM kills are left to the alert and the deep fetch."""
+    ws = f"max by ({K}) {psig('container_memory_working_set_bytes', 'max_over_time({})', present, m)}"
+    limit = f"max by ({K}) {psig('container_memory_limit_bytes', 'min_over_time({})', present, m)}"
+    return f"(({ws}) / (({limit}) > 0)) >= {num(cfg.limit_ratio)}"

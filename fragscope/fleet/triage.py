@@ -30,6 +30,7 @@ from typing import Sequence
 
 from .. import ids
 from ..detectors import fragmentation as _frag
+from ..detectors import host_memory as _hostmem
 from ..detectors import kv_pool as _kvpool
 from ..detectors import kv_pressure as _kv
 from ..detectors import memory_leak as _leak
@@ -59,6 +60,7 @@ kv_check = _kv.triage_check
 frag_check = _frag.triage_check
 throttle_check = _thr.triage_check
 kv_pool_check = _kvpool.triage_check
+host_memory_check = _hostmem.triage_check
 _frag_ratio = _frag.unusable_ratio_promql
 
 
@@ -95,6 +97,8 @@ CHECKS: tuple[Check, ...] = (
           RULE_PREFIX + "clock_throttling:clock_of_max_ratio"),
     Check(ids.KV_POOL_UNDERSIZED, "gpu_memory_spare_beyond_margin_ratio", "max_over_time", kv_pool_check,
           RULE_PREFIX + "kv_pool_undersized:spare_ratio"),
+    Check(ids.HOST_MEMORY_PRESSURE, "container_working_set_of_limit_ratio", "max_over_time", host_memory_check,
+          RULE_PREFIX + "host_memory_pressure:working_set_of_limit_ratio"),
 )
 LEAK_ID = ids.MEMORY_LEAK
 LEAK_RULES = {"torch_allocated_bytes": RULE_PREFIX + "memory:torch_allocated_bytes",
@@ -107,7 +111,7 @@ LEAK_USED_RATIO = 0.5 * LEAK.growth_of_total
 CHECK_IDS = tuple(c.id for c in CHECKS) + (LEAK_ID,)
 # Diagnoses the triage has no level check for: a target that passes the triage is not cleared of them.
 UNCHECKED = (ids.LAUNCH_BOUND, ids.CAPACITY_SATURATION, ids.KV_BLOCK_SIZE_MISMATCH, ids.ENGINE_CPU_STARVED,
-             ids.ENGINE_STALLED, ids.RANK_STRAGGLER, ids.GPU_HARDWARE_FAULT, ids.HOST_MEMORY_PRESSURE)
+             ids.ENGINE_STALLED, ids.RANK_STRAGGLER, ids.GPU_HARDWARE_FAULT)
 
 
 def _tag(expr: str, **labels: str) -> str:
