@@ -496,7 +496,7 @@ def test_cli_kv_check_options(tmp_path):
 @pytest.mark.parametrize("content,expect", [
     (None, "no such file"),
     (b"\x80\x02}q\x00(X\x00\x00garbage", "binary file"),
-    (gzip.compress(b"INFO 01-01 00:00:00 a.py:1] # GPU blocks: 1, # CPU blocks: 1\n" * 200)[:60], "cannot read"),
+    (gzip.compress(b"INFO 01-01 00:00:00 a.py:1] # GPU blocks: 1, # CPU blocks: 1\n" * 200, mtime=0)[:60], "cannot read"),
 ])
 def test_cli_bad_input_one_line(tmp_path, content, expect):
     f = tmp_path / "bad.log"

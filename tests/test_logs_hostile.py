@@ -30,7 +30,7 @@ def one_line_error(code, out, err, *needles):
 # files that are not engine logs: exit 2, saying what the file looks like
 @pytest.mark.parametrize("content,needles", [
     (b"", ("empty file",)),
-    (gzip.compress(b""), ("empty file", "after decompression")),
+    (gzip.compress(b"", mtime=0), ("empty file", "after decompression")),
     (b"\n\n   \n", ("only blank lines",)),
     (b"The quick brown fox jumps over the lazy dog.\nIt was the best of times.\n", ("plain text", "The quick brown")),
     (b"# HELP vllm:num_requests_running x\n# TYPE vllm:num_requests_running gauge\n"
