@@ -28,8 +28,6 @@ from fragscope.model import Reason
 from fragscope.probe.core import FORMAT, parse_record, select_stats, write_atomic
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "collectors")
-# ../shared/data beside the checkout (absent in a clean clone: those tests skip)
-SHARED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data")
 MIB = 1024 * 1024
 
 
@@ -255,13 +253,17 @@ class TestVllm:
         assert missing["vllm:num_requests_running"].reason is Reason.NOT_EXPOSED
         assert missing["vllm:time_to_first_token_seconds"].reason is Reason.NOT_EXPOSED
 
-    @pytest.mark.skipif(not os.path.isdir(SHARED), reason="../shared/data absent")
-    def test_v0_fork_scrape_from_shared(self):
-        path = os.path.join(SHARED, "vllm", "vLLMBatchingMemoryGap__llama-2-13b_512__cache_config_server_0.metrics.txt")
+    def test_v0_fork_scrape(self):
+        # built in vLLM V0's exposition (tests/data/README_collectors.md): V0 names, a fork-only gauge
+        path = os.path.join(DATA, "vllm_v0_fork_built.metrics.txt")
         s = parse_vllm_metrics(open(path).read(), 1.0)
         names = {x.name for x in s}
         assert {"vllm:gpu_cache_usage_perc", "vllm:num_requests_swapped", "vllm:cache_config_info"} <= names
         assert "vllm:scheduler_total_time" not in names  # fork-only gauge: not kept
+        assert one(s, "vllm:gpu_cache_usage_perc", model_name="/models/llama-2-7b") == 0.999
+        assert one(s, "vllm:num_requests_swapped", model_name="/models/llama-2-7b") == 3.0
+        (info,) = [x for x in s if x.name == "vllm:cache_config_info"]
+        assert dict(info.labels)["num_gpu_blocks"] == "7264" and info.value == 1.0
 
     def test_live_server_changing_over_time(self, server):
         url, state = server

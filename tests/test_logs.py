@@ -6,6 +6,7 @@ import gzip
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 from datetime import datetime, timezone
@@ -19,7 +20,6 @@ from fragscope.detectors.logs import Config, analyse_log
 from fragscope.model import Reason, Severity
 
 DATA = Path(__file__).parent / "data" / "logs"
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
 def utc(*a) -> float:
@@ -516,26 +516,30 @@ def test_cli_bad_model_config(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# real shared samples (reference only: read in place, skipped when absent)
-V0_REAL = SHARED / "vllm" / "vLLMBatchingMemoryGap__llama-2-13b_512__server_out_0.v0.log"
-V1_REAL = SHARED / "vllm" / "unknown-repo_vllm-0.20.2_v1_server_log.excerpt.log"
-SG_REAL = SHARED / "sglang" / "unknown-repo_sglang_retract_log.excerpt.log"
-
-
-@pytest.mark.skipif(not V0_REAL.exists(), reason="../shared/data absent")
-def test_real_v0_log():
-    summary, findings = analyse_log(parse_log(iter_file_lines(str(V0_REAL)), reference=V0_REAL.stat().st_mtime))
-    assert summary["kv_capacity"]["blocks"] == 2627 and summary["kv_capacity"]["tokens"] == 2627 * 16
-    assert summary["kv_capacity"]["gpu_memory_utilization"] == 0.9
-    assert summary["preemptions"]["count"] == 1651 and summary["preemptions"]["lines"] == 34
+# committed fixtures against figures read from their text with plain regular expressions (not the parser)
+def test_v0_fixture_figures_match_its_text():
+    text = (DATA / "vllm_v0_preemption_storm.log").read_text()
+    blocks = int(re.search(r"# GPU blocks: (\d+)", text).group(1))
+    block_size = int(re.search(r"block_size=(\d+)", text).group(1))
+    util = float(re.search(r"gpu_memory_utilization=([0-9.]+)", text).group(1))
+    warnings = re.findall(r"total_num_cumulative_preemption=(\d+)", text)
+    summary, findings = analyse_log(events_of("vllm_v0_preemption_storm.log", ref=utc(2026, 1, 1, 1)))
+    assert summary["kv_capacity"]["blocks"] == blocks and summary["kv_capacity"]["tokens"] == blocks * block_size
+    assert summary["kv_capacity"]["gpu_memory_utilization"] == util
+    assert summary["preemptions"]["count"] == max(map(int, warnings)) and summary["preemptions"]["lines"] == len(warnings)
     (f,) = [f for f in findings if f.id == "kv-cache-pressure"]
     assert f.severity is Severity.CRITICAL and f.confidence >= 0.8
 
 
-@pytest.mark.skipif(not V1_REAL.exists(), reason="../shared/data absent")
-def test_real_v1_and_sglang_excerpts():
-    s, _ = analyse_log(parse_log(iter_file_lines(str(V1_REAL)), reference=V1_REAL.stat().st_mtime))
-    assert s["kv_capacity"]["tokens"] == 5463232 and s["kv_capacity"]["kv_cache_bytes"] == round(64.69 * GIB)
-    assert s["kv_capacity"]["cuda_graph_bytes"] == round(0.37 * GIB) and s["stats"]["count"] == 4
-    s, f = analyse_log(parse_log(iter_file_lines(str(SG_REAL))))
-    assert s["preemptions"]["count"] == 3 and [x.id for x in f] == ["kv-cache-pressure"]
+def test_v1_and_sglang_fixture_figures_match_their_text():
+    text = (DATA / "vllm_v1_oom.log").read_text()
+    tokens = int(re.search(r"GPU KV cache size: ([\d,]+) tokens", text).group(1).replace(",", ""))
+    graph_gib = float(re.search(r"Graph capturing finished in \d+ secs, took ([0-9.]+) GiB", text).group(1))
+    stats = re.findall(r"Engine 000: Avg prompt", text)
+    s, _ = analyse_log(events_of("vllm_v1_oom.log", ref=utc(2026, 6, 3)))
+    assert s["kv_capacity"]["tokens"] == tokens and s["kv_capacity"]["cuda_graph_bytes"] == round(graph_gib * GIB)
+    assert s["stats"]["count"] == len(stats)
+    text = (DATA / "sglang_retractions.log").read_text()
+    retracts = re.findall(r"Retract requests\. #retracted_reqs: (\d+)", text)
+    s, f = analyse_log(events_of("sglang_retractions.log"))
+    assert s["preemptions"]["count"] == sum(map(int, retracts)) and [x.id for x in f] == ["kv-cache-pressure"]

@@ -428,25 +428,35 @@ def test_cli_subprocess_json_smoke():
     assert any("mem_fraction_static" in m for m in d["recommendation"]["missing"])
 
 
-SHARED_V0 = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "vllm",
-                         "vLLMBatchingMemoryGap__llama-2-13b_512__server_out_0.v0.log")
+V0_STORM = os.path.join(os.path.dirname(__file__), "data", "logs", "vllm_v0_preemption_storm.log")
 
 
-@pytest.mark.skipif(not os.path.exists(SHARED_V0), reason="shared sample data not present (reference only)")
 def test_full_v0_log_judges_the_pool_from_its_own_stats_lines():
-    # a full real V0 log (reference sample, not committed): profile with peak_torch_memory, then 5-s stats
-    # lines at ~100 % KV usage and preemption warnings every 50th
+    # a whole V0 log (built fixture, tests/data/README_logs.md): profile with peak_torch_memory, then 5-s
+    # stats lines near 100 % KV usage and preemption warnings every 50th; figures read from its text here
+    import re
+
     from fragscope.collectors.enginelog import parse_log
     from fragscope.sizing.runtime import runtime_from_log_events
 
-    with open(SHARED_V0, encoding="utf-8") as fh:
+    with open(V0_STORM, encoding="utf-8") as fh:
+        text = fh.read()
+    gib = {k: float(re.search(k + r"=([0-9.]+)GiB", text).group(1)) for k in ("total_gpu_memory", "kv_cache_size",
+                                                                               "peak_torch_memory")}
+    weights_gib = float(re.search(r"Loading model weights took ([0-9.]+) GB", text).group(1))  # vLLM's GB are GiB
+    blocks = int(re.search(r"# GPU blocks: (\d+)", text).group(1))
+    usage = max(float(x) for x in re.findall(r"GPU KV cache usage: ([0-9.]+)%", text)) / 100
+    preempted = max(int(x) for x in re.findall(r"total_num_cumulative_preemption=(\d+)", text))
+    with open(V0_STORM, encoding="utf-8") as fh:
         acc = parse_startup(fh)
-    assert acc.total_gpu_memory_bytes == round(63.43 * GIB) and acc.kv_cache_bytes == round(32.07 * GIB)
-    assert acc.activation_peak_bytes == round(24.92 * GIB) - acc.weights_bytes  # peak torch - weights
-    assert acc.pool_tokens == 2627 * 16  # block 16 derived from 20.52x at 2048 tokens
-    with open(SHARED_V0, encoding="utf-8") as fh:
+    assert acc.total_gpu_memory_bytes == round(gib["total_gpu_memory"] * GIB)
+    assert acc.kv_cache_bytes == round(gib["kv_cache_size"] * GIB)
+    assert acc.weights_bytes == round(weights_gib * GIB)
+    assert acc.activation_peak_bytes == round(gib["peak_torch_memory"] * GIB) - acc.weights_bytes  # peak torch - weights
+    assert acc.pool_tokens == blocks * 16  # block_size=16 in its args line
+    with open(V0_STORM, encoding="utf-8") as fh:
         rt = runtime_from_log_events(parse_log(fh), since_line=acc.first_line)
-    assert rt["kv_usage_peak_ratio"] == 1.0 and rt["preemptions_total"] > 1000
+    assert rt["kv_usage_peak_ratio"] == pytest.approx(usage) and rt["preemptions_total"] == preempted
     r = recommend(acc, rt)
     assert r.cases[0]["case"] == "pool-too-small" and r.status == "inconclusive" and not r.settings
     assert any("NVML" in m for m in r.missing)  # the value needs the GPU's headroom: says what to capture

@@ -43,7 +43,6 @@ from fragscope.snapshot_pipeline import diagnose_snapshot_file as analyse_snapsh
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "torch-snapshot"
 FRAMES = [{"filename": "/app/model.py", "line": 42, "name": "forward"},
           {"filename": "/app/serve.py", "line": 7, "name": "step"}]
 
@@ -1005,7 +1004,50 @@ def test_cli_script_refuses_malicious_pickle_one_line(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# real samples (reference only, not in the repo): skip when ../shared is absent
+# built samples in the two dump formats (tests/data/README_snapshot.md), pickled and read back as files
+X_SIZE = 2_359_296  # 2.25 MiB
+SLIVER = 1_352_704  # 1.29 MiB: one free large-pool block under 2 MiB
+
+
+def modern_sample() -> dict:
+    """A small serving process in today's format (requested_size, addresses, segment_pool_id):
+
+    seg 0 large 20 MiB: A 16 MiB, A 2,841,600 B, free 1,352,704 B (a sliver)
+    seg 1 large 20 MiB: A 20 MiB
+    seg 2 small  2 MiB: A 512 KiB, free 1 MiB, A 512 KiB
+    seg 3 large 20 MiB: 8 x A 2.25 MiB, free 2 MiB
+    seg 4 large 20 MiB: A 2 MiB, A 2.25 MiB, A 2 MiB, A 2.75 MiB, free 11 MiB
+    seg 5 small  2 MiB: A 2 MiB
+    6 segments, 22 blocks; reserved 84 MiB; free 1,352,704 + 1 MiB + 2 MiB + 11 MiB = 16,032,768 B."""
+    return dump([
+        seg([blk(16 * MiB), blk(20 * MiB - 16 * MiB - SLIVER), blk(SLIVER, "inactive", req=0)]),
+        seg([blk(20 * MiB)]),
+        seg([blk(MiB // 2), blk(MiB, "inactive", req=0), blk(MiB // 2)], large=False),
+        seg([blk(X_SIZE) for _ in range(8)] + [blk(2 * MiB, "inactive", req=0)]),
+        seg([blk(2 * MiB), blk(X_SIZE), blk(2 * MiB), blk(2 * MiB + 3 * MiB // 4), blk(11 * MiB, "inactive", req=0)]),
+        seg([blk(2 * MiB)], large=False),
+    ])
+
+
+def legacy_sample() -> dict:
+    """The PyTorch ~2.0 format: blocks carry history/real_size, no requested_size, no block address, no
+    segment_pool_id or allocator settings; the trace ends with a 'snapshot' entry. 3 segments, 6 blocks;
+    reserved 62 MiB, allocated 54.5 MiB, free 6 MiB + 1.5 MiB."""
+    def b(size, real=None):
+        hist = [] if real is None else [{"addr": 1, "real_size": real, "frames": FRAMES}]
+        return {"size": size, "state": "inactive" if real is None else "active_allocated", "history": hist}
+
+    def sg(addr, blocks, large=True):
+        alloc = sum(x["size"] for x in blocks if x["state"] == "active_allocated")
+        return {"device": 0, "address": addr, "total_size": sum(x["size"] for x in blocks), "allocated_size": alloc,
+                "active_size": alloc, "stream": 0, "segment_type": "large" if large else "small", "blocks": blocks}
+
+    return {"segments": [sg(0x7000_0000_0000, [b(24 * MiB, 23 * MiB), b(6 * MiB), b(10 * MiB, 10 * MiB)]),
+                         sg(0x7000_1000_0000, [b(20 * MiB, 19 * MiB + MiB // 2)]),
+                         sg(0x7000_2000_0000, [b(MiB // 2, MiB // 2), b(MiB + MiB // 2)], large=False)],
+            "device_traces": [[{"action": "snapshot", "addr": 0, "size": 0, "stream": 0}]]}
+
+
 def _reference_numbers(snapshot: dict) -> dict:
     """Plain-Python sums over the dicts, independent of the numpy code (segsum's definitions)."""
     reserved = allocated = inactive = largest = 0
@@ -1021,18 +1063,14 @@ def _reference_numbers(snapshot: dict) -> dict:
             "largest_free_block_bytes": largest}
 
 
-@pytest.mark.parametrize("name,nseg,nblocks,legacy", [
-    ("docubox_dump_snapshot.pickle", 12, 116, False),
-    ("llm-inference_oom_snapshot.pickle", 176, 463, True),
+@pytest.mark.parametrize("build,nseg,nblocks,legacy", [
+    (modern_sample, 6, 22, False),
+    (legacy_sample, 3, 6, True),
 ])
-def test_real_samples(name, nseg, nblocks, legacy):
-    path = SHARED / name
-    if not path.exists():
-        pytest.skip("../shared/data/torch-snapshot not present")
-    from fragscope.collectors.snapshot import load_snapshot_bytes
-
-    raw, _ = load_snapshot_bytes(path.read_bytes(), name)
-    snap = read_snapshot(str(path))
+def test_built_samples_read_from_files(tmp_path, build, nseg, nblocks, legacy):
+    raw = build()
+    path = write(tmp_path, raw)
+    snap = read_snapshot(path)
     assert (snap.n_segments, snap.n_blocks, snap.legacy) == (nseg, nblocks, legacy)
     doc, findings = analyse_snapshot(snap)
     d = dev0(doc)
@@ -1042,15 +1080,14 @@ def test_real_samples(name, nseg, nblocks, legacy):
     assert doc["verdict"] == "ok" and findings == []
 
 
-def test_real_modern_sample_exact_numbers():
-    path = SHARED / "docubox_dump_snapshot.pickle"
-    if not path.exists():
-        pytest.skip("../shared/data/torch-snapshot not present")
-    d = dev0(analyse_snapshot_file(str(path))[0])
-    assert d["reserved_bytes"] == 109051904 and d["allocated_bytes"] == 90861056
-    assert d["inactive_bytes"] == 18190848 and d["largest_free_block_bytes"] == 11534336
-    assert d["external_fragmentation"] == round(1 - 11534336 / 18190848, 6)
-    assert d["sliver_count"] == 1 and d["sliver_bytes"] == 1352704
+def test_built_modern_sample_exact_numbers(tmp_path):
+    d = dev0(analyse_snapshot_file(write(tmp_path, modern_sample()))[0])
+    inactive = SLIVER + MiB + 2 * MiB + 11 * MiB
+    assert inactive == 16_032_768
+    assert d["reserved_bytes"] == 84 * MiB and d["allocated_bytes"] == 84 * MiB - inactive
+    assert d["inactive_bytes"] == inactive and d["largest_free_block_bytes"] == 11 * MiB
+    assert d["external_fragmentation"] == round(1 - 11 * MiB / inactive, 6)
+    assert d["sliver_count"] == 1 and d["sliver_bytes"] == SLIVER  # the 2 MiB and the small-pool 1 MiB are not
 
 
 def _large_stream0_free(snapshot: dict) -> tuple[int, int]:
@@ -1071,22 +1108,17 @@ def _large_stream0_free(snapshot: dict) -> tuple[int, int]:
     return total, largest
 
 
-def test_real_modern_sample_oom_replay_against_a_hand_built_oom_state():
-    """docubox sample + a trace written for it: after an 8 MiB OOM the job allocated segment 3 (20 MiB,
-    8 x 2.25 MiB tensors), allocated one 2.25 MiB tensor in segment 9, and freed a 4 MiB tensor that sat
-    at the start of segment 9's free tail. The replayed state must equal the dump-time analysis of that
+def test_built_modern_sample_oom_replay_against_a_hand_built_oom_state():
+    """The modern sample + a trace written for it: after an 8 MiB OOM the job allocated segment 3 (20 MiB,
+    8 x 2.25 MiB tensors), allocated one 2.25 MiB tensor in segment 4, and freed a 4 MiB tensor that sat
+    at the start of segment 4's free tail. The replayed state must equal the dump-time analysis of that
     OOM-instant state built by hand from the same dicts."""
     import copy
 
-    path = SHARED / "docubox_dump_snapshot.pickle"
-    if not path.exists():
-        pytest.skip("../shared/data/torch-snapshot not present")
-    from fragscope.collectors.snapshot import load_snapshot_bytes
-
-    raw, _ = load_snapshot_bytes(path.read_bytes(), path.name)
-    s3, s9 = raw["segments"][3], raw["segments"][9]
-    x = s9["blocks"][1]  # allocated after the OOM -> free at the OOM
-    tail = s9["blocks"][4]  # 11 MiB free at dump; its first 4 MiB held a tensor freed after the OOM
+    raw = modern_sample()
+    s3, s4 = raw["segments"][3], raw["segments"][4]
+    x = s4["blocks"][1]  # allocated after the OOM -> free at the OOM
+    tail = s4["blocks"][4]  # 11 MiB free at dump; its first 4 MiB held a tensor freed after the OOM
     after = ([ev("segment_alloc", s3["address"], s3["total_size"])]
              + [ev("alloc", b["address"], b["requested_size"]) for b in s3["blocks"] if b["state"] != "inactive"]
              + [ev("alloc", x["address"], x["requested_size"])] + freed(tail["address"], 4 * MiB))
@@ -1098,10 +1130,10 @@ def test_real_modern_sample_oom_replay_against_a_hand_built_oom_state():
 
     at_oom = copy.deepcopy(raw)  # the OOM-instant state, by hand
     del at_oom["segments"][3]
-    s9o = at_oom["segments"][8]
-    s9o["blocks"][1]["state"] = "inactive"
-    t = s9o["blocks"].pop(4)
-    s9o["blocks"] += [{"address": t["address"], "size": 4 * MiB, "requested_size": 4 * MiB,
+    s4o = at_oom["segments"][3]
+    s4o["blocks"][1]["state"] = "inactive"
+    t = s4o["blocks"].pop(4)
+    s4o["blocks"] += [{"address": t["address"], "size": 4 * MiB, "requested_size": 4 * MiB,
                        "state": "active_allocated", "frames": []},
                       {"address": t["address"] + 4 * MiB, "size": t["size"] - 4 * MiB, "requested_size": 0,
                        "state": "inactive", "frames": []}]
@@ -1114,28 +1146,23 @@ def test_real_modern_sample_oom_replay_against_a_hand_built_oom_state():
               "allocated_bytes", "classification"):
         assert o[k] == ref[k], k
     assert (o["same_stream_inactive_bytes"], o["same_stream_largest_free_block_bytes"]) == (free, largest)
-    assert o["reserved_bytes"] == 109_051_904 - 20 * MiB  # segment 3 did not exist yet
+    assert o["reserved_bytes"] == 84 * MiB - 20 * MiB  # segment 3 did not exist yet
     # 11,052,032 >= 8 MiB > 7 MiB -> fragmentation at the OOM; the dump shows an 11 MiB free block -> capacity
     assert o["classification"] == "fragmentation" and o["at_dump"]["classification"] == "capacity"
     assert o["replay_uncertain_bytes"] == 1 * MiB  # the re-created 4 MiB block's possible unsplit tail
 
 
-def test_real_legacy_sample_oom_replay_through_its_snapshot_entry():
-    """The legacy (PyTorch ~2.0) sample ends its trace with a 'snapshot' entry; an OOM just before it
+def test_built_legacy_sample_oom_replay_through_its_snapshot_entry():
+    """The legacy (PyTorch ~2.0) format ends its trace with a 'snapshot' entry; an OOM just before it
     replays over that entry (no state change) and is judged at the OOM with the dump numbers."""
-    path = SHARED / "llm-inference_oom_snapshot.pickle"
-    if not path.exists():
-        pytest.skip("../shared/data/torch-snapshot not present")
-    from fragscope.collectors.snapshot import load_snapshot_bytes
-
-    raw, _ = load_snapshot_bytes(path.read_bytes(), path.name)
+    raw = legacy_sample()
     raw["device_traces"][0].insert(0, {"action": "oom", "device_free": 0, "size": 2 * GiB, "stream": 0})
     doc, _ = analyse_snapshot(parse_snapshot(raw))
     d = dev0(doc)
     o = d["ooms"][0]
     assert (o["state_at"], o["replayed_entries"], o["replay_assumptions"]) == ("oom", 1, [])
-    assert o["reserved_bytes"] == d["reserved_bytes"] == _reference_numbers(raw)["reserved_bytes"]
-    assert o["allocated_bytes"] == d["allocated_bytes"]
+    assert o["reserved_bytes"] == d["reserved_bytes"] == _reference_numbers(raw)["reserved_bytes"] == 62 * MiB
+    assert o["allocated_bytes"] == d["allocated_bytes"] == 54 * MiB + MiB // 2
     assert {k: o[k] for k in o["at_dump"]} == o["at_dump"]
 
 

@@ -25,7 +25,6 @@ from fragscope.trace_pipeline import analyse_trace_file
 DATA = Path(__file__).parent / "data" / "trace"
 ALEXNET = DATA / "hta_alexnet_critical_path.json.gz"
 SAMPLED = DATA / "hta_timeline_sampled_rank0.json.gz"
-SHARED_NSYS = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "nsys" / "cuda-perf-sandbox_report1.sqlite"
 
 
 # --------------------------------------------------------------------------------------------
@@ -618,14 +617,63 @@ def test_nsys_without_alloc_churn_has_no_allocator_finding(tmp_path):
     assert a["host"]["steady_malloc_calls"] == 0
 
 
-@pytest.mark.skipif(not SHARED_NSYS.exists(), reason="../shared/data/nsys sample absent")
-def test_real_nsys_export():
-    tl = read_trace(str(SHARED_NSYS))
+def make_nsys_vector_add(path: Path) -> Path:
+    """The smallest real-world export shape: one process runs a vector add once (3 x cudaMalloc, two
+    synchronous host-to-device cudaMemcpy of 4 MiB from pageable memory, one cudaLaunchKernel,
+    cudaDeviceSynchronize, one device-to-host cudaMemcpy back to pageable memory, 3 x cudaFree)."""
+    c = sqlite3.connect(path)
+    c.executescript((DATA / "nsys_schema.sql").read_text())
+    strings = {1: "cudaMalloc_v3020", 2: "cudaMemcpy_v3020", 3: "cudaLaunchKernel_v7000",
+               4: "cudaDeviceSynchronize_v3020", 5: "cudaFree_v3020", 6: "vectorAdd"}
+    c.executemany("INSERT INTO StringIds VALUES (?, ?)", strings.items())
+    c.executemany("INSERT INTO META_DATA_EXPORT VALUES (?, ?)", [("EXPORT_SCHEMA_VERSION", "3.24.0")])
+    c.execute("INSERT INTO TARGET_INFO_SESSION_START_TIME VALUES (1700000000000000000, '', '')")
+    gp = _gpid(4242)
+    tid = gp | 4243
+    rrow = "INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME (start, end, eventClass, globalTid, correlationId, nameId, " \
+           "returnValue) VALUES (?,?,1,?,?,?,0)"
+    crow = "INSERT INTO CUPTI_ACTIVITY_KIND_MEMCPY (start, end, deviceId, contextId, streamId, correlationId, " \
+           "globalPid, bytes, copyKind, srcKind, dstKind) VALUES (?,?,0,1,7,?,?,4194304,?,?,?)"
+    t, corr = 1_000_000, 0
+    for _ in range(3):
+        corr += 1
+        c.execute(rrow, (t, t + 50_000, tid, corr, 1))
+        t += 60_000
+    for _ in range(2):  # H2D (copyKind 1) from pageable (0) to device (2) memory
+        corr += 1
+        c.execute(rrow, (t, t + 900_000, tid, corr, 2))
+        c.execute(crow, (t + 100_000, t + 850_000, corr, gp, 1, 0, 2))
+        t += 1_000_000
+    corr += 1
+    c.execute(rrow, (t, t + 20_000, tid, corr, 3))
+    c.execute("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL (start, end, deviceId, contextId, streamId, correlationId, "
+              "globalPid, demangledName, shortName, registersPerThread, gridX, gridY, gridZ, blockX, blockY, blockZ, "
+              "staticSharedMemory, dynamicSharedMemory, localMemoryPerThread, localMemoryTotal, gridId) "
+              "VALUES (?,?,0,1,7,?,?,6,6,16,4096,1,1,256,1,1,0,0,0,0,0)", (t + 25_000, t + 125_000, corr, gp))
+    corr += 1
+    c.execute(rrow, (t + 21_000, t + 130_000, tid, corr, 4))
+    t += 200_000
+    corr += 1  # D2H (copyKind 2) from device (2) to pageable (0) memory
+    c.execute(rrow, (t, t + 900_000, tid, corr, 2))
+    c.execute(crow, (t + 100_000, t + 850_000, corr, gp, 2, 2, 0))
+    t += 1_000_000
+    for _ in range(3):
+        corr += 1
+        c.execute(rrow, (t, t + 30_000, tid, corr, 5))
+        t += 40_000
+    c.commit()
+    c.close()
+    return path
+
+
+def test_small_nsys_export(tmp_path):
+    path = make_nsys_vector_add(tmp_path / "vector_add.sqlite")
+    tl = read_trace(str(path))
     assert tl.format == "nsys-sqlite" and tl.meta["schema_version"] == "3.24.0"
     assert tl.op_kind.tolist().count(0) == 1 and tl.op_pageable.sum() == 3
     k = int(np.flatnonzero(tl.op_kind == 0)[0])
     assert tl.call_names[int(tl.call_name[tl.op_launch[k]])] == "cudaLaunchKernel"
-    a, findings = analyse_trace_file(str(SHARED_NSYS))
+    a, findings = analyse_trace_file(str(path))
     assert findings == [] and {i["id"] for i in a["inconclusive"]} == {"launch-bound", "sync-bound"}
     assert a["host"]["sync_api_calls"] == 4  # cudaDeviceSynchronize + 3 synchronous cudaMemcpy (4 MiB each)
 
