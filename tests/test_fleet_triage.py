@@ -47,6 +47,42 @@ def test_names_and_thresholds_come_from_their_sources():
     assert f"< bool {c.retries_sustained_per_min:g}))" in fr and f">= {c.retries_per_min:g})" in fr
 
 
+def test_host_and_gpu_checks_take_their_detectors_thresholds():
+    """engine-cpu-starved, engine-stalled, rank-straggler and gpu-hardware-fault: each check reads its
+    signals' every raw name and compares against its module's Config; a changed Config changes the check."""
+    from fragscope import ids
+    from fragscope.detectors import cpu_starved, gpu_fault, stalled, straggler
+    from fragscope.fleet import triage
+    from fragscope.signals import SIGNALS
+
+    assert not {ids.ENGINE_CPU_STARVED, ids.ENGINE_STALLED, ids.RANK_STRAGGLER, ids.GPU_HARDWARE_FAULT} & set(triage.UNCHECKED)
+    assert set(triage.CHECK_IDS).isdisjoint(triage.UNCHECKED)
+    cases = [
+        (cpu_starved, ("container_cpu_throttled_periods_total", "container_cpu_periods_total", "requests_running"),
+         [f">= {cpu_starved.Config().throttled_share:g})"], cpu_starved.Config(throttled_share=0.4)),
+        (stalled, ("requests_running", "requests_waiting", "generation_tokens_total"),
+         [f"[{2 * stalled.Config().critical_s:.0f}s]"], stalled.Config(critical_s=30)),
+        (straggler, ("gpu_sm_clock_hertz", "gpu_utilization_ratio"),
+         [f"< {1 - straggler.Config().clock_gap:g})", f">= {straggler.Config().util_busy:g})"],
+         straggler.Config(clock_gap=0.2)),
+        (gpu_fault, ("gpu_xid_last", "gpu_row_remap_failed", "gpu_row_remap_pending", "gpu_ecc_dbe_volatile_total",
+                     "gpu_pcie_replays_total", "gpu_nvlink_errors_total"),
+         [f"* 60 >= {gpu_fault.Config().pcie_replays_per_min:g})", f"* 60 >= {gpu_fault.Config().nvlink_errors_per_min:g})"]
+         + [f"== {x}" for x, (_, _, sev) in gpu_fault.XID_CATALOGUE.items() if sev == "critical"],
+         gpu_fault.Config(pcie_replays_per_min=20)),
+    ]
+    for mod, sigs, needles, other in cases:
+        e = mod.triage_check()
+        for sig in sigs:
+            for src in SIGNALS[sig].sources:
+                assert triage.rx_escape(src.metric) in e, (mod.__name__, src.metric)
+        for n in needles:
+            assert n in e, (mod.__name__, n)
+        assert mod.triage_check(cfg=other) != e, mod.__name__
+    # application Xids (a program's fault) are no hardware fault
+    assert "== 13 " not in gpu_fault.triage_check() and "== 31 " not in gpu_fault.triage_check()
+
+
 @needs_prometheus
 def test_promtool_check_rules():
     r = subprocess.run([PROMTOOL, "check", "rules", RULES], capture_output=True, text=True, timeout=60)

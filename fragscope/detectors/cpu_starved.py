@@ -18,7 +18,7 @@ import numpy as np
 
 from .. import ids
 from ..model import Evidence, Finding, Inconclusive, Severity
-from ..promql import K, AlertRule, num, sig as psig
+from ..promql import K, PRESENT, RATE_RANGE, AlertRule, num, sig as psig
 from ..signals import any_of, primary
 from . import common, stats
 from .frame import Frame
@@ -180,3 +180,16 @@ and on (namespace, pod) ({running}) >= 1""").replace("\n", " ")
         "(kubernetes-mixin CPUThrottlingHigh) while requests are in flight; fragscope's process collector, "
         "else cAdvisor's container_cpu_cfs_* counters of the pod.",
         {"throttled_share": cfg.throttled_share})
+
+
+def triage_check(m=(), present: str = PRESENT, rate: str = RATE_RANGE, cfg: Config = Config()) -> str:
+    """A container of the target throttled in >= 25 % of its CFS periods while requests run (value: the share).
+
+    Each container's throttled periods over its periods (fragscope's collector, else cAdvisor's
+    container_cpu_cfs_* counters; the pause container left out), the most throttled one of the target;
+    a container without a CPU limit has no CFS periods and never trips."""
+    thr = psig("container_cpu_throttled_periods_total", "rate({})", rate, m, extra='container!="POD"')
+    per = psig("container_cpu_periods_total", "rate({})", rate, m, extra='container!="POD"')
+    running = f"max by ({K}) {psig('requests_running', 'max_over_time({})', present, m)}"
+    return (f"(max by ({K}) ({thr} / ({per} > 0)) >= {num(cfg.throttled_share)})"
+            f" and on ({K}) (({running}) >= 1)")

@@ -22,7 +22,7 @@ import numpy as np
 
 from .. import ids
 from ..model import Evidence, Finding, Inconclusive, Severity
-from ..promql import AlertRule
+from ..promql import KG, PRESENT, RATE_RANGE, AlertRule, num, sig as psig
 from ..signals import any_of
 from . import stats
 from .host_common import judged_span
@@ -220,3 +220,22 @@ def alert_rule(cfg: Config = Config()) -> AlertRule:
         "A hardware-class Xid (NVIDIA's Xid catalogue, the critical entries of XID_CATALOGUE), new uncorrectable "
         "ECC errors, a pending or failed row remap.",
         {})
+
+
+def triage_check(m=(), present: str = PRESENT, rate: str = RATE_RANGE, cfg: Config = Config()) -> str:
+    """A critical Xid, new uncorrectable ECC errors, a pending or failed row remap, PCIe replays or NVLink
+    CRC errors at their per-minute rates (value: 1 per faulty GPU).
+
+    The Xid gauge keeps the last Xid until the exporter restarts: a GPU reset before it keeps tripping
+    until then (the detector calls such a held Xid a warning)."""
+    crit = [x for x, (_, _, sev) in sorted(XID_CATALOGUE.items()) if sev == "critical"]
+    xid_fn = "(" + " or ".join(f"last_over_time({{0}}) == {x}" for x in crit) + ")"
+    parts = [
+        f"max by ({KG}) {psig('gpu_xid_last', xid_fn, present, m)}",
+        f"max by ({KG}) {psig('gpu_row_remap_failed', 'max_over_time({})', present, m)} > 0",
+        f"max by ({KG}) {psig('gpu_row_remap_pending', 'max_over_time({})', present, m)} > 0",
+        f"sum by ({KG}) {psig('gpu_ecc_dbe_volatile_total', 'increase({})', rate, m)} > 0",
+        f"sum by ({KG}) {psig('gpu_pcie_replays_total', 'rate({})', rate, m)} * 60 >= {num(cfg.pcie_replays_per_min)}",
+        f"sum by ({KG}) {psig('gpu_nvlink_errors_total', 'rate({})', rate, m)} * 60 >= {num(cfg.nvlink_errors_per_min)}",
+    ]
+    return f"max by ({KG}) (" + " or ".join(f"({p}) * 0 + 1" for p in parts) + ")"

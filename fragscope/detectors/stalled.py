@@ -18,7 +18,7 @@ import numpy as np
 
 from .. import ids
 from ..model import Evidence, Finding, Inconclusive, Severity
-from ..promql import K, AlertRule, sig as psig
+from ..promql import K, PRESENT, RATE_RANGE, AlertRule, sig as psig
 from ..signals import any_of
 from . import common, stats
 from .frame import Frame
@@ -150,3 +150,16 @@ def alert_rule(cfg: Config = Config()) -> AlertRule:
         "Requests in flight, no token generated, the server still answering /metrics. Fast: the readiness "
         "probe does not catch it.",
         {"critical_s": cfg.critical_s}, shown={"critical_s": f"[{window:.0f}s]"})
+
+
+def triage_check(m=(), present: str = PRESENT, rate: str = RATE_RANGE, cfg: Config = Config()) -> str:
+    """Requests running or waiting and no token generated over twice critical_s (value: requests in flight).
+
+    The alert's range (2 x critical_s = 2 min): a counter's increase needs two samples, and a one-minute
+    scrape gives two only in two minutes; a target whose counter has fewer samples in it never trips."""
+    window = f"{2 * cfg.critical_s:.0f}s"
+    running = f"sum by ({K}) {psig('requests_running', 'min_over_time({})', present, m)}"
+    waiting = f"sum by ({K}) {psig('requests_waiting', 'min_over_time({})', present, m)}"
+    tokens = f"sum by ({K}) {psig('generation_tokens_total', 'increase({})', window, m)}"
+    inflight = f"(({running}) + on ({K}) ({waiting}) or ({running}))"
+    return f"({inflight} >= 1) and on ({K}) (({tokens}) == 0)"

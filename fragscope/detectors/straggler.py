@@ -19,7 +19,7 @@ import numpy as np
 
 from .. import ids
 from ..model import Evidence, Finding, Inconclusive, Severity
-from ..promql import AlertRule, num
+from ..promql import KG, K, PRESENT, RATE_RANGE, AlertRule, num, sig as psig
 from . import common, stats
 from .frame import Frame
 from .host_common import judged_span, present_span
@@ -141,3 +141,17 @@ def alert_rule(cfg: Config = Config()) -> AlertRule:
         f"One busy GPU of a pod with its SM clock {cfg.clock_gap * 100:g} % or more below the median of the pod's "
         "busy GPUs (every tensor-parallel step waits for it).",
         {"clock_gap": cfg.clock_gap, "util_busy": cfg.util_busy}, shown={"clock_gap": num(round(1 - cfg.clock_gap, 12))})
+
+
+def triage_check(m=(), present: str = PRESENT, rate: str = RATE_RANGE, cfg: Config = Config()) -> str:
+    """A busy GPU with its SM clock >= 10 % below the median of its target's busy GPUs (value: clock / median).
+
+    Busy: utilization >= util_busy (idle ranks are not compared). As the alert, the median includes the GPU
+    itself: with two busy GPUs the slow one trips at a gap of 1 - (1 - g)/(1 + g) to the other (18 % for
+    g = 10 %), not at 10 % as the detector (which compares to the others only)."""
+    clk = f"max by ({KG}) {psig('gpu_sm_clock_hertz', 'avg_over_time({})', present, m)}"
+    util = f"max by ({KG}) {psig('gpu_utilization_ratio', 'avg_over_time({})', present, m)}"
+    busy = f"(({clk}) and on ({KG}) (({util}) >= {num(cfg.util_busy)}))"
+    ratio = f"({busy} / on ({K}) group_left () quantile by ({K}) (0.5, {busy}))"
+    return (f"({ratio} < {num(round(1 - cfg.clock_gap, 12))})"
+            f" and on ({K}) (count by ({K}) ({busy}) >= 2)")

@@ -29,11 +29,15 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from .. import ids
+from ..detectors import cpu_starved as _cpu
 from ..detectors import fragmentation as _frag
+from ..detectors import gpu_fault as _fault
 from ..detectors import host_memory as _hostmem
 from ..detectors import kv_pool as _kvpool
 from ..detectors import kv_pressure as _kv
 from ..detectors import memory_leak as _leak
+from ..detectors import stalled as _stall
+from ..detectors import straggler as _strag
 from ..detectors import throttling as _thr
 from ..sizing.arith import SizingConfig
 from ..promql import KG, PRESENT, RATE_RANGE, TARGET_KEYS, K, norm, quote, sig, variants
@@ -61,6 +65,10 @@ frag_check = _frag.triage_check
 throttle_check = _thr.triage_check
 kv_pool_check = _kvpool.triage_check
 host_memory_check = _hostmem.triage_check
+cpu_starved_check = _cpu.triage_check
+stalled_check = _stall.triage_check
+straggler_check = _strag.triage_check
+gpu_fault_check = _fault.triage_check
 _frag_ratio = _frag.unusable_ratio_promql
 
 
@@ -99,6 +107,14 @@ CHECKS: tuple[Check, ...] = (
           RULE_PREFIX + "kv_pool_undersized:spare_ratio"),
     Check(ids.HOST_MEMORY_PRESSURE, "container_working_set_of_limit_ratio", "max_over_time", host_memory_check,
           RULE_PREFIX + "host_memory_pressure:working_set_of_limit_ratio"),
+    Check(ids.ENGINE_CPU_STARVED, "cpu_throttled_periods_ratio", "max_over_time", cpu_starved_check,
+          RULE_PREFIX + "engine_cpu_starved:throttled_periods_ratio"),
+    Check(ids.ENGINE_STALLED, "requests_in_flight", "max_over_time", stalled_check,
+          RULE_PREFIX + "engine_stalled:requests_in_flight"),
+    Check(ids.RANK_STRAGGLER, "sm_clock_of_peer_median_ratio", "min_over_time", straggler_check,
+          RULE_PREFIX + "rank_straggler:clock_of_peer_median_ratio"),
+    Check(ids.GPU_HARDWARE_FAULT, "gpu_fault", "max_over_time", gpu_fault_check,
+          RULE_PREFIX + "gpu_hardware_fault:fault"),
 )
 LEAK_ID = ids.MEMORY_LEAK
 LEAK_RULES = {"torch_allocated_bytes": RULE_PREFIX + "memory:torch_allocated_bytes",
@@ -110,8 +126,7 @@ LEAK_ALLOC_RATIO = 0.5 * LEAK.growth_of_base
 LEAK_USED_RATIO = 0.5 * LEAK.growth_of_total
 CHECK_IDS = tuple(c.id for c in CHECKS) + (LEAK_ID,)
 # Diagnoses the triage has no level check for: a target that passes the triage is not cleared of them.
-UNCHECKED = (ids.LAUNCH_BOUND, ids.CAPACITY_SATURATION, ids.KV_BLOCK_SIZE_MISMATCH, ids.ENGINE_CPU_STARVED,
-             ids.ENGINE_STALLED, ids.RANK_STRAGGLER, ids.GPU_HARDWARE_FAULT)
+UNCHECKED = (ids.LAUNCH_BOUND, ids.CAPACITY_SATURATION, ids.KV_BLOCK_SIZE_MISMATCH)
 
 
 def _tag(expr: str, **labels: str) -> str:
