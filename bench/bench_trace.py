@@ -321,17 +321,17 @@ def _plain_floor(p: Path, reader: str, reps: int, env: dict) -> float:
     from fragscope.collectors import sqlite_columns
 
     sent: list = []
-    real = sqlite_columns._Fetcher.run
+    real = sqlite_columns.Fetcher.run
 
     def recorder(self, queries):
         sent.extend([q.table, q.cols, q.where] for q in queries)
         return real(self, queries)
 
-    sqlite_columns._Fetcher.run = recorder
+    sqlite_columns.Fetcher.run = recorder
     try:
         read_nsys(str(p), reader="stdlib")
     finally:
-        sqlite_columns._Fetcher.run = real
+        sqlite_columns.Fetcher.run = real
     walls, cpus = [], []
     for _ in range(reps):
         r0, t = os.times(), time.perf_counter()
@@ -343,9 +343,9 @@ def _plain_floor(p: Path, reader: str, reps: int, env: dict) -> float:
 
 
 def bench_nsys(n: int, tmp: Path, reps: int = 3) -> None:
-    from fragscope.cli.trace_cmd import _small_pages
+    from fragscope.cli.trace_cmd import small_pages
 
-    _small_pages()  # in-process figures under the CLI's memory setting
+    small_pages()  # in-process figures under the CLI's memory setting
     print(f"== nsys SQLite: {n:,} kernels + {n:,} runtime launches (real schema); best of {reps}; "
           f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
     t = time.perf_counter()

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from fragscope.agent.capture import CaptureError, CaptureManager, _dir_bytes
+from fragscope.agent.capture import CaptureError, CaptureManager, dir_bytes
 from fragscope.model import Finding, Severity
 
 from cli_helpers import cli  # in process through the CLI's own entry (fragscope.cli._main)
@@ -306,7 +306,7 @@ def test_size_budget_deletes_oldest(tmp_path):
     with HandProbe(tmp_path / "probe", pids=(111,)):
         m.capture("snapshot", time.time() - 120)
         second = m.capture("snapshot", time.time() - 60)
-    one = _dir_bytes(str(tmp_path / "out" / second["id"]))  # artefacts + capture.json
+    one = dir_bytes(str(tmp_path / "out" / second["id"]))  # artefacts + capture.json
     m.max_bytes = one + one // 2  # room for one capture only
     with HandProbe(tmp_path / "probe", pids=(111,)):
         third = m.capture("snapshot", time.time())

@@ -9,9 +9,9 @@ import re
 
 import pytest
 
-from fragscope.collectors.dcgm import _FIELD_LINE, parse_dcgm_metrics
+from fragscope.collectors.dcgm import FIELD_LINE, parse_dcgm_metrics
 from fragscope.collectors.exposition import LineCache, ParseError
-from fragscope.collectors.vllm import _ENGINE_LINE, _FIRST_LINE, _NEXT_LINE, parse_vllm_metrics
+from fragscope.collectors.vllm import ENGINE_LINE, FIRST_LINE, NEXT_LINE, parse_vllm_metrics
 
 HERE = os.path.dirname(__file__)
 VLLM = [os.path.join(HERE, "data", "agent", f) for f in
@@ -40,8 +40,8 @@ def _outcome(parse, text: str, ts: float, **kw):
         return f"ParseError: {e}"
 
 
-@pytest.mark.parametrize("path,parse,pattern", [(p, parse_vllm_metrics, _ENGINE_LINE) for p in VLLM]
-                         + [(p, parse_dcgm_metrics, _FIELD_LINE) for p in DCGM])
+@pytest.mark.parametrize("path,parse,pattern", [(p, parse_vllm_metrics, ENGINE_LINE) for p in VLLM]
+                         + [(p, parse_dcgm_metrics, FIELD_LINE) for p in DCGM])
 def test_recorded_pages_scrape_after_scrape_equal_the_full_parser(path, parse, pattern):
     text = _read(path)
     lines = LineCache()
@@ -104,12 +104,12 @@ def test_changed_pages_equal_the_full_parser(case):
 def test_fast_path_hands_over_what_it_cannot_read_alone():
     lines = LineCache()
     parse_vllm_metrics(_BASE, 1.0, lines=lines)
-    assert lines.scrape(_ENGINE_LINE.finditer(_BASE), 2.0) is not None
+    assert lines.scrape(ENGINE_LINE.finditer(_BASE), 2.0) is not None
     for case in ("new series", "series twice", "timestamp added", "value not a number", "no space before the value",
                  "html escape in a label", "only dropped lines"):
-        assert lines.scrape(_ENGINE_LINE.finditer(_CHANGED[case]), 2.0) is None, case
+        assert lines.scrape(ENGINE_LINE.finditer(_CHANGED[case]), 2.0) is None, case
     # kept lines' samples in page order; a family the collector does not keep skipped
-    got = lines.scrape(_ENGINE_LINE.finditer(_BASE), 3.0)
+    got = lines.scrape(ENGINE_LINE.finditer(_BASE), 3.0)
     assert [(s.name, s.value) for s in got][:2] == [("vllm:num_requests_running", 3.0),
                                                     ("vllm:num_requests_waiting", 1.0)]
     assert len(got) == 7 and all(s.name != "vllm:request_params_n_bucket" for s in got)
@@ -122,7 +122,7 @@ def test_dcgm_blank_and_dropped_labels_through_the_fast_path():
     lines = LineCache()
     assert parse_dcgm_metrics(page, 1.0, lines=lines) == parse_dcgm_metrics(page, 1.0)
     blank = page.replace(" 1000\n", f" {2**31 - 2}\n").replace(" 50\n", " 9.3e18\n")
-    fast = lines.scrape(_FIELD_LINE.finditer(blank), 2.0)
+    fast = lines.scrape(FIELD_LINE.finditer(blank), 2.0)
     assert fast is not None and [s.name for s in fast] == ["DCGM_FI_DEV_FB_USED"]  # the parser's int64 blank
     got = parse_dcgm_metrics(blank, 2.0, lines=lines)
     assert got == parse_dcgm_metrics(blank, 2.0) == []  # both blanks dropped, int32 one by is_blank
@@ -172,6 +172,6 @@ def test_random_changes_equal_the_full_parser():
                          + [_read(p) for p in VLLM])
 def test_fast_line_finder_finds_the_full_paths_lines(text):
     """The fast path's two patterns find exactly the lines the full path's one finds (ends aside)."""
-    first = _FIRST_LINE.match(text)
-    fast = ([first.group(1)] if first else []) + [m.group(1) for m in _NEXT_LINE.finditer(text)]
-    assert fast == [m.group().rstrip("\n") for m in _ENGINE_LINE.finditer(text)]
+    first = FIRST_LINE.match(text)
+    fast = ([first.group(1)] if first else []) + [m.group(1) for m in NEXT_LINE.finditer(text)]
+    assert fast == [m.group().rstrip("\n") for m in ENGINE_LINE.finditer(text)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fragscope.detectors.frame_sampling import _interval, _sample_counter
+from fragscope.detectors.frame_sampling import _interval, sample_counter
 from fragscope.model import Series, SeriesKey
 
 
@@ -21,7 +21,7 @@ def _interval_plain(series) -> float | None:
 
 def _first_rates_plain(s: Series, grid: np.ndarray, lookback: float, w: int) -> np.ndarray:
     """The loop of the first w points, as it was written before (reference)."""
-    rate, c, _ = _sample_counter(s, grid, lookback, w)
+    rate, c, _ = sample_counter(s, grid, lookback, w)
     idx = np.searchsorted(s.ts, grid, side="right") - 1
     ok = idx >= 0
     ii = np.where(ok, idx, 0)
@@ -63,7 +63,7 @@ def test_first_window_rates_equal_the_loop(start, w):
     vs = np.cumsum(np.r_[5.0, np.arange(1, ts.size) % 7])
     vs[70:] -= vs[70] - 2.0  # a reset
     s = _series("x_total", ts, vs)
-    got = _sample_counter(s, grid, 3.0, w)[0]
+    got = sample_counter(s, grid, 3.0, w)[0]
     want = _first_rates_plain(s, grid, 3.0, w)
     np.testing.assert_array_equal(got, want)
     assert np.isfinite(got).sum() > 20
@@ -71,15 +71,15 @@ def test_first_window_rates_equal_the_loop(start, w):
 
 @pytest.mark.parametrize("how", ["sum", "mean", "max", "min"])
 def test_agg_of_spans_equals_the_stacked_rows(how):
-    """_Agg (one series kept as sampled, accumulation from the second on) against full-grid rows stacked
+    """Agg (one series kept as sampled, accumulation from the second on) against full-grid rows stacked
     and reduced with numpy's NaN-aware functions: same values, NaN where no series has one."""
-    from fragscope.detectors.frame_sampling import _Agg
+    from fragscope.detectors.frame_sampling import Agg
 
     n = 12
     spans = [(0, np.array([1.0, np.nan, 3.0, 4.0])), (2, np.array([5.0, 6.0, np.nan])), (9, np.array([2.0, 7.0]))]
-    assert np.isnan(_Agg(n, how).result()).all()  # nothing added: no data anywhere
+    assert np.isnan(Agg(n, how).result()).all()  # nothing added: no data anywhere
     for k in (1, 2, 3):
-        agg = _Agg(n, how)
+        agg = Agg(n, how)
         rows = np.full((k, n), np.nan)
         for i, (lo, v) in enumerate(spans[:k]):
             agg.add(lo, v)

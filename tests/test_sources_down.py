@@ -129,7 +129,7 @@ def test_exit_code_contract(findings, down, fail_on, rc):
 
 
 def test_live_page_that_never_answered_is_a_source_down():
-    from fragscope.cli.agent_cmds import _Together
+    from fragscope.cli.agent_cmds import Together
 
     class Ok:
         name = "http://a/metrics"
@@ -143,7 +143,7 @@ def test_live_page_that_never_answered_is_a_source_down():
         def collect(self, now):
             return CollectResult(up=False, error="http://b/metrics: HTTP 503")
 
-    t = _Together([Ok(), Down()])
+    t = Together([Ok(), Down()])
     for i in range(3):
         assert t.collect(float(i)).up
     assert t.never_answered() == ["http://b/metrics: no scrape succeeded (last: http://b/metrics: HTTP 503)"]
@@ -155,7 +155,7 @@ def test_live_page_that_never_answered_is_a_source_down():
             self.n += 1
             return Ok().collect(now) if self.n % 3 else super().collect(now)  # fails 1 in 3
 
-    t = _Together([Ok(), Flaky()])
+    t = Together([Ok(), Flaky()])
     for i in range(6):
         t.collect(float(i))
     assert t.never_answered() == []  # a page failing now and then is in the notes, not a source down

@@ -452,8 +452,8 @@ def test_nsys_reader_paths_give_the_same_analysis(tmp_path, monkeypatch):
 
 
 def test_nsys_link_matches_kineto_link():
-    from fragscope.collectors.kineto import _link_by_key
-    from fragscope.collectors.nsys_join import _SCRATCH_ROWS, _link
+    from fragscope.collectors.kineto import link_by_key
+    from fragscope.collectors.nsys_join import SCRATCH_ROWS, link
 
     rng = np.random.default_rng(3)
     for sort_calls in (True, False):
@@ -461,11 +461,11 @@ def test_nsys_link_matches_kineto_link():
         if sort_calls:
             calls.sort()
         ops = rng.integers(-2, 450, 800)
-        assert np.array_equal(_link(ops, calls), _link_by_key(ops, calls))
-    assert _link(np.array([1, 2]), np.zeros(0, dtype=np.int64)).tolist() == [-1, -1]
+        assert np.array_equal(link(ops, calls), link_by_key(ops, calls))
+    assert link(np.array([1, 2]), np.zeros(0, dtype=np.int64)).tolist() == [-1, -1]
     # large enough for the two-thread, block-by-block path: ops roughly in call order; call keys with
     # repeats (binary search), unique and dense (direct table), unique and sparse (binary search)
-    n = 2 * _SCRATCH_ROWS + 12_345
+    n = 2 * SCRATCH_ROWS + 12_345
     for keys in ("repeats", "dense", "sparse"):
         for sort_calls in (True, False):
             spread = 30 if keys == "sparse" else 3
@@ -475,8 +475,8 @@ def test_nsys_link_matches_kineto_link():
             if sort_calls:
                 calls.sort()
             ops = np.sort(rng.integers(-1, spread * n, n + 77)) + rng.integers(-50, 50, n + 77)
-            got = _link(ops, calls)
-            assert np.array_equal(got, _link_by_key(ops, calls)), (keys, sort_calls)
+            got = link(ops, calls)
+            assert np.array_equal(got, link_by_key(ops, calls)), (keys, sort_calls)
             assert (got >= 0).mean() > (0.02 if keys == "sparse" else 0.2)
 
 
@@ -504,7 +504,7 @@ def test_analysis_threaded_equals_one_thread(tmp_path, monkeypatch):
 
     tl = read_nsys(str(make_nsys_mixed(tmp_path / "m.sqlite")), reader="stdlib")
     ref = _analysis(tl)
-    monkeypatch.setattr(timeline, "_THREAD_MIN_OPS", 1)
+    monkeypatch.setattr(timeline, "THREAD_MIN_OPS", 1)
     assert _analysis(tl) == ref
 
 
@@ -518,7 +518,7 @@ def test_analysis_error_leaves_no_thread_waiting(tmp_path, monkeypatch):
     import fragscope.detectors.timeline_streams as streams
 
     tl = read_nsys(str(make_nsys_mixed(tmp_path / "m.sqlite")), reader="stdlib")
-    monkeypatch.setattr(timeline, "_THREAD_MIN_OPS", 1)
+    monkeypatch.setattr(timeline, "THREAD_MIN_OPS", 1)
     before = threading.active_count()
 
     def broken(*a, **k):
@@ -597,15 +597,15 @@ def test_trace_cli_asks_numpy_for_small_pages(monkeypatch):
         from numpy._core.multiarray import _set_madvise_hugepage
     except ImportError:
         pytest.skip("numpy < 2")
-    from fragscope.cli.trace_cmd import _small_pages
+    from fragscope.cli.trace_cmd import small_pages
 
     monkeypatch.delenv("NUMPY_MADVISE_HUGEPAGE", raising=False)
     before = _set_madvise_hugepage(True)
     try:
-        _small_pages()
+        small_pages()
         assert _set_madvise_hugepage(True) is False  # (returns the previous setting)
         monkeypatch.setenv("NUMPY_MADVISE_HUGEPAGE", "1")
-        _small_pages()
+        small_pages()
         assert _set_madvise_hugepage(True) is True  # the user's choice stands
     finally:
         _set_madvise_hugepage(before)

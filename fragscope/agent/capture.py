@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping
 
-from .capture_files import (MAX_TAKE_BYTES, UnsafeFile, _dir_bytes, _trace_complete,  # noqa: F401
+from .capture_files import (MAX_TAKE_BYTES, UnsafeFile, dir_bytes, trace_complete,  # noqa: F401
                             take_file, trusted_uids)
 
 log = logging.getLogger(__name__)
@@ -271,7 +271,7 @@ class CaptureManager:
         except Exception as e:  # a capture never takes the agent down
             att["ok"], att["error"] = False, f"{type(e).__name__}: {_one_line(e)}"
             att["verdict"] = f"{kind} failed: {att['error']}"
-        att["bytes"] = _dir_bytes(cdir)
+        att["bytes"] = dir_bytes(cdir)
         try:
             with open(os.path.join(cdir, "capture.json"), "w", encoding="utf-8") as fh:
                 json.dump(att, fh, indent=1, default=str)
@@ -444,7 +444,7 @@ class CaptureManager:
                 t = self._clock()
                 if since is None or since[:2] != (p, size):
                     since = (p, size, t)
-                elif size > 0 and t - since[2] >= self.trace_settle and _trace_complete(p):
+                elif size > 0 and t - since[2] >= self.trace_settle and trace_complete(p):
                     chosen = p
                     break
             if self._clock() >= deadline:
@@ -486,7 +486,7 @@ class CaptureManager:
     def enforce_size_budget(self, keep_verdict_of: dict | None = None) -> list[str]:
         """Delete the oldest captures until out_dir holds at most ``max_bytes``; returns deleted dirs."""
         dirs = self.capture_dirs()
-        sizes = {d: _dir_bytes(d) for d in dirs}
+        sizes = {d: dir_bytes(d) for d in dirs}
         total = sum(sizes.values())
         deleted = []
         for d in dirs:

@@ -9,7 +9,7 @@ import stat
 from typing import Iterable
 
 
-def _dir_bytes(path: str) -> int:
+def dir_bytes(path: str) -> int:
     total = 0
     for root, _dirs, files in os.walk(path):
         for f in files:
@@ -95,7 +95,7 @@ def take_file(src: str, dest: str, uids: frozenset[int], remove: bool = False,
     return n
 
 
-def _trace_complete(path: str) -> bool:
+def trace_complete(path: str) -> bool:
     """A JSON trace ends with '}' (or ']'); a gzip one decompresses to its end without error."""
     try:
         if path.endswith(".gz"):

@@ -156,7 +156,7 @@ def detect_once(agent: Any) -> None:
         st.detector.last_error = None
         if st.store is not None:
             st.store.put_meta("last_report", json.dumps({"at": now, "report": report.to_dict()},
-                                                        default=_json_default))
+                                                        default=json_default))
     except Exception as e:  # noqa: BLE001 - a detector bug must not kill the agent
         st.detector.errors += 1
         if st.detector.last_error is None:
@@ -333,7 +333,7 @@ def finding_key(f: Any) -> tuple:
     return (f.id, tuple(sorted((str(k), str(v)) for k, v in (f.subject or {}).items())))
 
 
-def _json_default(o: Any) -> Any:
+def json_default(o: Any) -> Any:
     if hasattr(o, "item"):
         return o.item()
     if hasattr(o, "to_dict"):

@@ -24,7 +24,7 @@ import numpy as np
 
 from ..model import Labels, Sample, SeriesKey, Window
 from ..signals import RAW_TO_SIGNAL, SIGNALS
-from .store_read import _FETCH_ROWS, HistoryScan, StoreError, TooManyPoints, _points, _query_bounds  # noqa: F401
+from .store_read import FETCH_ROWS, HistoryScan, StoreError, TooManyPoints, _points, query_bounds  # noqa: F401
 
 log = logging.getLogger("fragscope.agent.store")
 
@@ -152,7 +152,7 @@ class Store:
             raise StoreError(f"{d}: cannot create the data directory ({e.strerror or e}); "
                              "give a writable --data-dir") from None
         try:
-            self._w = self._connect()
+            self._w = self.connect()
             self._w.executescript(_SCHEMA)
             cur = self._w.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
             if cur is None:
@@ -162,7 +162,7 @@ class Store:
                                  "move the file away or point --data-dir elsewhere")
             self._w.commit()
             self._load_ids()
-            self._r = self._connect()
+            self._r = self.connect()
         except sqlite3.DatabaseError as e:
             raise StoreError(f"{path}: cannot open the history ({e}); move the file away or point "
                              "--data-dir elsewhere") from None
@@ -170,7 +170,7 @@ class Store:
         # Hard cap at 125 % of the bound: retention keeps it under max_bytes, this stops a runaway.
         self._w.execute(f"PRAGMA max_page_count = {max(64, int(self.max_bytes * 1.25 // self._page_size))}")
 
-    def _connect(self) -> sqlite3.Connection:
+    def connect(self) -> sqlite3.Connection:
         # autocommit mode; transactions are explicit BEGIN/COMMIT
         c = sqlite3.connect(self.path, timeout=5.0, check_same_thread=False, isolation_level=None)
         c.execute("PRAGMA journal_mode=WAL")
@@ -420,7 +420,7 @@ class Store:
         """Series whose name is in ``names`` (a family name matches its _bucket/_count/_sum/_total
         samples; None: all) over [start, end] unix seconds. ``step`` keeps the last point of each
         step. Raises TooManyPoints past ``max_points``."""
-        wanted, lo, hi, step_ms = _query_bounds(names, start, end, step)
+        wanted, lo, hi, step_ms = query_bounds(names, start, end, step)
         cols: dict[SeriesKey, tuple[np.ndarray, np.ndarray]] = {}
         types: dict[str, str] = {}
         total = 0
@@ -433,7 +433,7 @@ class Store:
                 # bytes a point), and stopped as soon as the bound is passed
                 parts = []
                 while True:
-                    rows = cur.fetchmany(_FETCH_ROWS)
+                    rows = cur.fetchmany(FETCH_ROWS)
                     if not rows:
                         break
                     total += len(rows)

@@ -20,10 +20,10 @@ class TooManyPoints(StoreError):
 
 
 _FAMILY_SUFFIXES = ("_bucket", "_count", "_sum", "_total", "_info")
-_FETCH_ROWS = 8192  # rows per fetchmany()
+FETCH_ROWS = 8192  # rows per fetchmany()
 
 
-def _query_bounds(names: Sequence[str] | None, start: float, end: float,
+def query_bounds(names: Sequence[str] | None, start: float, end: float,
                   step: float | None) -> tuple[set[str] | None, int, int, int]:
     """(wanted sample names or None for all, start ms, end ms, step ms or 0) of a history query."""
     wanted: set[str] | None = None
@@ -59,7 +59,7 @@ class HistoryScan:
 
     def __init__(self, store: Any, names: Sequence[str] | None, start: float, end: float,
                  step: float | None, max_points: int | None) -> None:
-        wanted, self.lo, self.hi, self.step_ms = _query_bounds(names, start, end, step)
+        wanted, self.lo, self.hi, self.step_ms = query_bounds(names, start, end, step)
         try:
             self._c = sqlite3.connect(store.path, timeout=5.0, check_same_thread=False, isolation_level=None)
         except sqlite3.Error as e:
@@ -101,7 +101,7 @@ class HistoryScan:
         i = 0 if which == "t" else 1
         try:
             while True:
-                rows = cur.fetchmany(_FETCH_ROWS)
+                rows = cur.fetchmany(FETCH_ROWS)
                 if not rows:
                     return
                 arr = np.array(rows, dtype=np.float64)[:, i]

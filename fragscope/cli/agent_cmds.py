@@ -333,7 +333,7 @@ def diagnose_sources(fmt: str, fail_on: str, color: bool | None = None, html: st
     return _watch_targets(targets, fmt, fail_on, opts.get("duration"), opts.get("interval"), color, html)
 
 
-class _Together:
+class Together:
     """Several pages sampled as one round: up when any answered; the others' errors kept, and each
     page's scrapes counted (a page that failed most of them is a source down for the verdict)."""
 
@@ -400,7 +400,7 @@ def sample_targets(targets: list, dur: float, ivl: float, on_verdict=None, on_ro
     from ..agent.live import PageCollector, watch
     from ..pipeline import diagnose  # imported before sampling starts: Ctrl-C then always lands in watch()
 
-    together = _Together([PageCollector(t) for t in targets])
+    together = Together([PageCollector(t) for t in targets])
     window, report, prog = watch(together, dur, ivl, source="live: " + ", ".join(t.url for t in targets),
                                  judge=diagnose, on_verdict=on_verdict, on_round=on_round)
     if together.never_answered():  # a page judged without: the report's first line and exit 4

@@ -9,7 +9,7 @@ import time
 import click
 
 from .common import fail
-from .render import _json_default, fmt_ts, fmt_value, print_report, report_exit_code
+from .render import json_default, fmt_ts, fmt_value, print_report, report_exit_code
 
 _OPTS = ("prometheus", "since", "start", "end", "step", "selector", "bearer_token", "bearer_token_file",
          "basic_auth", "headers", "ca_bundle", "insecure", "prom_timeout")
@@ -162,7 +162,7 @@ def run_fleet(ctx: click.Context, fmt: str, fail_on: str, **opts) -> "int | None
         if bar is not None:
             bar.stop()
     if fmt == "json":
-        sys.stdout.write(json.dumps(report.to_dict(), indent=2, default=_json_default) + "\n")
+        sys.stdout.write(json.dumps(report.to_dict(), indent=2, default=json_default) + "\n")
     else:
         render_fleet(report, sys.stdout)
     rcs = [report_exit_code(t.report, fail_on) for t in report.targets if t.report is not None]

@@ -244,11 +244,11 @@ def logs_cmd(file: str, fmt: str, fail_on: str, tz_offset: float, max_bytes: int
     """Diagnose an engine log FILE (vLLM V0/V1, SGLang; PyTorch OOM messages): KV capacity,
     preemptions, OOM fragmentation, stats lines; with model/GPU options, check the KV capacity
     against the kv-budget estimate."""
-    from .render import print_report, report_exit_code, _json_default
+    from .render import print_report, report_exit_code, json_default
 
     report, summary, acc = analyse_log_file(file, tz_offset, max_bytes, **opts)
     if fmt == "json":
-        sys.stdout.write(json.dumps(log_json(report, summary), indent=2, default=_json_default) + "\n")
+        sys.stdout.write(json.dumps(log_json(report, summary), indent=2, default=json_default) + "\n")
     else:
         print_report(report, "human")
         _print_summary(summary, sys.stdout, startup_seen=acc is not None and acc.has_accounting)

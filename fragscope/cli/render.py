@@ -53,7 +53,7 @@ def print_report(report: Report, fmt: str = "human", file=None, window=None, col
 
         write_html(html, render_html(report, window))
     if fmt == "json":
-        out.write(json.dumps(report.to_dict(), indent=2, default=_json_default) + "\n")
+        out.write(json.dumps(report.to_dict(), indent=2, default=json_default) + "\n")
         return
     render_human(report, out, window=window, color=color)
 
@@ -69,7 +69,7 @@ def write_html(path: str, text: str) -> None:
         fail(f"--html {path}: {e.strerror or e}")
 
 
-def _json_default(o):
+def json_default(o):
     if hasattr(o, "item"):
         return o.item()
     if hasattr(o, "to_dict"):

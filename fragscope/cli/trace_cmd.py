@@ -15,7 +15,7 @@ FORMATS = click.Choice(["human", "json"])
 FAIL_ON = click.Choice(["info", "warning", "critical", "never"])
 
 
-def _small_pages() -> None:
+def small_pages() -> None:
     """Ask numpy not to back its large arrays with transparent huge pages (numpy's own switch, also set
     by NUMPY_MADVISE_HUGEPAGE=0, which takes precedence when set). A trace of millions of ops is read
     into new arrays once and the process exits: nothing gains from huge pages' fewer TLB misses, and
@@ -47,7 +47,7 @@ def _small_pages() -> None:
 def trace_cmd(file: str, fmt: str, fail_on: str, html: str | None = None, max_json_bytes: int | None = None) -> int:
     """Analyse a kernel timeline FILE: an Nsight Systems SQLite export (nsys export --type sqlite)
     or a PyTorch profiler / Kineto JSON trace (.json, .json.gz). Format detected by content."""
-    _small_pages()
+    small_pages()
     analysis, findings, report = analyse_trace(file, max_json_bytes)
     if html:
         from .render import write_trace_html

@@ -43,7 +43,7 @@ EXTRA_FIELDS = (
 )
 KEEP = frozenset([s.metric for sig in SIGNALS.values() for s in sig.sources if s.metric.startswith("DCGM_")]
                  + list(EXTRA_FIELDS))
-_FIELD_LINE = re.compile(r"^(DCGM_[A-Za-z0-9_]*)[{\s][^\n]*\n?", re.M)
+FIELD_LINE = re.compile(r"^(DCGM_[A-Za-z0-9_]*)[{\s][^\n]*\n?", re.M)
 DROP_LABELS = frozenset({"Hostname", "DCGM_FI_DRIVER_VERSION", "pci_bus_id", "device"})
 CORE = ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_SM_CLOCK",
         "DCGM_FI_DEV_GPU_TEMP")
@@ -68,7 +68,7 @@ def parse_dcgm_metrics(text: str, ts: float, source: str = "dcgm", key_cache: di
 
     ``lines`` (kept by the caller between scrapes): a page whose lines were all seen before is read with
     one dict hit and one float a line, as in collectors/vllm.py."""
-    scraped = lines.scrape(_FIELD_LINE.finditer(text), ts) if lines is not None else None
+    scraped = lines.scrape(FIELD_LINE.finditer(text), ts) if lines is not None else None
     if scraped is None:
         scraped = _parse(text, ts, source, key_cache, lines, counts)
     out = []
@@ -87,7 +87,7 @@ def _parse(text: str, ts: float, source: str, key_cache: dict | None, lines: Lin
     # only the kept fields' lines are parsed, found by a regex (no list of every line): bounded work
     # and memory on a hostile body (collectors/vllm.py does the same)
     kept = []
-    for m in _FIELD_LINE.finditer(text):
+    for m in FIELD_LINE.finditer(text):
         if m.group(1) in KEEP:
             keep_line(kept, m.group(), lines, counts)
         elif lines is not None:

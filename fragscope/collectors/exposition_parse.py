@@ -12,10 +12,10 @@ from typing import Iterable
 
 from ..model import Sample, SeriesKey, Window
 from ..signals import DCGM_BLANK_THRESHOLD, normalise_name
-from .exposition_paste import (_NUM_TAIL, _PASTE_START, _could_continue, _depaste, _is_debris, _join_wrapped,
-                               _unescape_html)
-from .exposition_syntax import (_MS_THRESHOLD, _NAME_RE, _US_THRESHOLD, ENV_MAX_POINTS, ENV_MAX_SERIES,
-                                ParseError, _bad_bound, _big_timestamp, _family_type, _valid_sample, parse_labels)
+from .exposition_paste import (NUM_TAIL, PASTE_START, could_continue, depaste, is_debris, join_wrapped,
+                               unescape_html)
+from .exposition_syntax import (MS_THRESHOLD, NAME_RE, US_THRESHOLD, ENV_MAX_POINTS, ENV_MAX_SERIES,
+                                ParseError, bad_bound, big_timestamp, family_type, valid_sample, parse_labels)
 from .inputs import MAX_LINE_CHARS, OVERLONG
 from .scrapes import GENERIC_PREFIXES, SegmentTracker, bulk_window
 
@@ -133,7 +133,7 @@ class LineCache:
         """``head`` as the full parser took it (mode 3, no # TYPE line seen) and the series it names (None:
         dropped). Only heads a raw line can be read back by (:meth:`scrape`) are kept: not starting like a
         paste or a comment, no ``&`` (the parser unescapes HTML in such lines)."""
-        if (len(head) > MAX_CACHED_HEAD or head[0] in _PASTE_START or head[0] == "#" or "&" in head
+        if (len(head) > MAX_CACHED_HEAD or head[0] in PASTE_START or head[0] == "#" or "&" in head
                 or head.startswith(("HELP ", "TYPE "))):
             return
         if len(self.heads) >= self.max_heads:
@@ -257,8 +257,8 @@ def parse_lines(lines: Iterable[str], default_ts: float | None = None, source: s
                     ts = float(parts[2])
                 except ValueError:
                     ts = -1.0  # the full parser says what is wrong
-                if ts > _MS_THRESHOLD:
-                    ts = ts / 1000.0 if ts < _US_THRESHOLD else -1.0
+                if ts > MS_THRESHOLD:
+                    ts = ts / 1000.0 if ts < US_THRESHOLD else -1.0
                 elif ts >= 0.0:
                     om_ts = True
                 if ts >= 0.0:
@@ -276,22 +276,22 @@ def parse_lines(lines: Iterable[str], default_ts: float | None = None, source: s
                     continue
         if not line or line == "\n":
             continue
-        if line[0] in _PASTE_START:
-            line = _depaste(line)
+        if line[0] in PASTE_START:
+            line = depaste(line)
             if line is None:
                 p.junk_lines += 1
                 continue
             if line == "\n":
                 continue
         if mode != 1 and "&" in line:
-            line = _unescape_html(line)  # a paste copied from HTML source: &quot; &gt; &amp;
+            line = unescape_html(line)  # a paste copied from HTML source: &quot; &gt; &amp;
         if pending is not None:
-            joined = _join_wrapped(pending, line)
+            joined = join_wrapped(pending, line)
             if joined is not None:
                 line = joined
                 p.joined_lines += 1
                 pending = None
-            elif pieces < _MAX_PIECES and line[0] != "#" and not _valid_sample(line):
+            elif pieces < _MAX_PIECES and line[0] != "#" and not valid_sample(line):
                 pending = pending.rstrip("\r\n") + line.strip(" \t\r\n")  # a third piece, and so on
                 pieces += 1
                 continue
@@ -345,7 +345,7 @@ def parse_lines(lines: Iterable[str], default_ts: float | None = None, source: s
             if brace >= 0:
                 close = line.rfind("}")
                 if close < brace:
-                    if mode != 1 and _could_continue(line):
+                    if mode != 1 and could_continue(line):
                         pending, pending_no, pieces = line, lineno, 2
                         continue
                     raise ValueError("unbalanced braces")
@@ -360,7 +360,7 @@ def parse_lines(lines: Iterable[str], default_ts: float | None = None, source: s
                     p.junk_lines += 1  # the rest of a # HELP line that a wrap moved to its own line
                     after_comment = cont_left
                     continue
-                if not rest and mode != 1 and _could_continue(line):
+                if not rest and mode != 1 and could_continue(line):
                     pending, pending_no, pieces = line, lineno, 2
                     continue
                 raise ValueError("expected 'name value [timestamp]'")
@@ -376,17 +376,17 @@ def parse_lines(lines: Iterable[str], default_ts: float | None = None, source: s
                     else:
                         name = head
                         labels = ()
-                    if not _NAME_RE.match(name):
+                    if not NAME_RE.match(name):
                         raise ValueError(f"bad metric name {name[:60]!r}")
                     name = normalise_name(name)
                     if key_cache is not None and len(head) <= MAX_CACHED_HEAD:
                         if len(key_cache) >= MAX_KEY_CACHE:  # label churn (e.g. request ids): stay bounded
                             key_cache.clear()
                         key_cache[head] = (name, labels)
-                t = _family_type(types, family_types, name)
+                t = family_type(types, family_types, name)
                 if not keep_created and name.endswith("_created") and t in ("counter", "histogram", "summary", "gaugehistogram"):
                     entry = None
-                elif labels and (t == "summary" or name.endswith("_bucket")) and _bad_bound(name, labels):
+                elif labels and (t == "summary" or name.endswith("_bucket")) and bad_bound(name, labels):
                     entry = None
                     p.bad_bounds += 1
                 else:
@@ -415,11 +415,11 @@ def parse_lines(lines: Iterable[str], default_ts: float | None = None, source: s
                 ts = 0.0  # set below, once the series is known
             elif has_ts:
                 ts = float(rest[1])
-                if ts > _MS_THRESHOLD:
-                    if ts < _US_THRESHOLD:
+                if ts > MS_THRESHOLD:
+                    if ts < US_THRESHOLD:
                         ts /= 1000.0
                     else:
-                        ts = _big_timestamp(ts, p.ts_units)
+                        ts = big_timestamp(ts, p.ts_units)
                 elif ts >= 0.0:
                     p.openmetrics_ts = True
                 else:
@@ -433,7 +433,7 @@ def parse_lines(lines: Iterable[str], default_ts: float | None = None, source: s
         except ParseError:
             raise
         except (ValueError, IndexError) as e:
-            if mode == 2 and last is not None and _NUM_TAIL.match(line):
+            if mode == 2 and last is not None and NUM_TAIL.match(line):
                 # a wrap cut the last sample's value: "...} 1.7740114" + "61287601e+09"
                 try:
                     fixed = float(last[1] + line.strip())
@@ -444,7 +444,7 @@ def parse_lines(lines: Iterable[str], default_ts: float | None = None, source: s
                     p.joined_lines += 1
                     last = None
                     continue
-            if mode != 1 and (continues_comment or _is_debris(line)):
+            if mode != 1 and (continues_comment or is_debris(line)):
                 p.junk_lines += 1
                 after_comment = cont_left if continues_comment else 0
                 continue

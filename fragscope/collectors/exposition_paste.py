@@ -6,20 +6,20 @@ from __future__ import annotations
 import html
 import re
 
-from .exposition_syntax import _NAME_START, _valid_sample
+from .exposition_syntax import NAME_START, valid_sample
 
 # First characters of lines that need cleaning before parsing: indentation, markdown quotes and
 # fences, shell prompts, non-breaking spaces, a byte-order mark, HTML tags around code blocks.
-_PASTE_START = frozenset(" \t>`~$\u00a0\ufeff<")
+PASTE_START = frozenset(" \t>`~$\u00a0\ufeff<")
 _FENCE = ("```", "~~~")
 _HTML_TAG = re.compile(r"^</?(?:details|summary|pre|code|p|br|div|span|b|i)\b[^>]*>.*$", re.I)
 _COMMAND = re.compile(r"(?:^|\s)(?:curl|wget|http|kubectl|docker|oc|grep)\s|^\S*[$#%]\s|^\$\s*$")
 _ELLIPSIS = re.compile(r"^\s*(?:\.{2,}|\u2026|\[(?:\.{3}|\u2026|snip|truncated)[^\]]*\])\s*$", re.I)
-_NUM_TAIL = re.compile(r"^\s*[0-9.eE+\-]+\s*$")
+NUM_TAIL = re.compile(r"^\s*[0-9.eE+\-]+\s*$")
 _ENTITY = re.compile(r"&(?:quot|gt|lt|amp|apos|#\d{1,7}|#[xX][0-9a-fA-F]{1,6});")
 
 
-def _depaste(line: str) -> str | None:
+def depaste(line: str) -> str | None:
     """A line with paste debris around it cleaned, or None when the whole line is debris."""
     s = line.replace("\u00a0", " ").lstrip(" \t\ufeff")
     while s[:1] == ">":  # markdown quote, possibly nested
@@ -35,7 +35,7 @@ def _depaste(line: str) -> str | None:
     return s
 
 
-def _is_debris(line: str) -> bool:
+def is_debris(line: str) -> bool:
     """A line of a paste that is not data and not worth an error: the command that made the scrape,
     an ellipsis where the reporter cut it, markdown or HTML around the code block."""
     s = line.strip()
@@ -44,7 +44,7 @@ def _is_debris(line: str) -> bool:
     return bool(_COMMAND.search(s) or _ELLIPSIS.match(s) or _HTML_TAG.match(s) or s.startswith(_FENCE))
 
 
-def _unescape_html(line: str) -> str:
+def unescape_html(line: str) -> str:
     """Complete entities only (``&quot;``, not ``&quot`` which html.unescape also decodes): a wrap
     may cut an entity in two, and the join must see it whole."""
     if _ENTITY.search(line) is None:
@@ -52,20 +52,20 @@ def _unescape_html(line: str) -> str:
     return _ENTITY.sub(lambda m: html.unescape(m.group(0)), line)
 
 
-def _could_continue(line: str) -> bool:
+def could_continue(line: str) -> bool:
     """An incomplete sample (a name or label set cut by a wrap): the next line may finish it."""
     s = line.strip()
-    return bool(s) and len(s) < 4096 and bool(_NAME_START.match(s))
+    return bool(s) and len(s) < 4096 and bool(NAME_START.match(s))
 
 
-def _join_wrapped(first: str, second: str) -> str | None:
+def join_wrapped(first: str, second: str) -> str | None:
     """``first`` (incomplete) joined with ``second`` when that makes one valid sample line."""
     a = first.rstrip("\r\n")
     b = second.lstrip(" \t")
     for sep in ("", " "):
         cand = a + sep + b
         if "&" in cand:
-            cand = _unescape_html(cand)  # an entity the wrap cut in two: "&quot" + ";"
-        if _valid_sample(cand):
+            cand = unescape_html(cand)  # an entity the wrap cut in two: "&quot" + ";"
+        if valid_sample(cand):
             return cand
     return None

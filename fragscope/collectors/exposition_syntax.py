@@ -27,14 +27,14 @@ class ParseError(ValueError):
 # bytes of backtracking state per byte of value (a 3.9 MB label value: a 717 MB peak).
 _LABEL_HEAD = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"')
 _LABEL_SEP = re.compile(r'\s*,?')
-_NAME_RE = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
-_NAME_START = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*(?:\{|$)")
+NAME_RE = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
+NAME_START = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*(?:\{|$)")
 _SUFFIXES = ("_total", "_bucket", "_count", "_sum", "_created", "_info", "_gcount", "_gsum")
 # Timestamp units by magnitude (now is ~1.8e9 s): above 1e11 (the year 5138 in seconds) milliseconds,
 # above 1e14 microseconds, above 1e17 nanoseconds; 1e20 and more is not a timestamp (a bad line).
 # Every converted time is then below 1e11 s, so no date printed later is past the year 9999.
-_MS_THRESHOLD = 1e11
-_US_THRESHOLD = 1e14
+MS_THRESHOLD = 1e11
+US_THRESHOLD = 1e14
 _NS_THRESHOLD = 1e17
 _TS_MAX = 1e20
 # Caps on what one input may hold (read_recording; raise with the environment variables). A point costs
@@ -85,7 +85,7 @@ def parse_labels(raw: str) -> Labels:
     return tuple(sorted(out))
 
 
-def _family_type(types: dict[str, str], family_types: dict[str, str], name: str) -> str:
+def family_type(types: dict[str, str], family_types: dict[str, str], name: str) -> str:
     t = types.get(name)
     if t is not None:
         return t
@@ -101,7 +101,7 @@ def _family_type(types: dict[str, str], family_types: dict[str, str], name: str)
     return t
 
 
-def _valid_sample(line: str) -> bool:
+def valid_sample(line: str) -> bool:
     brace = line.find("{")
     try:
         if brace >= 0:
@@ -116,7 +116,7 @@ def _valid_sample(line: str) -> bool:
             if not parts:
                 return False
             name, rest = parts[0], parts[1:]
-        if not rest or len(rest) > 3 or not _NAME_RE.match(name):
+        if not rest or len(rest) > 3 or not NAME_RE.match(name):
             return False
         float(rest[0])
         return True
@@ -124,7 +124,7 @@ def _valid_sample(line: str) -> bool:
         return False
 
 
-def _bad_bound(name: str, labels: Labels) -> bool:
+def bad_bound(name: str, labels: Labels) -> bool:
     """A histogram bucket whose ``le`` is missing or not a number (NaN, empty, text), or a summary
     sample whose ``quantile`` is not a number: the series means nothing and would poison sorting by bound."""
     bucket = name.endswith("_bucket")
@@ -139,7 +139,7 @@ def _bad_bound(name: str, labels: Labels) -> bool:
     return bucket  # a bucket without le has no place in its histogram
 
 
-def _big_timestamp(ts: float, units: set) -> float:
+def big_timestamp(ts: float, units: set) -> float:
     """Microseconds or nanoseconds since 1970, told by magnitude (the unit is added to ``units``);
     beyond that, not a timestamp."""
     if ts < _NS_THRESHOLD:

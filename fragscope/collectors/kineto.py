@@ -305,7 +305,7 @@ def _from_events(events: list, n_events: int, source: str, doc: dict) -> Timelin
     # Link GPU ops to their launch calls: args.correlation first, then ac2g flows.
     op_corr = np.asarray(o_corr, dtype=np.int64)
     call_corr = np.asarray(c_corr, dtype=np.int64)
-    op_launch = _link_by_key(op_corr, call_corr)
+    op_launch = link_by_key(op_corr, call_corr)
     if flow_ev and (op_launch < 0).any():
         flows_s, flows_f = _flows(flow_ev)
     else:
@@ -395,7 +395,7 @@ def _loc_ns(loc: tuple) -> tuple:
     pid, tid, ts = loc
     if isinstance(ts, (int, float, _Dec)) and not isinstance(ts, bool):
         try:
-            ts = _us_to_ns(ts)
+            ts = us_to_ns(ts)
         except (_Bad, OverflowError, ValueError):
             pass
     return pid, tid, ts
@@ -408,7 +408,7 @@ def _scalar(v):
     return v if isinstance(v, (str, int, float)) and not isinstance(v, bool) else None
 
 
-def _us_to_ns(v) -> int:
+def us_to_ns(v) -> int:
     """µs (int, float below _FLOAT_EXACT_US, or a large number's text) -> int ns, exactly (the text through
     Decimal, rounded half to even)."""
     if isinstance(v, _Dec):
@@ -433,8 +433,8 @@ def _us_to_ns(v) -> int:
 
 def _exact_ns(ts: list, dur: list) -> tuple[np.ndarray, np.ndarray]:
     """start, end in int ns from µs values, exact for large numbers (epoch µs with sub-µs digits)."""
-    start = np.fromiter((_us_to_ns(v) for v in ts), dtype=np.int64, count=len(ts))
-    d = np.fromiter((_us_to_ns(v) for v in dur), dtype=np.int64, count=len(dur))
+    start = np.fromiter((us_to_ns(v) for v in ts), dtype=np.int64, count=len(ts))
+    d = np.fromiter((us_to_ns(v) for v in dur), dtype=np.int64, count=len(dur))
     return start, start + d
 
 
@@ -446,7 +446,7 @@ def _to_ns(ts_us: np.ndarray, dur_us: np.ndarray, base_us: float) -> tuple[np.nd
     return start, end
 
 
-def _link_by_key(op_key: np.ndarray, call_key: np.ndarray) -> np.ndarray:
+def link_by_key(op_key: np.ndarray, call_key: np.ndarray) -> np.ndarray:
     """Index of the call with the same key for each op (-1: none; keys < 0 never match)."""
     out = np.full(op_key.size, -1, dtype=np.int64)
     if not call_key.size or not op_key.size:

@@ -23,7 +23,7 @@ builds one tuple per row (about 0.3 µs per value here), too slow for multi-mill
   the columns the analysis uses and no more (nameId only when several API ids are wanted), filter
   runtime rows with an ``OR`` chain when few API ids are wanted (see _OR_CHAIN_MAX), post-process in
   place (each new 16 MB array is page faults, 7 ms and more here) and join ops to their launch calls in
-  numpy (_link).
+  numpy (link).
 
 ``FRAGSCOPE_SQLITE_READER=stdlib`` forces the fallback. Hostile files (views named like CUPTI tables,
 values that are not integers, sparse rowids, undecodable text): docs/trace.md, "Limits and hostile input".
@@ -38,8 +38,8 @@ import numpy as np
 from ..timeline_model import (COPY_UVM_DTOD, COPY_UVM_HTOD, KERNEL, MARK_BACKWARD, MARK_OPTIMIZER, MARK_SERVING,
                               MEMCPY, MEMSET, OTHER, Timeline, TraceError, base_api_name, classify_api)
 from . import sqlite_columns
-from .nsys_join import _join_key, _link, _pid
-from .sqlite_columns import _connect, _Fetcher, _Query
+from .nsys_join import join_key, link, _pid
+from .sqlite_columns import connect, Fetcher, Query
 from .trace_io import check_regular
 
 KERNEL_TABLE = "CUPTI_ACTIVITY_KIND_KERNEL"
@@ -81,7 +81,7 @@ def read_nsys(path: str, reader: str | None = None) -> Timeline:
     """Read an nsys SQLite export into a Timeline. Raises TraceError (one line) on bad input."""
     check_regular(path)
     try:
-        conn = _connect(path)
+        conn = connect(path)
         schema = conn.execute("SELECT name, type, sql FROM sqlite_master WHERE type IN ('table','view')").fetchall()
     except sqlite3.Error as e:
         msg = _sqlite_msg(e)
@@ -144,7 +144,7 @@ def _read(conn: sqlite3.Connection, path: str, tables: set[str], reader: str) ->
                 raise TraceError(f"cannot read {path}: TARGET_INFO_SESSION_START_TIME.utcEpochNs is not an integer "
                                  f"({str(row[0])[:30]!r}); {EXPORT_HINT}")
             epoch = int(row[0])
-    fetch = _Fetcher(path, reader)
+    fetch = Fetcher(path, reader)
 
     kcols = _columns(conn, KERNEL_TABLE)
     missing = {"start", "end", "deviceId", "streamId"} - kcols
@@ -184,7 +184,7 @@ def _read(conn: sqlite3.Connection, path: str, tables: set[str], reader: str) ->
                 uniq: dict[str, int] = {}
                 name_idx = np.asarray([uniq.setdefault(n, len(uniq)) for n in names], dtype=np.int32)
                 # nameId is read only when it tells calls apart (one wanted id: its rows all carry it)
-                call_query = _Query(RUNTIME_TABLE, [("start", 0), ("end", 0), ("globalTid", 0),
+                call_query = Query(RUNTIME_TABLE, [("start", 0), ("end", 0), ("globalTid", 0),
                                                     ("correlationId", -1)] + ([("nameId", -1)] if len(ids) > 1 else []),
                                     where=_id_filter("nameId", ids),
                                     post=lambda got: _call_columns(got, ids, name_idx, kinds))
@@ -213,7 +213,7 @@ def _read(conn: sqlite3.Connection, path: str, tables: set[str], reader: str) ->
     c_kind = np.zeros(0, dtype=np.int8)
     if call_query is not None:
         c_start, c_end, c_key, c_name, c_kind = call_query.result
-    op_launch = _link(key, c_key)
+    op_launch = link(key, c_key)
     if SYNC_TABLE in tables:
         meta["gpu_sync_events"] = int(conn.execute(f'SELECT count(*) FROM "{SYNC_TABLE}"').fetchone()[0])
     return Timeline(
@@ -280,7 +280,7 @@ def _markers(conn: sqlite3.Connection, tables: set[str]) -> tuple[dict, dict]:
     return marks, examples
 
 
-def _ops_query(table: str, cols: set[str], kind: int, comm_expr: str | None = None) -> _Query:
+def _ops_query(table: str, cols: set[str], kind: int, comm_expr: str | None = None) -> Query:
     # Raw columns only (the PID is taken from globalPid in numpy): both readers then refuse a value that is
     # not an integer (text or a REAL in a crafted file), where an expression such as the former packed
     # (deviceId << 32) | streamId turned it into 0. Two raw columns cost connectorx the same CPU as the
@@ -299,7 +299,7 @@ def _ops_query(table: str, cols: set[str], kind: int, comm_expr: str | None = No
     if comm_expr:
         q.append((comm_expr, 0))
     q.append(("streamId", 0))
-    return _Query(table, q, post=lambda got: _ops_columns(kind, got))
+    return Query(table, q, post=lambda got: _ops_columns(kind, got))
 
 
 def _ops_columns(kind: int, got: list[np.ndarray]) -> list[np.ndarray]:
@@ -310,7 +310,7 @@ def _ops_columns(kind: int, got: list[np.ndarray]) -> list[np.ndarray]:
     np.maximum(end, start, out=end)
     stream = np.bitwise_and(got[-1], 0xFFFFFFFF, out=got[-1])  # (as nsys's 32-bit stream ids)
     pid = _pid(gpid)
-    key = _join_key(pid, corr, pid_reusable=False)
+    key = join_key(pid, corr, pid_reusable=False)
     # kernels carry no byte count: one read-only -1 broadcast over the rows instead of a 16 MB array
     nbytes = got[5] if kind != KERNEL else np.broadcast_to(np.int64(-1), (n,))
     ckind = got[6].astype(np.int8) if kind == MEMCPY else np.zeros(n, dtype=np.int8)
@@ -329,7 +329,7 @@ def _call_columns(got: list[np.ndarray], ids: list[int], name_idx: np.ndarray,
     a fifth column when more than one id was wanted."""
     c_start, c_end, c_gtid, c_corr = got[:4]
     np.maximum(c_end, c_start, out=c_end)
-    c_key = _join_key(_pid(c_gtid), c_corr, pid_reusable=True)
+    c_key = join_key(_pid(c_gtid), c_corr, pid_reusable=True)
     n = c_start.size
     if len(ids) == 1:
         c_name = np.zeros(n, dtype=np.int32)

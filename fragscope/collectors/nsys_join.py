@@ -14,11 +14,11 @@ def _pid(global_id: np.ndarray) -> np.ndarray:
     return np.bitwise_and(global_id, 0xFFFFFF, out=global_id)
 
 
-_SCRATCH_ROWS = 1 << 16  # rows per step where a full-length temporary would otherwise be needed
-_DENSE_SPAN = 4  # _link: direct table when a block's call keys span at most this times their count
+SCRATCH_ROWS = 1 << 16  # rows per step where a full-length temporary would otherwise be needed
+_DENSE_SPAN = 4  # link: direct table when a block's call keys span at most this times their count
 
 
-def _join_key(pid: np.ndarray, corr: np.ndarray, pid_reusable: bool) -> np.ndarray:
+def join_key(pid: np.ndarray, corr: np.ndarray, pid_reusable: bool) -> np.ndarray:
     """(PID << 32) | correlationId, one int64 join key; -1 where there is no correlation (corr < 0).
     Written over ``pid`` when ``pid_reusable``, else over ``corr`` (in steps, through a small scratch
     buffer: no new full-length array either way)."""
@@ -29,9 +29,9 @@ def _join_key(pid: np.ndarray, corr: np.ndarray, pid_reusable: bool) -> np.ndarr
         np.bitwise_or(key, corr, out=key)
     else:
         key = corr
-        scratch = np.empty(min(_SCRATCH_ROWS, pid.size), dtype=np.int64)
-        for a in range(0, pid.size, _SCRATCH_ROWS):
-            b = min(a + _SCRATCH_ROWS, pid.size)
+        scratch = np.empty(min(SCRATCH_ROWS, pid.size), dtype=np.int64)
+        for a in range(0, pid.size, SCRATCH_ROWS):
+            b = min(a + SCRATCH_ROWS, pid.size)
             sc = scratch[: b - a]
             np.left_shift(pid[a:b], 32, out=sc)
             np.bitwise_or(key[a:b], sc, out=key[a:b])
@@ -40,11 +40,11 @@ def _join_key(pid: np.ndarray, corr: np.ndarray, pid_reusable: bool) -> np.ndarr
     return key
 
 
-def _link(op_key: np.ndarray, call_key: np.ndarray) -> np.ndarray:
+def link(op_key: np.ndarray, call_key: np.ndarray) -> np.ndarray:
     """Index of the call with the same key for each op (-1: none; keys < 0 never match; among calls with
-    equal keys the first). Same result as kineto._link_by_key; runtime rows usually come in correlation
+    equal keys the first). Same result as kineto.link_by_key; runtime rows usually come in correlation
     order, so the sort is skipped when the keys are already sorted. One new array (the result), filled
-    in blocks of _SCRATCH_ROWS ops by two threads (numpy releases the GIL on each block's operations).
+    in blocks of SCRATCH_ROWS ops by two threads (numpy releases the GIL on each block's operations).
 
     A block looks only at the calls between its smallest and largest key (ops come roughly in
     correlation order, so that window is about a block long). Correlation ids are dense counters: when
@@ -66,12 +66,12 @@ def _link(op_key: np.ndarray, call_key: np.ndarray) -> np.ndarray:
     def part(lo: int, hi: int) -> None:
         # every temporary is this thread's and reused block after block: allocating them anew each
         # block makes glibc map and unmap them (page faults), which doubled this function's time
-        scratch = np.empty(min(_SCRATCH_ROWS, hi - lo), dtype=np.int64)
+        scratch = np.empty(min(SCRATCH_ROWS, hi - lo), dtype=np.int64)
         miss = np.empty(scratch.size, dtype=bool)
         table = keys = iota = np.empty(0, dtype=np.int64)
         first = np.empty(0, dtype=bool)
-        for a in range(lo, hi, _SCRATCH_ROWS):
-            b = min(a + _SCRATCH_ROWS, hi)
+        for a in range(lo, hi, SCRATCH_ROWS):
+            b = min(a + SCRATCH_ROWS, hi)
             p, ok, m, sc = pos[a:b], op_key[a:b], miss[: b - a], scratch[: b - a]
             w0 = max(int(np.searchsorted(sk, ok.min())), first_valid)
             w1 = int(np.searchsorted(sk, ok.max(), side="right"))
@@ -114,7 +114,7 @@ def _link(op_key: np.ndarray, call_key: np.ndarray) -> np.ndarray:
 
 def _in_two(n: int, fn) -> None:
     """fn(0, half) in a second thread and fn(half, n) here when n is large enough to gain from it."""
-    if n < 2 * _SCRATCH_ROWS:
+    if n < 2 * SCRATCH_ROWS:
         fn(0, n)
         return
     half = n // 2

@@ -32,7 +32,7 @@ from .snapshot_load import (  # noqa: F401 - re-exported: the file entry point's
     load_snapshot_bytes,
     read_regular_file,
 )
-from .snapshot_load import _i64, _label
+from .snapshot_load import i64, label
 from .snapshot_settings import allocator_settings_summary, parse_alloc_conf  # noqa: F401 - re-exported
 
 
@@ -174,9 +174,9 @@ def _int(v, what: str, name: str) -> int:
 def _pool_id(v, name: str) -> tuple[int, int]:
     if v is None:
         return DEFAULT_POOL
-    if isinstance(v, (list, tuple)) and len(v) == 2 and all(_i64(x) is not None for x in v):
+    if isinstance(v, (list, tuple)) and len(v) == 2 and all(i64(x) is not None for x in v):
         return (int(v[0]), int(v[1]))
-    raise SnapshotError(f"cannot read {name}: not a PyTorch memory snapshot (segment_pool_id {_label(v)} "
+    raise SnapshotError(f"cannot read {name}: not a PyTorch memory snapshot (segment_pool_id {label(v)} "
                         f"is not a pair of integers)")
 
 
@@ -199,7 +199,7 @@ def _parse_snapshot(obj: object, source: str, container: str, file_bytes: int | 
     name = source
     if isinstance(obj, dict):
         if "segments" not in obj:
-            keys = ", ".join(sorted(_label(k) for k in list(obj)[:8]))
+            keys = ", ".join(sorted(label(k) for k in list(obj)[:8]))
             raise SnapshotError(f"cannot read {name}: not a PyTorch memory snapshot (no 'segments' key; "
                                 f"top-level keys: {keys or 'none'})")
         segments = obj["segments"]
@@ -281,7 +281,7 @@ def _parse_snapshot(obj: object, source: str, container: str, file_bytes: int | 
                 size = b["size"]
                 st = states_get(b["state"])
                 if st is None:
-                    st_name = _label(b["state"])
+                    st_name = label(b["state"])
                     unknown_states[st_name] = unknown_states.get(st_name, 0) + 1
                     st = INACTIVE if "inactive" in st_name else ALLOCATED
                 req = b.get("requested_size")
@@ -301,7 +301,7 @@ def _parse_snapshot(obj: object, source: str, container: str, file_bytes: int | 
     except SnapshotError:
         raise
     except (KeyError, TypeError, AttributeError, ValueError) as e:
-        what = (f"missing key {_label(e.args[0])!r}" if isinstance(e, KeyError)
+        what = (f"missing key {label(e.args[0])!r}" if isinstance(e, KeyError)
                 else f"a field has the wrong type: {str(e).splitlines()[0]}")
         raise SnapshotError(f"cannot read {name}: not a PyTorch memory snapshot (a segment or block is "
                             f"malformed: {what})") from None
@@ -373,7 +373,7 @@ def _parse_traces(traces: list, name: str) -> tuple[dict[int, dict[str, int]], l
                 if tail is not None:
                     tail.append(("?", None, None, 0, None))
                 continue
-            a = _label(e.get("action", "?"))
+            a = label(e.get("action", "?"))
             counts[a] = counts.get(a, 0) + 1
             if a == "oom":
                 size = _nonneg(e.get("size"))
@@ -392,7 +392,7 @@ def _parse_traces(traces: list, name: str) -> tuple[dict[int, dict[str, int]], l
             if tail is not None:
                 pid = e.get("pool_id")
                 pool = ((int(pid[0]), int(pid[1])) if isinstance(pid, (list, tuple)) and len(pid) == 2
-                        and all(_i64(x) is not None for x in pid) else None)
+                        and all(i64(x) is not None for x in pid) else None)
                 tail.append((a, _nonneg(e.get("addr")), _nonneg(e.get("size")), _stream(e.get("stream")),
                              pool))
         if counts:
@@ -402,7 +402,7 @@ def _parse_traces(traces: list, name: str) -> tuple[dict[int, dict[str, int]], l
 
 def _nonneg(v) -> int | None:
     """A byte count or address: an int in [0, 2**63), else None (absent)."""
-    v = _i64(v)
+    v = i64(v)
     return v if v is not None and v >= 0 else None
 
 
@@ -414,7 +414,7 @@ def _time_us(v) -> int | None:
 
 
 def _stream(v) -> int:
-    v = _i64(v)
+    v = i64(v)
     return 0 if v is None else v
 
 
@@ -429,7 +429,7 @@ def _parse_host(host_segments, host_traces) -> HostMemory:
             for e in t:
                 if isinstance(e, dict):
                     n_trace += 1
-                    a = _label(e.get("action", "?"))
+                    a = label(e.get("action", "?"))
                     counts[a] = counts.get(a, 0) + 1
     problem = None
     nseg = nblk = 0

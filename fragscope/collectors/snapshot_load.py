@@ -315,17 +315,17 @@ def _explain_pickle_failure(scan: tuple, exc: BaseException) -> str:
 _INT64_MAX = (1 << 63) - 1
 
 
-def _label(v) -> str:
+def label(v) -> str:
     """A name read from the file, for counts and messages: strings (cut at 200 characters) and 64-bit
     ints as themselves, anything else by type (``str()`` of a 5,000-digit int raises, of a deep list recurses)."""
     if isinstance(v, str):
         return v[:200]
-    if _i64(v) is not None:
+    if i64(v) is not None:
         return str(v)
     return f"<{type(v).__name__}>"
 
 
-def _i64(v) -> int | None:
+def i64(v) -> int | None:
     """``v`` as an int if it is one (not a bool) that fits in a signed 64-bit integer, else None."""
     if isinstance(v, int) and not isinstance(v, bool) and -_INT64_MAX - 1 <= v <= _INT64_MAX:
         return int(v)

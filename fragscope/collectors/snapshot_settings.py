@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from .snapshot_load import _i64, _label
+from .snapshot_load import i64, label
 
 
 def allocator_settings_summary(snap) -> dict:
@@ -67,9 +67,9 @@ def _finite_float(v) -> float | None:
 def _divisions(v):
     """``roundup_power2_divisions`` as recorded ({"1": 0, ...} or a list), with only 64-bit ints kept."""
     if isinstance(v, dict):
-        return {_label(k)[:32]: x for k, x in v.items() if _i64(x) is not None}
+        return {label(k)[:32]: x for k, x in v.items() if i64(x) is not None}
     if isinstance(v, (list, tuple)):
-        return [x if _i64(x) is not None else None for x in v]
+        return [x if i64(x) is not None else None for x in v]
     return None
 
 

@@ -34,7 +34,7 @@ QUERY_TIMEOUT_S = float(os.environ.get("FRAGSCOPE_SQLITE_TIMEOUT_S", "600"))
 _PROGRESS_OPS = 100_000  # SQLite VM steps between two deadline checks (~1 ms)
 
 
-def _connect(path: str) -> sqlite3.Connection:
+def connect(path: str) -> sqlite3.Connection:
     uri = "file:" + urllib.parse.quote(os.path.abspath(path)) + "?mode=ro"
     conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
     deadline = time.monotonic() + QUERY_TIMEOUT_S
@@ -47,7 +47,7 @@ def _connect(path: str) -> sqlite3.Connection:
 
 
 
-class _Query:
+class Query:
     """Integer columns of one table: (expression, value when NULL) pairs, an optional WHERE."""
 
     def __init__(self, table: str, cols: list[tuple[str, int]], where: str = "", post=None) -> None:
@@ -59,7 +59,7 @@ class _Query:
 
 
 
-class _Fetcher:
+class Fetcher:
     """Reads integer columns of tables as int64 numpy arrays (connectorx when available, else stdlib),
     one thread per table."""
 
@@ -74,12 +74,12 @@ class _Fetcher:
                 raise TraceError("connectorx is not installed (pip install connectorx)")
         self._lock = threading.Lock()
 
-    def run(self, queries: list[_Query]) -> None:
+    def run(self, queries: list[Query]) -> None:
         if self.backend == "connectorx" and self.auto and _rows(self.path, queries) < _CX_MIN_TOTAL_ROWS:
             self.backend = "stdlib"
         errors: list[BaseException] = []
 
-        def work(q: _Query) -> None:
+        def work(q: Query) -> None:
             try:
                 q.result = self._one(q)
                 if q.post is not None:  # in this thread too: numpy releases the GIL on large arrays
@@ -100,8 +100,8 @@ class _Fetcher:
         if errors:
             raise errors[0]
 
-    def _one(self, q: _Query) -> list[np.ndarray]:
-        conn = _connect(self.path)
+    def _one(self, q: Query) -> list[np.ndarray]:
+        conn = connect(self.path)
         try:
             # two statements: SQLite answers a lone min() or max() of the rowid from the b-tree's edge,
             # but scans the whole table for both in one statement (0.1 s on 2 M kernels)
@@ -119,7 +119,7 @@ class _Fetcher:
         finally:
             conn.close()
 
-    def _connectorx(self, q: _Query, lo: int, hi: int) -> list[np.ndarray]:
+    def _connectorx(self, q: Query, lo: int, hi: int) -> list[np.ndarray]:
         sel = ", ".join(f"{e} AS c{i}" for i, e in enumerate(q.exprs()))
         sql = f'SELECT {sel} FROM "{q.table}"'
         parts = _cx_parts(hi - lo + 1)
@@ -151,15 +151,15 @@ class _Fetcher:
             raise errors[0]
         return [np.concatenate([o[j] for o in out]) for j in range(len(q.cols))]
 
-    def _cx_read(self, q: _Query, sql: str) -> list[np.ndarray]:
+    def _cx_read(self, q: Query, sql: str) -> list[np.ndarray]:
         conn = "sqlite://" + urllib.parse.quote(os.path.abspath(self.path))
         df = _cx().read_sql(conn, sql, return_type="pandas")
         return [df[f"c{i}"].to_numpy(dtype=np.int64, na_value=nv) for i, (_, nv) in enumerate(q.cols)]
 
 
-def _rows(path: str, queries: list[_Query]) -> int:
+def _rows(path: str, queries: list[Query]) -> int:
     """Rows of the tables to read, by rowid span (an upper bound; two b-tree edge lookups per table)."""
-    conn = _connect(path)
+    conn = connect(path)
     try:
         n = 0
         for q in queries:
@@ -200,7 +200,7 @@ def _cx_parts(rows: int) -> int:
     return max(1, min(8, cpus // 2))
 
 
-def _stdlib(conn: sqlite3.Connection, q: _Query, lo: int, hi: int, path: str = "") -> list[np.ndarray]:
+def _stdlib(conn: sqlite3.Connection, q: Query, lo: int, hi: int, path: str = "") -> list[np.ndarray]:
     # One scan per chunk of rows for all columns; each column comes back as one string (no per-row
     # Python objects). group_concat skips NULLs, hence ifnull: the columns stay aligned. Chunks are
     # _CHUNK_ROWS rows from the last rowid read (keyset pagination): sparse rowids (1 and 2**63-1) take

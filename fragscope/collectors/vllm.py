@@ -23,11 +23,11 @@ from .logonce import LogOnce
 log = logging.getLogger(__name__)
 
 _HIST = ("_bucket", "_sum", "_count")
-_ENGINE_LINE = re.compile(r"^(?:ray_)?vllm:[^\n]*\n?", re.M)
+ENGINE_LINE = re.compile(r"^(?:ray_)?vllm:[^\n]*\n?", re.M)
 # The same lines for the fast path, found twice as fast: a pattern that starts with a literal "\n" lets the
 # regex engine jump from newline to newline (the first line, which has none before it, is matched apart).
-_FIRST_LINE = re.compile(r"((?:ray_)?vllm:[^\n]*)")
-_NEXT_LINE = re.compile(r"\n((?:ray_)?vllm:[^\n]*)")
+FIRST_LINE = re.compile(r"((?:ray_)?vllm:[^\n]*)")
+NEXT_LINE = re.compile(r"\n((?:ray_)?vllm:[^\n]*)")
 
 
 def _signal_sources(prefix: str) -> list[tuple[str, str]]:
@@ -95,8 +95,8 @@ def parse_vllm_metrics(text: str, ts: float, source: str = "vllm", key_cache: di
     Prometheus/OpenMetrics.
     """
     if lines is not None:
-        first = _FIRST_LINE.match(text)
-        found = _NEXT_LINE.finditer(text)
+        first = FIRST_LINE.match(text)
+        found = NEXT_LINE.finditer(text)
         fast = lines.scrape(itertools.chain((first,), found) if first else found, ts, 1)
         if fast is not None:
             return fast
@@ -105,7 +105,7 @@ def parse_vllm_metrics(text: str, ts: float, source: str = "vllm", key_cache: di
     # Lines are found by a regex over the text, never split into a list: a hostile body of 1M short
     # lines would make a 50+ MB list of strings (bench/bench_agent_hostile.py); only kept lines live.
     kept = []
-    for m in _ENGINE_LINE.finditer(text):
+    for m in ENGINE_LINE.finditer(text):
         line = m.group()
         name = normalise_name(line.split("{", 1)[0].split(None, 1)[0])
         if name in KEEP:

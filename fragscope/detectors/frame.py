@@ -15,10 +15,10 @@ from ..collectors.engines import derive
 from ..model import Series, Window
 from ..signals import DCGM_FB_RESERVED, GPU_SCOPE, SIGNALS, TARGET_SCOPES, VLLM_RUNNING, VLLM_V0_KV, VLLM_V1_KV
 from .frame_model import SLOWDOWN_REASONS, THERMAL_REASONS, Frame
-from .frame_dcgm import NVML_REASON_BITS, _dcgm_throttle
+from .frame_dcgm import NVML_REASON_BITS, dcgm_throttle
 from .frame_histograms import _histogram, histogram_quantile
-from .frame_sampling import (_Agg, _counter_span, _dedupe_times, _gauge_span, _gpu_id, _interval, _last_total,
-                             _sample_gauge, counter_increases)
+from .frame_sampling import (Agg, counter_span, dedupe_times, gauge_span, gpu_id, _interval, last_total,
+                             sample_gauge, counter_increases)
 
 __all__ = ["Frame", "build_frame", "counter_increases", "histogram_quantile", "NVML_REASON_BITS",
            "SLOWDOWN_REASONS", "THERMAL_REASONS"]
@@ -119,19 +119,19 @@ def build_frame(window: Window) -> Frame:
             continue
         if sig.scope in TARGET_SCOPES:  # one value per target (engine-wide)
             if sig.kind == "counter":
-                rates, cums = _Agg(grid.size, "sum"), _Agg(grid.size, "sum")
+                rates, cums = Agg(grid.size, "sum"), Agg(grid.size, "sum")
                 for s in series:
-                    lo, r, c, resets = _counter_span(s, grid, lookback, w)
+                    lo, r, c, resets = counter_span(s, grid, lookback, w)
                     rates.add(lo, r * scale)
                     cums.add(lo, c * scale)
                     f.restarts.extend(float(x) for x in resets)
                 f.engine[sig_id] = rates.result()
                 f.engine_cum[sig_id] = cums.result()
-                f.engine_total[sig_id] = _last_total(series, scale)
+                f.engine_total[sig_id] = last_total(series, scale)
             else:
-                agg = _Agg(grid.size, _ENGINE_AGG.get(sig_id, "sum"))
+                agg = Agg(grid.size, _ENGINE_AGG.get(sig_id, "sum"))
                 for s in series:
-                    lo, v = _gauge_span(s, grid, lookback)
+                    lo, v = gauge_span(s, grid, lookback)
                     agg.add(lo, v * scale)
                 f.engine[sig_id] = agg.result()
             continue
@@ -140,9 +140,9 @@ def build_frame(window: Window) -> Frame:
         # GPU-scope signals
         if sig_id == "gpu_throttle_reason_active":
             for s in series:
-                g = _gpu_id(s)
+                g = gpu_id(s)
                 reason = s.key.label("reason") or "unknown"
-                f.throttle.setdefault(g, {})[reason] = _sample_gauge(s, grid, lookback)
+                f.throttle.setdefault(g, {})[reason] = sample_gauge(s, grid, lookback)
             continue
         if sig_id == "kernel_gap_seconds":
             for s in series:
@@ -159,38 +159,38 @@ def build_frame(window: Window) -> Frame:
                         "kernel_gap_p99_seconds" if abs(qf - 0.99) < 1e-9 else None)
                     if name is None:
                         continue
-                f.gpu.setdefault(_gpu_id(s), {})[name] = _sample_gauge(s, grid, _SPARSE_LOOKBACK_S)
+                f.gpu.setdefault(gpu_id(s), {})[name] = sample_gauge(s, grid, _SPARSE_LOOKBACK_S)
             continue
-        per_gpu: dict[str, _Agg] = {}
-        per_gpu_cum: dict[str, _Agg] = {}
+        per_gpu: dict[str, Agg] = {}
+        per_gpu_cum: dict[str, Agg] = {}
         sparse = sig_id == "gpu_idle_ratio"
         for s in series:
-            g = _gpu_id(s)
+            g = gpu_id(s)
             if g not in per_gpu:
-                per_gpu[g] = _Agg(grid.size, "sum" if sig.kind == "counter" else _GPU_AGG.get(sig_id, "mean"))
+                per_gpu[g] = Agg(grid.size, "sum" if sig.kind == "counter" else _GPU_AGG.get(sig_id, "mean"))
             if sig.kind == "counter":
-                lo, r, c, _ = _counter_span(s, grid, lookback, w)
+                lo, r, c, _ = counter_span(s, grid, lookback, w)
                 per_gpu[g].add(lo, r * scale)
-                per_gpu_cum.setdefault(g, _Agg(grid.size, "sum")).add(lo, c * scale)
+                per_gpu_cum.setdefault(g, Agg(grid.size, "sum")).add(lo, c * scale)
             else:
-                lo, v = _gauge_span(s, grid, _SPARSE_LOOKBACK_S if sparse else lookback)
+                lo, v = gauge_span(s, grid, _SPARSE_LOOKBACK_S if sparse else lookback)
                 per_gpu[g].add(lo, v * scale)
         for g, agg in per_gpu.items():
             f.gpu.setdefault(g, {})[sig_id] = agg.result()
         for g, agg in per_gpu_cum.items():
             f.gpu_cum.setdefault(g, {})[sig_id] = agg.result()
-            f.gpu_total.setdefault(g, {})[sig_id] = _last_total([s for s in series if _gpu_id(s) == g], scale)
+            f.gpu_total.setdefault(g, {})[sig_id] = last_total([s for s in series if gpu_id(s) == g], scale)
 
-    _dcgm_throttle(f, by_name, grid, lookback, w)
+    dcgm_throttle(f, by_name, grid, lookback, w)
 
     # dcgm-exporter has no FB_TOTAL by default: total = used + free (+ reserved).
     for g, sigs in f.gpu.items():
         if "gpu_memory_total_bytes" not in sigs and "gpu_memory_used_bytes" in sigs \
                 and "gpu_memory_free_bytes" in sigs:
             total = sigs["gpu_memory_used_bytes"] + sigs["gpu_memory_free_bytes"]
-            res = [s for s in by_name.get(DCGM_FB_RESERVED, []) if _gpu_id(s) == g]
+            res = [s for s in by_name.get(DCGM_FB_RESERVED, []) if gpu_id(s) == g]
             if res:
-                total = total + _sample_gauge(res[0], grid, lookback) * 1024.0 * 1024.0
+                total = total + sample_gauge(res[0], grid, lookback) * 1024.0 * 1024.0
             sigs["gpu_memory_total_bytes"] = total
         # derived allocator ratios
         if "torch_reserved_bytes" in sigs and "torch_allocated_bytes" in sigs:
@@ -202,12 +202,12 @@ def build_frame(window: Window) -> Frame:
                     sigs["torch_inactive_split_ratio"] = np.where(
                         r > 0, np.clip(sigs["torch_inactive_split_bytes"] / r, 0.0, 1.0), np.nan)
 
-    f.restarts = _dedupe_times(f.restarts, tol=max(60.0, 4 * step))
+    f.restarts = dedupe_times(f.restarts, tol=max(60.0, 4 * step))
     f.rates_known = window.timestamps != "none" or window.scrape_interval_known
     for ss in by_name.values():
         for s in ss:
             if s.key.labels and any(k == "modelName" for k, _ in s.key.labels):
-                f.gpu_model.setdefault(_gpu_id(s), s.key.label("modelName"))
+                f.gpu_model.setdefault(gpu_id(s), s.key.label("modelName"))
             f.points = max(f.points, min(3, len(s)))
     if VLLM_V1_KV in by_name or any(
             s.key.label("engine") is not None for s in by_name.get(VLLM_RUNNING, [])):

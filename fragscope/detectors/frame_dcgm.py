@@ -8,7 +8,7 @@ import numpy as np
 from ..model import Series
 from ..signals import DCGM_REASON_BITMASKS, DCGM_VIOLATION_REASONS
 from .frame_model import Frame
-from .frame_sampling import _gpu_id, _sample_counter, _sample_gauge
+from .frame_sampling import gpu_id, sample_counter, sample_gauge
 
 # NVML clocks-event reason bits (nvmlClocksEventReason*), as DCGM_FI_DEV_CLOCKS_EVENT_REASONS
 # (older name DCGM_FI_DEV_CLOCK_THROTTLE_REASONS) reports them.
@@ -19,15 +19,15 @@ NVML_REASON_BITS = {0x1: "gpu_idle", 0x2: "applications_clocks_setting", 0x4: "s
 _VIOLATION_REASONS = DCGM_VIOLATION_REASONS
 
 
-def _dcgm_throttle(f: Frame, by_name: dict[str, list[Series]], grid: np.ndarray, lookback: float, w: int) -> None:
+def dcgm_throttle(f: Frame, by_name: dict[str, list[Series]], grid: np.ndarray, lookback: float, w: int) -> None:
     """Throttle reasons from dcgm-exporter, for GPUs without fragscope's NVML reasons."""
     have = set(f.throttle)
     for name in DCGM_REASON_BITMASKS:
         for s in by_name.get(name, []):
-            g = _gpu_id(s)
+            g = gpu_id(s)
             if g in have:
                 continue
-            mask = _sample_gauge(s, grid, lookback)
+            mask = sample_gauge(s, grid, lookback)
             ok = np.isfinite(mask)
             bits = np.where(ok, mask, 0).astype(np.int64)
             for bit, reason in NVML_REASON_BITS.items():
@@ -36,9 +36,9 @@ def _dcgm_throttle(f: Frame, by_name: dict[str, list[Series]], grid: np.ndarray,
     have = set(f.throttle)
     for name, reason in _VIOLATION_REASONS.items():
         for s in by_name.get(name, []):
-            g = _gpu_id(s)
+            g = gpu_id(s)
             if g in have:
                 continue
-            rate = _sample_counter(s, grid, lookback, w)[0] * 1e-9  # ns of throttling per second
+            rate = sample_counter(s, grid, lookback, w)[0] * 1e-9  # ns of throttling per second
             f.throttle.setdefault(g, {})[reason] = np.where(np.isfinite(rate), rate >= 0.5, np.nan).astype(float)
             f.sources.setdefault("gpu_throttle_reason_active", name)

@@ -7,7 +7,7 @@ import numpy as np
 
 from ..model import Series
 from .frame_model import Frame
-from .frame_sampling import _Agg, _counter_span, counter_increases
+from .frame_sampling import Agg, counter_span, counter_increases
 
 _HIST_WINDOW_S = 300.0  # TTFT quantiles over 5-minute windows
 
@@ -71,12 +71,12 @@ def _histogram(f: Frame, sig_id: str, metric: str, by_name: dict[str, list[Serie
         f.hist_avg[sig_id] = tot_sum / tot_cnt
         f.hist_count[sig_id] = tot_cnt
     # rolling mean per request (rate(_sum) / rate(_count)), e.g. prompt length over time
-    sums, cnts = _Agg(grid.size, "sum"), _Agg(grid.size, "sum")
+    sums, cnts = Agg(grid.size, "sum"), Agg(grid.size, "sum")
     for s, inc in zip(sum_ser, incs[0]):
-        lo, r, _, _ = _counter_span(s, grid, lookback, w, inc)
+        lo, r, _, _ = counter_span(s, grid, lookback, w, inc)
         sums.add(lo, r)
     for s, inc in zip(cnt_ser, incs[1]):
-        lo, r, _, _ = _counter_span(s, grid, lookback, w, inc)
+        lo, r, _, _ = counter_span(s, grid, lookback, w, inc)
         cnts.add(lo, r)
     if sums.added and cnts.added:
         rs, rc = sums.result(), cnts.result()
@@ -89,9 +89,9 @@ def _histogram(f: Frame, sig_id: str, metric: str, by_name: dict[str, list[Serie
     hw = max(1, int(round(_HIST_WINDOW_S / f.step)))
     cum_rows = []
     for le in les:
-        agg = _Agg(grid.size, "sum")
+        agg = Agg(grid.size, "sum")
         for s in buckets[le]:
-            lo, _, c, _ = _counter_span(s, grid, lookback, w)
+            lo, _, c, _ = counter_span(s, grid, lookback, w)
             agg.add(lo, c)
         cum_rows.append(agg.result())
     cum = np.vstack(cum_rows)

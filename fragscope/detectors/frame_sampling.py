@@ -44,7 +44,7 @@ def _span(s: Series, grid: np.ndarray, lookback: float) -> tuple[int, int]:
     return lo, max(lo, hi)
 
 
-class _Agg:
+class Agg:
     """NaN-aware sum / max / min / mean of sampled spans, one series at a time (instead of stacking
     one full-grid row per series). One series alone is returned as sampled."""
 
@@ -91,19 +91,19 @@ class _Agg:
         return out
 
 
-def _gauge_span(s: Series, grid: np.ndarray, lookback: float) -> tuple[int, np.ndarray]:
+def gauge_span(s: Series, grid: np.ndarray, lookback: float) -> tuple[int, np.ndarray]:
     lo, hi = _span(s, grid, lookback)
-    return lo, _sample_gauge(s, grid[lo:hi], lookback)
+    return lo, sample_gauge(s, grid[lo:hi], lookback)
 
 
-def _counter_span(s: Series, grid: np.ndarray, lookback: float, w: int,
+def counter_span(s: Series, grid: np.ndarray, lookback: float, w: int,
                   inc: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
     lo, hi = _span(s, grid, lookback)
-    r, c, resets = _sample_counter(s, grid[lo:hi], lookback, w, inc)
+    r, c, resets = sample_counter(s, grid[lo:hi], lookback, w, inc)
     return lo, r, c, resets
 
 
-def _sample_gauge(s: Series, grid: np.ndarray, lookback: float) -> np.ndarray:
+def sample_gauge(s: Series, grid: np.ndarray, lookback: float) -> np.ndarray:
     idx = np.searchsorted(s.ts, grid, side="right") - 1
     ok = idx >= 0
     out = np.full(grid.size, np.nan)
@@ -129,7 +129,7 @@ def counter_increases(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.cumsum(d), reset
 
 
-def _sample_counter(s: Series, grid: np.ndarray, lookback: float, w: int,
+def sample_counter(s: Series, grid: np.ndarray, lookback: float, w: int,
                     inc: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Rate per second over ``w`` grid steps, the cumulative increase on the grid, reset times. ``inc``:
     ``counter_increases(s.values)`` when the caller has it already."""
@@ -160,14 +160,14 @@ def _sample_counter(s: Series, grid: np.ndarray, lookback: float, w: int,
     return rate, c, s.ts[reset]
 
 
-def _last_total(series: list[Series], scale: float) -> float:
+def last_total(series: list[Series], scale: float) -> float:
     """Sum of the series' last values: a counter's lifetime total (NaN when none has a value)."""
     vals = [float(s.values[-1]) * scale for s in series if len(s) and np.isfinite(s.values[-1])]
     return float(sum(vals)) if vals else math.nan
 
 
 
-def _gpu_id(s: Series) -> str:
+def gpu_id(s: Series) -> str:
     g = s.key.label("gpu")
     if g is None:
         g = s.key.label("UUID") or s.key.label("gpu_uuid") or s.key.label("device") or "0"
@@ -175,7 +175,7 @@ def _gpu_id(s: Series) -> str:
 
 
 
-def _dedupe_times(ts: list[float], tol: float) -> list[float]:
+def dedupe_times(ts: list[float], tol: float) -> list[float]:
     out: list[float] = []
     for t in sorted(ts):
         if not out or t - out[-1] > tol:

@@ -20,7 +20,7 @@ import numpy as np
 from ..model import Finding, Inconclusive
 from ..promql import K, KG, PRESENT, RATE_RANGE, AlertRule, num, quote, sig as psig
 from ..signals import any_of, primary, wanted_by_reason
-from ..sizing.arith import SizingConfig, _pool_pressure
+from ..sizing.arith import SizingConfig, pool_pressure
 from ..sizing.detect import detect_kv_pool_undersized
 from ..sizing.playbooks import KV_POOL_UNDERSIZED_ID as ID
 from ..sizing.runtime import runtime_from_frame
@@ -39,7 +39,7 @@ def detect(f: Frame, cfg: SizingConfig = SizingConfig()) -> list[Finding] | Inco
     if not f.has_engine("kv_cache_usage_ratio"):
         return Inconclusive(ID, [any_of("kv_cache_usage_ratio")], "KV-cache usage not available")
     rt = runtime_from_frame(f)
-    pressure = _pool_pressure(rt, cfg)
+    pressure = pool_pressure(rt, cfg)
     if pressure is None:
         return Inconclusive(ID, [primary("preemptions_total")], "KV usage alone cannot tell a full pool from a busy "
                             "one: preemptions are needed")

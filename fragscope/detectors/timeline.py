@@ -20,7 +20,7 @@ from ..timeline_model import (COPY_HTOD, COPY_UVM_DTOD, COPY_UVM_DTOH, COPY_UVM_
                               SYNC, UM_CAUSES, Timeline, is_driver_launch_name)
 from .timeline_config import ALLOCATOR_STALLS, LAUNCH_BOUND, SYNC_BOUND, Config
 from .timeline_samples import trace_samples
-from .timeline_streams import _THREAD_MIN_OPS, _Device, _merged, _q, _sec
+from .timeline_streams import THREAD_MIN_OPS, Device, _merged, _q, sec
 from .timeline_verdicts import judge
 
 __all__ = ["analyse", "judge", "trace_samples", "Config", "LAUNCH_BOUND", "SYNC_BOUND", "ALLOCATOR_STALLS",
@@ -89,7 +89,7 @@ def analyse(tl: Timeline, cfg: Config = Config()) -> dict:
         **{k: tl.meta[k] for k in ("schema_version", "product_version", "reader") if tl.meta.get(k) is not None},
         "window": {"start": (w0 + epoch) / 1e9 if epoch is not None else None,
                    "end": (w1 + epoch) / 1e9 if epoch is not None else None,
-                   "span_seconds": _sec(w1 - w0)},
+                   "span_seconds": sec(w1 - w0)},
         "selection": {"ops_total": int(tl.n_ops), "ops_analysed": int(n_sel), "rule": rule,
                       "profiler_steps": len(tl.steps)},
         "devices": devices,
@@ -130,7 +130,7 @@ def _unified_memory(tl: Timeline, w0: int, w1: int, notes: list[str]) -> dict | 
     for c in np.unique(cause).tolist():
         by_cause[UM_CAUSES.get(c, "unknown")] = by_cause.get(UM_CAUSES.get(c, "unknown"), 0) + int(
             np.count_nonzero(cause == c))
-    secs = _sec(int(dur.sum()))
+    secs = sec(int(dur.sum()))
     out = {
         "migrations": n,
         "demand_migrations": int(np.count_nonzero(demand)),
@@ -141,7 +141,7 @@ def _unified_memory(tl: Timeline, w0: int, w1: int, notes: list[str]) -> dict | 
         "demand_dtoh": int(np.count_nonzero(demand & (ck == COPY_UVM_DTOH))),
         "bytes": int(np.maximum(tl.um_bytes, 0).sum()),
         "seconds": secs,
-        "time_ratio": secs / _sec(t1 - t0) if t1 > t0 else None,
+        "time_ratio": secs / sec(t1 - t0) if t1 > t0 else None,
         "by_cause": by_cause,
         "devices": np.unique(tl.um_device).tolist(),
     }
@@ -167,14 +167,14 @@ def _selection(tl: Timeline, cfg: Config, notes: list[str]) -> tuple[np.ndarray 
     return None, "all GPU ops"
 
 
-def _device_work(tl: Timeline, sel: np.ndarray | None, cfg: Config) -> list[tuple[int, np.ndarray | None, _Device]]:
-    """One (device, its op indices in start order or None for all ops in order, _Device) per device."""
+def _device_work(tl: Timeline, sel: np.ndarray | None, cfg: Config) -> list[tuple[int, np.ndarray | None, Device]]:
+    """One (device, its op indices in start order or None for all ops in order, Device) per device."""
     start = tl.op_start
     dev_all = tl.op_device if sel is None else tl.op_device[sel]
     dmin, dmax = (int(dev_all.min()), int(dev_all.max())) if dev_all.size else (0, -1)
     dev_ids = [dmin] if dmin == dmax else np.unique(dev_all).tolist()
     idx_sel = None if sel is None else np.flatnonzero(sel)
-    work: list[tuple[int, np.ndarray | None, _Device]] = []
+    work: list[tuple[int, np.ndarray | None, Device]] = []
     for d in dev_ids:
         # di: this device's op indices in start order (None: every op, already in start order)
         if len(dev_ids) == 1:
@@ -189,7 +189,7 @@ def _device_work(tl: Timeline, sel: np.ndarray | None, cfg: Config) -> list[tupl
             del o
         cols = [s] + [a if di is None else a[di] for a in (tl.op_end, tl.op_kind, tl.op_comm, tl.op_pid,
                                                               tl.op_stream)]
-        work.append((d, di, _Device(d, *cols, c_kind=tl.call_kind, cfg=cfg, threaded=s.size >= _THREAD_MIN_OPS)))
+        work.append((d, di, Device(d, *cols, c_kind=tl.call_kind, cfg=cfg, threaded=s.size >= THREAD_MIN_OPS)))
     return work
 
 

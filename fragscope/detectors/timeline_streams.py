@@ -46,14 +46,14 @@ def _q(values_ns: np.ndarray, qs=(50, 90, 99), zeros: int = 0) -> dict | None:
     return {f"p{q}": float(v) / 1e9 for q, v in zip(qs, vals)}
 
 
-def _sec(ns) -> float:
+def sec(ns) -> float:
     return float(ns) / 1e9
 
 
-_THREAD_MIN_OPS = 200_000  # below this a second thread costs more than it saves
+THREAD_MIN_OPS = 200_000  # below this a second thread costs more than it saves
 
 
-class _Device:
+class Device:
     """One device's figures, its own and per stream, from its ops' columns in start order.
 
     The device's merged intervals and the grouping by (process, stream) need only the ops' times and
@@ -144,8 +144,8 @@ class _Device:
         m.pop("gap_starts", None)
         f = {"ops": _op_counts(self.kd)}
         f.update(_interval_fields(m, cfg))
-        f["compute_seconds"] = _sec(self.comp_busy)
-        f["non_compute_seconds"] = _sec(m["span_ns"] - self.comp_busy - m["idle_ns"])
+        f["compute_seconds"] = sec(self.comp_busy)
+        f["non_compute_seconds"] = sec(m["span_ns"] - self.comp_busy - m["idle_ns"])
         f["sync_gap_ratio"] = (sync_gap / m["idle_ns"]) if m["idle_ns"] > 0 else None
         self.fields, self.m = f, {}
 
@@ -264,9 +264,9 @@ def _interval_fields(m: dict, cfg: Config) -> dict:
     in place: use ``gap_starts`` before)."""
     span = m["span_ns"]
     out = {
-        "span_seconds": _sec(span),
-        "busy_seconds": _sec(m["busy_ns"]),
-        "idle_seconds": _sec(m["idle_ns"]),
+        "span_seconds": sec(span),
+        "busy_seconds": sec(m["busy_ns"]),
+        "idle_seconds": sec(m["idle_ns"]),
         "busy_ratio": (m["busy_ns"] / span) if span > 0 else None,
         "idle_ratio": (m["idle_ns"] / span) if span > 0 else None,
     }
@@ -274,7 +274,7 @@ def _interval_fields(m: dict, cfg: Config) -> dict:
     long_gaps = int(np.count_nonzero(lengths >= cfg.long_gap_s * 1e9))
     gq = _q(lengths, zeros=m["n_gaps"] - lengths.size)  # sorts the positive gaps in place
     if gq is not None:
-        gq["max"] = _sec(lengths[-1] if lengths.size else 0)
+        gq["max"] = sec(lengths[-1] if lengths.size else 0)
     out["gap_seconds"] = gq
     out["long_gaps"] = long_gaps
     return out

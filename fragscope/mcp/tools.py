@@ -39,10 +39,10 @@ class Answer:
 
 def _plain(obj: Any) -> Any:
     """JSON types only: numpy scalars, NaN/Inf (None), dataclasses with to_dict (the CLI's encoders)."""
-    from ..cli.render import _json_default
+    from ..cli.render import json_default
     from ..units import json_safe
 
-    return json.loads(json.dumps(json_safe(obj), default=_json_default, allow_nan=False))
+    return json.loads(json.dumps(json_safe(obj), default=json_default, allow_nan=False))
 
 
 def _cli(fn, *args, **kwargs):

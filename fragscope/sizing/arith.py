@@ -183,7 +183,7 @@ def _elsewhere(acc, runtime, total, cfg, rec) -> None:
                       "utilization below is computed with that memory taken"})
 
 
-def _pool_pressure(runtime: dict, cfg: SizingConfig) -> str | None | bool:
+def pool_pressure(runtime: dict, cfg: SizingConfig) -> str | None | bool:
     """A sentence when the pool ran full under demand; False when it was watched and never did; None: unknown."""
     if not runtime:
         return None

@@ -8,7 +8,7 @@ from .arith import (GIB, MEMORY_ELSEWHERE, RUNTIME_OOM, STARTUP_OOM, _ceiling, _
                     g, oom_cause, t4)
 
 
-def _vllm_startup_failure(acc, f, total, budget, non_kv, bpt, cfg, rec) -> None:
+def vllm_startup_failure(acc, f, total, budget, non_kv, bpt, cfg, rec) -> None:
     A = rec.arithmetic
     kind = f["kind"]
     u0 = acc.gpu_memory_utilization
@@ -169,7 +169,7 @@ def _vllm_pool_cannot_hold(acc, f, total, budget, non_kv, bpt, cfg, rec) -> None
                          "`fragscope kv-budget --model-config config.json` gives the per-token size")
 
 
-def _vllm_runtime_oom(acc, o, total, budget, kv0, bpt, runtime, cfg, rec) -> None:
+def vllm_runtime_oom(acc, o, total, budget, kv0, bpt, runtime, cfg, rec) -> None:
     A = rec.arithmetic
     rec.status = "change"
     u0 = acc.gpu_memory_utilization

@@ -23,11 +23,11 @@ import math
 
 # the record, thresholds and case ids are re-exported: callers import them from here (docs/sizing.md)
 from .arith import (CASES, GIB, MEMORY_ELSEWHERE, MIB, POOL_TOO_SMALL, RUNTIME_OOM, STARTUP_OOM,  # noqa: F401
-                    Recommendation, SizingConfig, _ceiling, _elsewhere, oom_cause, _pool_pressure, _total, _budget, ceil_step,
+                    Recommendation, SizingConfig, _ceiling, _elsewhere, oom_cause, pool_pressure, _total, _budget, ceil_step,
                     g, t4, tokens_per_sequence)
 from ..collectors.enginelog.jobkind import KNOBS
 from ..signals import primary
-from .failures import _vllm_runtime_oom, _vllm_startup_failure
+from .failures import vllm_runtime_oom, vllm_startup_failure
 from .sglang import sglang as _sglang
 from .startup import StartupAccounting
 
@@ -122,10 +122,10 @@ def _vllm(acc, runtime, cfg, rec, target_concurrency, target_len) -> None:
         A.append(f"KV bytes per token = {g(kv0)} / {acc.pool_tokens:,} tokens = {bpt / 1024:.1f} KiB")
     f = acc.failure
     if f is not None:
-        _vllm_startup_failure(acc, f, total, budget, non_kv, bpt, cfg, rec)
+        vllm_startup_failure(acc, f, total, budget, non_kv, bpt, cfg, rec)
         return
     if acc.runtime_ooms:
-        _vllm_runtime_oom(acc, acc.runtime_ooms[-1], total, budget, kv0, bpt, runtime, cfg, rec)
+        vllm_runtime_oom(acc, acc.runtime_ooms[-1], total, budget, kv0, bpt, runtime, cfg, rec)
         return
     _vllm_runtime(acc, runtime, total, budget, non_kv, kv0, bpt, cfg, rec, target_concurrency, target_len)
 
@@ -139,7 +139,7 @@ def _vllm_runtime(acc, runtime, total, budget, non_kv, kv0, bpt, cfg, rec, targe
                            "waiting requests, sequence lengths, NVML used vs total); `fragscope size --recording`")
     L = target_len or runtime.get("seq_len_p95_tokens") or runtime.get("seq_len_mean_tokens")
     demand = target_concurrency or runtime.get("concurrent_demand_peak")
-    pressure = _pool_pressure(runtime, cfg)
+    pressure = pool_pressure(runtime, cfg)
     pinned = acc.kv_cache_memory_bytes_setting is not None  # the utilization does not size the pool
     u_max = _ceiling(acc, runtime, total, budget, cfg, rec) if runtime and not pinned else None
     if L and bpt:

@@ -4,7 +4,7 @@ Pure; called by :func:`fragscope.sizing.recommend.recommend`. docs/sizing.md.
 """
 from __future__ import annotations
 
-from .arith import (POOL_TOO_SMALL, RUNTIME_OOM, STARTUP_OOM, ceil_step, floor_step, g, t4, _pool_pressure)
+from .arith import (POOL_TOO_SMALL, RUNTIME_OOM, STARTUP_OOM, ceil_step, floor_step, g, t4, pool_pressure)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -81,7 +81,7 @@ def sglang(acc, runtime, cfg, rec, target_concurrency, target_len) -> None:
                               "change": "lower --mem-fraction-static"})
             rec.status = "inconclusive"
         return
-    pressure = _pool_pressure(runtime, cfg)
+    pressure = pool_pressure(runtime, cfg)
     if not runtime:
         rec.missing.append("run-time evidence (token usage, retractions, queue, NVML used vs total)")
         return
