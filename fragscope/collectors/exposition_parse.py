@@ -217,8 +217,6 @@ def parse_lines(lines: Iterable[str], default_ts: float | None = None, source: s
     p = Parsed()
     family_types: dict[str, str] = {}
     cache: dict[str, tuple | None] = {}
-    cols = p.cols
-    types = p.types
     bad = 0
     early_ok = 0
     lineno = 0
@@ -306,32 +304,10 @@ def parse_lines(lines: Iterable[str], default_ts: float | None = None, source: s
             if mode != 1:  # free text: a wrap continues it on the next lines (~300 characters at 80 columns)
                 after_comment = 3 if line.startswith("# HELP") else 0
             if line.startswith("# EOF") or line.startswith("#EOF"):
-                p.saw_eof = True
                 fast = False
-                p.openmetrics = True
-                p.saw_meta = True
-                if mode == 2:
-                    seg.eof()
+                read_eof(p, seg if mode == 2 else None)
                 continue
-            parts = line[1:].split(None, 3)
-            if len(parts) >= 3 and parts[0] == "TYPE":
-                fam = normalise_name(parts[1])
-                family_types[fam] = parts[2].strip().lower()
-                early_ok += 1
-                p.saw_meta = True
-                if seg is not None and mode != 1:
-                    seg.meta("TYPE", fam)
-            elif parts and parts[0] in ("HELP", "UNIT"):
-                early_ok += 1
-                p.saw_meta = True
-                if seg is not None and mode != 1 and parts[0] == "HELP" and len(parts) >= 2:
-                    seg.meta("HELP", normalise_name(parts[1]))
-            elif line.startswith("#HELP") or line.startswith("#TYPE"):  # old Triton: no space
-                seg_ = line[5:].split(None, 2)
-                if line.startswith("#TYPE") and len(seg_) >= 2:
-                    family_types[normalise_name(seg_[0])] = seg_[1].strip().lower()
-                early_ok += 1
-                p.saw_meta = True
+            early_ok += read_meta_line(line, p, family_types, seg if mode != 1 else None)
             continue
         if p.saw_eof and mode != 2:
             continue  # nothing is allowed after # EOF; ignore trailing garbage quietly
@@ -366,39 +342,8 @@ def parse_lines(lines: Iterable[str], default_ts: float | None = None, source: s
                 raise ValueError("expected 'name value [timestamp]'")
             entry = cache.get(head, False)
             if entry is False:
-                known = key_cache.get(head) if key_cache is not None else None
-                if known is not None:
-                    name, labels = known
-                else:
-                    if brace >= 0:
-                        name = head[:brace].strip()
-                        labels = parse_labels(head[brace + 1: -1])
-                    else:
-                        name = head
-                        labels = ()
-                    if not NAME_RE.match(name):
-                        raise ValueError(f"bad metric name {name[:60]!r}")
-                    name = normalise_name(name)
-                    if key_cache is not None and len(head) <= MAX_CACHED_HEAD:
-                        if len(key_cache) >= MAX_KEY_CACHE:  # label churn (e.g. request ids): stay bounded
-                            key_cache.clear()
-                        key_cache[head] = (name, labels)
-                t = family_type(types, family_types, name)
-                if not keep_created and name.endswith("_created") and t in ("counter", "histogram", "summary", "gaugehistogram"):
-                    entry = None
-                elif labels and (t == "summary" or name.endswith("_bucket")) and bad_bound(name, labels):
-                    entry = None
-                    p.bad_bounds += 1
-                else:
-                    key = SeriesKey(name, labels)
-                    col = cols.get(key)
-                    if col is None:
-                        if len(cols) == series_cap:
-                            raise ParseError(
-                                f"{source}: more than {series_cap:,} series (line {lineno}): the cap on series "
-                                f"per input; raise it with {ENV_MAX_SERIES}=N if the file is genuine")
-                        col = cols[key] = ([], [])
-                    entry = (key, col[0], col[1], name.startswith(GENERIC_PREFIXES), name.startswith("DCGM_"))
+                name, labels = series_name_labels(head, brace, key_cache)
+                entry = series_entry(p, name, labels, family_types, keep_created, series_cap, source, lineno)
                 cache[head] = entry
                 if learn is not None and not family_types:
                     learn.learn(head, entry[0] if entry is not None else None)
@@ -479,6 +424,93 @@ def parse_lines(lines: Iterable[str], default_ts: float | None = None, source: s
     p.samples = samples
     p.bad_lines = bad
     p.scrape_mode = mode == 2
+    check_and_note(p, source)
+    return p
+
+
+def read_eof(p: Parsed, seg: SegmentTracker | None) -> None:
+    """An OpenMetrics ``# EOF``: the text is OpenMetrics; in scrapes it closes one scrape."""
+    p.saw_eof = True
+    p.openmetrics = True
+    p.saw_meta = True
+    if seg is not None:
+        seg.eof()
+
+
+def read_meta_line(line: str, p: Parsed, family_types: dict[str, str], seg: SegmentTracker | None) -> int:
+    """A comment line other than ``# EOF``: ``# TYPE`` records its family's type, ``# HELP`` / ``# UNIT``
+    are noted (``seg``, outside recordings, sees TYPE and HELP to tell scrapes apart), as are old Triton's
+    ``#HELP`` / ``#TYPE`` without a space. Returns 1 for such a metadata line, 0 for any other comment."""
+    parts = line[1:].split(None, 3)
+    if len(parts) >= 3 and parts[0] == "TYPE":
+        fam = normalise_name(parts[1])
+        family_types[fam] = parts[2].strip().lower()
+        p.saw_meta = True
+        if seg is not None:
+            seg.meta("TYPE", fam)
+        return 1
+    if parts and parts[0] in ("HELP", "UNIT"):
+        p.saw_meta = True
+        if seg is not None and parts[0] == "HELP" and len(parts) >= 2:
+            seg.meta("HELP", normalise_name(parts[1]))
+        return 1
+    if line.startswith("#HELP") or line.startswith("#TYPE"):  # old Triton: no space
+        seg_ = line[5:].split(None, 2)
+        if line.startswith("#TYPE") and len(seg_) >= 2:
+            family_types[normalise_name(seg_[0])] = seg_[1].strip().lower()
+        p.saw_meta = True
+        return 1
+    return 0
+
+
+def series_name_labels(head: str, brace: int, key_cache: dict | None) -> tuple[str, tuple]:
+    """The metric name and labels of a sample line's head (the text up to its last "}", or its first
+    word), from ``key_cache`` when the caller's earlier scrapes saw it; a bad name is a ValueError."""
+    known = key_cache.get(head) if key_cache is not None else None
+    if known is not None:
+        return known
+    if brace >= 0:
+        name = head[:brace].strip()
+        labels = parse_labels(head[brace + 1: -1])
+    else:
+        name = head
+        labels = ()
+    if not NAME_RE.match(name):
+        raise ValueError(f"bad metric name {name[:60]!r}")
+    name = normalise_name(name)
+    if key_cache is not None and len(head) <= MAX_CACHED_HEAD:
+        if len(key_cache) >= MAX_KEY_CACHE:  # label churn (e.g. request ids): stay bounded
+            key_cache.clear()
+        key_cache[head] = (name, labels)
+    return name, labels
+
+
+def series_entry(p: Parsed, name: str, labels: tuple, family_types: dict[str, str], keep_created: bool,
+                 series_cap: int, source: str, lineno: int) -> tuple | None:
+    """The column a series' samples go to: (key, times, values, generic prefix?, DCGM?), or None for a
+    series that is not kept (a ``_created`` family unless ``keep_created``; a bucket or quantile with a
+    bad bound, counted in ``p.bad_bounds``). A new series past ``series_cap`` is a ParseError naming
+    ``source`` and ``lineno``."""
+    t = family_type(p.types, family_types, name)
+    if not keep_created and name.endswith("_created") and t in ("counter", "histogram", "summary", "gaugehistogram"):
+        return None
+    if labels and (t == "summary" or name.endswith("_bucket")) and bad_bound(name, labels):
+        p.bad_bounds += 1
+        return None
+    key = SeriesKey(name, labels)
+    col = p.cols.get(key)
+    if col is None:
+        if len(p.cols) == series_cap:
+            raise ParseError(f"{source}: more than {series_cap:,} series (line {lineno}): the cap on series "
+                             f"per input; raise it with {ENV_MAX_SERIES}=N if the file is genuine")
+        col = p.cols[key] = ([], [])
+    return (key, col[0], col[1], name.startswith(GENERIC_PREFIXES), name.startswith("DCGM_"))
+
+
+def check_and_note(p: Parsed, source: str) -> None:
+    """After the last line: no samples, or too many unparsable lines, is a ParseError; otherwise what
+    was skipped, dropped, converted or joined becomes a note."""
+    bad = p.bad_lines
     if p.samples == 0:
         if bad:
             raise ParseError(f"{source}: not Prometheus/OpenMetrics text ({p.first_bad})")
@@ -507,5 +539,3 @@ def parse_lines(lines: Iterable[str], default_ts: float | None = None, source: s
     if p.ignored_timestamps:
         p.notes.append(f"{p.ignored_timestamps} samples carried their own timestamp in a file read as scrapes "
                        "(its first sample had none): those timestamps were ignored")
-    return p
-
