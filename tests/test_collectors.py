@@ -651,3 +651,17 @@ class TestProcess:
         assert not by_name(r.samples, "fragscope_process_threads")
         assert any(m.reason is Reason.NOT_COLLECTED for m in r.missing)
         assert not r.up  # no process and no cgroup files in tmp_path
+
+
+def test_nvml_fixtures_rebuild_from_the_committed_captures():
+    """The recorded-NVML fixtures are what the builder makes of the real captures kept in tests/data."""
+    import importlib.util
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "collectors")
+    spec = importlib.util.spec_from_file_location("make_nvml_fixtures", os.path.join(here, "make_nvml_fixtures.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    built = mod.build(mod.CAPTURES_DIR)
+    assert sorted(built) == sorted(f for f in os.listdir(here) if f.startswith("nvml_") and f.endswith(".json"))
+    for name, data in built.items():
+        with open(os.path.join(here, name), encoding="utf-8") as fh:
+            assert mod.render(data) == fh.read(), name

@@ -1,7 +1,7 @@
 """Build the recorded-NVML fixtures (nvml_*.json) from real nvidia-smi captures.
 
-Source: utkuozdemir/nvidia_gpu_exporter internal/captures/*.txt (MIT), copied in
-../shared/data/nvidia-smi/. Each capture has an "idle" and a "load" section; each becomes one
+Source: utkuozdemir/nvidia_gpu_exporter internal/captures/*.txt (MIT), copied verbatim in
+nvidia-smi-captures/ beside this file (SOURCES.md there). Each capture has an "idle" and a "load" section; each becomes one
 snapshot of a RecordedBackend timeline. Mapping (nvidia-smi field -> NVML call it reports):
   memory.total/reserved/used/free [MiB]       -> nvmlDeviceGetMemoryInfo_v2 (bytes)
   v1 view: used + reserved, free, total       -> nvmlDeviceGetMemoryInfo (v1 folds the reservation into used)
@@ -112,24 +112,33 @@ def snapshot(lines, phase, driver):
     return {"driver_version": driver, "devices": [dev]}
 
 
-def main(src):
-    here = os.path.dirname(os.path.abspath(__file__))
+def build(src: str) -> dict[str, dict]:
+    """Fixture file name -> its content, from the captures in ``src``."""
+    out_files = {}
     for out, name in CAPTURES.items():
-        lines = open(os.path.join(src, name), encoding="utf-8").read().split("\n")
+        with open(os.path.join(src, name), encoding="utf-8") as fh:
+            lines = fh.read().split("\n")
         driver = name.rsplit("__", 1)[1][: -len(".txt")]
-        data = {"source": f"utkuozdemir/nvidia_gpu_exporter internal/captures/{name.split('__captures__')[1]} (MIT)",
-                "driver_version": driver,
-                "timeline": [snapshot(lines, "idle", driver), snapshot(lines, "load", driver)]}
+        out_files[out] = {"source": f"utkuozdemir/nvidia_gpu_exporter internal/captures/{name.split('__captures__')[1]} (MIT)",
+                          "driver_version": driver,
+                          "timeline": [snapshot(lines, "idle", driver), snapshot(lines, "load", driver)]}
+    return out_files
+
+
+def render(data: dict) -> str:
+    return json.dumps(data, indent=1) + "\n"
+
+
+CAPTURES_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nvidia-smi-captures")
+
+
+def main(src: str = CAPTURES_DIR) -> None:
+    here = os.path.dirname(os.path.abspath(__file__))
+    for out, data in build(src).items():
         with open(os.path.join(here, out), "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=1)
-            fh.write("\n")
+            fh.write(render(data))
         print("wrote", out)
 
 
 if __name__ == "__main__":
-    src = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", "..", "..", "..",
-                                                               "shared", "data", "nvidia-smi")
-    if not os.path.isdir(src):  # a clean clone has no ../shared: the committed fixtures stand
-        print(f"skipping: {src} not present (the committed fixtures are used as they are)")
-        sys.exit(0)
-    main(src)
+    main(sys.argv[1] if len(sys.argv) > 1 else CAPTURES_DIR)

@@ -1,7 +1,7 @@
 """Writes the synthetic log fixtures of this folder (own ids and numbers, line shapes of vLLM V0/V1 and SGLang).
 
-Run from this folder: python make_fixtures.py. The shapes follow the real logs described in
-../shared/notes/metrics-and-logs.md sections 1.4, 3.1 and 5; no line is copied from them.
+Run from this folder: python make_fixtures.py. The line shapes follow vLLM's and SGLang's own log output
+(the real logs in ../README_logs.md show the same shapes); no line is copied from them.
 """
 import datetime as dt
 import random
