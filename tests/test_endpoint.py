@@ -22,6 +22,7 @@ from fragscope.collectors.dcgm import DcgmCollector
 from fragscope.collectors.endpoint import Endpoint, EndpointError, candidates, resolve
 from fragscope.collectors.http import FetchError
 from fragscope.collectors.vllm import VllmCollector
+from net_helpers import free_port
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DATA = os.path.join(HERE, "data")
@@ -38,10 +39,6 @@ def _read(p: str) -> bytes:
         return fh.read()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class _Server:
@@ -117,7 +114,7 @@ def test_agent_config_base_url_collects_through_its_plan(vllm):
 
 def test_engine_not_up_yet_then_found():
     """A sidecar starts before its engine: refused now is not fatal; the page is found once it answers."""
-    port = _free_port()
+    port = free_port()
     c = VllmCollector(f"http://127.0.0.1:{port}", timeout_s=2.0)
     r = c.collect(1.0)
     assert not r.up and "connection refused" in r.error and "\n" not in r.error
@@ -220,7 +217,7 @@ def _get_json(url: str):
 
 def test_agent_process_with_a_base_url_collects(vllm, tmp_path):
     """The README's command, as a process: `fragscope agent --vllm http://127.0.0.1:PORT`."""
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ, PYTHONPATH=ROOT)
     p = subprocess.Popen([sys.executable, "-c", "from fragscope.cli import main; main()", "agent", "--vllm", vllm.base, "--no-store",
                           "--no-nvml", "--no-process", "--listen", f"127.0.0.1:{port}", "--interval", "0.5s"],

@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import calendar
 import json
-import socket
 import time
-import urllib.error
-import urllib.request
 
 import pytest
 
@@ -15,6 +12,7 @@ from fragscope.agent.config import load_config
 from fragscope.agent.health import Down, down_collectors, explain_down, kinds_of, readiness_problems
 from fragscope.agent.state import AgentState, CollectorHealth
 from fragscope.model import CollectResult, Inconclusive, Report, Sample
+from net_helpers import free_port, get_json
 
 T_DOWN = calendar.timegm((2026, 12, 1, 12, 3, 5, 0, 0, 0))  # 12:03:05 UTC
 REFUSED = "http://10.0.0.7:8000/metrics: cannot connect (connection refused)"
@@ -90,18 +88,6 @@ def test_readiness_engine_down_fails_dcgm_down_does_not():
     assert len(why) == 1 and why[0].startswith("engine source vllm collector down since") and REFUSED in why[0]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _get(url):
-    try:
-        with urllib.request.urlopen(url, timeout=5) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
 
 
 def test_agent_from_its_first_minute_names_the_down_engine(tmp_path):
@@ -114,7 +100,7 @@ def test_agent_from_its_first_minute_names_the_down_engine(tmp_path):
         def collect(self, now):
             return CollectResult(samples=[Sample("fragscope_gpu_memory_used_bytes", (("gpu", "0"),), now, 1e9)])
 
-    port, dead = _free_port(), _free_port()
+    port, dead = free_port(), free_port()
     cfg = load_config(None, {}, {"listen": f"127.0.0.1:{port}", "store.enabled": False, "interval": "0.2s",
                                  "detect.interval": "0.3s"})
     t_start = time.time()
@@ -125,9 +111,9 @@ def test_agent_from_its_first_minute_names_the_down_engine(tmp_path):
         deadline = time.monotonic() + 15
         while ag.state.report is None and time.monotonic() < deadline:
             time.sleep(0.05)
-        code, ready = _get(f"http://127.0.0.1:{port}/readyz")
-        _, findings = _get(f"http://127.0.0.1:{port}/api/v1/findings")
-        _, status = _get(f"http://127.0.0.1:{port}/api/v1/status")
+        code, ready = get_json(f"http://127.0.0.1:{port}/readyz")
+        _, findings = get_json(f"http://127.0.0.1:{port}/api/v1/findings")
+        _, status = get_json(f"http://127.0.0.1:{port}/api/v1/status")
     finally:
         ag.close()
     assert code == 503 and ready["status"] == "not ready"

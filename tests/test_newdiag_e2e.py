@@ -15,13 +15,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 
 import pytest
+from net_helpers import free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -31,10 +31,6 @@ CLI = [sys.executable, "-c", "from fragscope.cli import main; main()"]
 ROOT = "/sys/fs/cgroup"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Cgroup:
@@ -123,7 +119,7 @@ class Engine:
 
 class Agent:
     def __init__(self, engine: Engine, data_dir: str) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = open(os.path.join(data_dir, "agent.log"), "w+")
         self.p = subprocess.Popen([*CLI, "agent", "--listen", f"127.0.0.1:{self.port}", "--data-dir", data_dir,

@@ -5,29 +5,15 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import time
-import urllib.error
-import urllib.request
 
 import pytest
 
 from fragscope.agent.config import load_config
 from fragscope.model import CollectResult, Finding, Report, Sample, Severity
+from net_helpers import free_port, get_json
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _get(url):
-    try:
-        with urllib.request.urlopen(url, timeout=5) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
 
 
 class _Gpu:
@@ -43,7 +29,7 @@ def agent_engine_down():
     from fragscope.agent.daemon import Agent
     from fragscope.collectors.vllm import VllmCollector
 
-    port, dead = _free_port(), _free_port()
+    port, dead = free_port(), free_port()
     cfg = load_config(None, {}, {"listen": f"127.0.0.1:{port}", "store.enabled": False, "interval": "0.2s",
                                  "detect.interval": "0.3s"})
     ag = Agent(cfg, collectors=[("vllm", "vllm", VllmCollector(f"http://127.0.0.1:{dead}", timeout_s=0.5), 0.2, 2.0),
@@ -57,8 +43,8 @@ def agent_engine_down():
 
 
 def test_status_and_readyz_agree(agent_engine_down):
-    code, ready = _get(agent_engine_down + "/readyz")
-    _, status = _get(agent_engine_down + "/api/v1/status")
+    code, ready = get_json(agent_engine_down + "/readyz")
+    _, status = get_json(agent_engine_down + "/api/v1/status")
     assert code == 503 and ready["status"] == "not ready"
     assert status["ready"] is False  # it said true while /readyz answered 503
     assert status["ready_reasons"] == ready["reasons"]
@@ -68,17 +54,17 @@ def test_status_and_readyz_agree(agent_engine_down):
 def test_status_ready_when_everything_answers():
     from fragscope.agent.daemon import Agent
 
-    port = _free_port()
+    port = free_port()
     cfg = load_config(None, {}, {"listen": f"127.0.0.1:{port}", "store.enabled": False, "interval": "0.2s"})
     ag = Agent(cfg, collectors=[("nvml", "nvml", _Gpu(), 0.2, 2.0)])
     ag.start()
     try:
         for _ in range(100):  # bounded: 100 x 0.05 s
-            code, ready = _get(f"http://127.0.0.1:{port}/readyz")
+            code, ready = get_json(f"http://127.0.0.1:{port}/readyz")
             if code == 200:
                 break
             time.sleep(0.05)
-        _, status = _get(f"http://127.0.0.1:{port}/api/v1/status")
+        _, status = get_json(f"http://127.0.0.1:{port}/api/v1/status")
     finally:
         ag.close()
     assert code == 200 and status["ready"] is True and status["ready_reasons"] == []
