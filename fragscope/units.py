@@ -84,6 +84,15 @@ def _finite(x) -> bool:
         return False
 
 
+def finite_or_none(x) -> float | None:
+    """``x`` as a float when it is a finite number, else None (absent or unusable, never 0)."""
+    try:
+        v = float(x)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return v if math.isfinite(v) else None
+
+
 def fmt_bytes(x: float | None) -> str:
     """1.5 GiB, 300 MiB, 12 KiB, 10 B (binary multiples, as nvidia-smi and PyTorch print them)."""
     if not _finite(x):

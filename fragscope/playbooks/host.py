@@ -8,16 +8,8 @@ import math
 
 from ..detectors import cpu_starved, gpu_fault, host_memory, stalled, straggler
 from ..model import Action, Playbook
-from ..units import fmt_bytes
+from ..units import finite_or_none as _f, fmt_bytes
 from .registry import Diagnosis
-
-
-def _f(x) -> float | None:
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return None
-    return v if math.isfinite(v) else None
 
 
 # --- engine-cpu-starved --------------------------------------------------------------------------

@@ -2,24 +2,15 @@
 playbooks and computed actions, registered with the detector that finds them."""
 from __future__ import annotations
 
-import math
 
 from ..detectors import (block_size, fragmentation, kv_pool, kv_pressure, launch_bound, memory_leak, saturation,
                          throttling)
 from ..model import Action, Playbook
 from ..sizing.playbooks import KV_POOL_UNDERSIZED, kv_pool_undersized_actions
-from ..units import GiB, MiB
+from ..units import GiB, MiB, finite_or_none as _f
 from .fixes import EXPANDABLE_CONTRA, EXPANDABLE_ONE_LINE, expandable_segments
 from .jobs import KNOBS, kind_of, restart, unknown_note
 from .registry import Diagnosis
-
-
-def _f(x) -> float | None:
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return None
-    return v if math.isfinite(v) else None
 
 
 # --- allocator-fragmentation -------------------------------------------------------------------
