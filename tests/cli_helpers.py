@@ -1,4 +1,4 @@
-"""Running the CLI from tests: in process through its own entry (fragscope.cli._main, the same error and
+"""Running the CLI from tests: in process through its own entry (fragscope.cli.cli_exit_code, the same error and
 exit-code handling as the console scripts), or as a real subprocess for the few smoke tests that need one."""
 from __future__ import annotations
 
@@ -13,14 +13,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def cli(*args, prog: str = "diagnose") -> subprocess.CompletedProcess:
     """Run a command in process; returns what subprocess.run would (returncode, stdout, stderr)."""
-    from fragscope.cli import _main, diagnose_group, fragscope_group
+    from fragscope.cli import cli_exit_code, diagnose_group, fragscope_group
 
     out, err = io.StringIO(), io.StringIO()
     cwd = os.getcwd()
     os.chdir(ROOT)
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            rc = _main(diagnose_group if prog == "diagnose" else fragscope_group, prog, [str(a) for a in args])
+            rc = cli_exit_code(diagnose_group if prog == "diagnose" else fragscope_group, prog, [str(a) for a in args])
     finally:
         os.chdir(cwd)
     return subprocess.CompletedProcess([prog, *args], rc, out.getvalue(), err.getvalue())

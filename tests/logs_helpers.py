@@ -15,11 +15,11 @@ def utc(*a) -> float:
 
 def run_diagnose(capsys, monkeypatch, *args) -> tuple[int, str, str]:
     """`diagnose ARGS` in this process (the real entry point, its error handling included)."""
-    from fragscope.cli import _run, diagnose_group
+    from fragscope.cli import run_and_exit, diagnose_group
 
     monkeypatch.setattr(sys, "argv", ["diagnose", *args])
     try:
-        _run(diagnose_group, "diagnose")
+        run_and_exit(diagnose_group, "diagnose")
         code = 0
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 2)

@@ -220,13 +220,13 @@ def test_process_collector_does_not_scan_every_tick_while_no_engine_runs(tmp_pat
 
 
 def test_streamed_history_is_cut_off_past_its_deadline(tmp_path):
-    from fragscope.agent.api import _within
+    from fragscope.agent.api import cut_off_after
 
     st = _store(tmp_path, n=20)
     scan = st.scan(None, T0, T0 + 400)
     pieces = iter_scan_json(scan, T0, T0 + 400, "src")
-    assert b"".join(_within(pieces, 60.0)).startswith(b'{"start"')
-    late = _within(iter_scan_json(st.scan(None, T0, T0 + 400), T0, T0 + 400, "src"), -1.0)
+    assert b"".join(cut_off_after(pieces, 60.0)).startswith(b'{"start"')
+    late = cut_off_after(iter_scan_json(st.scan(None, T0, T0 + 400), T0, T0 + 400, "src"), -1.0)
     with pytest.raises(TimeoutError):
         next(late)
     assert scan._c is None  # exhausted: its snapshot and connection are released

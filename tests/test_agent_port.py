@@ -57,15 +57,15 @@ def test_unreachable_agent_hint_names_the_default_port(capsys):
     """The hint of a failed `diagnose --agent` (it raised NameError once: the constant was not imported)."""
     import socket
 
-    from fragscope.cli import _main, diagnose_group
+    from fragscope.cli import cli_exit_code, diagnose_group
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     for url in (f"http://127.0.0.1:{port}", f"127.0.0.1:{port}", f"http://127.0.0.1:{port}/metrics"):
-        rc = _main(diagnose_group, "diagnose", ["--agent", url])
+        rc = cli_exit_code(diagnose_group, "diagnose", ["--agent", url])
         err = capsys.readouterr().err
         assert rc == 2 and f"default port {DEFAULT_PORT}" in err and f"127.0.0.1:{port}/api/v1/window" in err, err
-    rc = _main(diagnose_group, "diagnose", ["--agent", "ftp://pod"])
+    rc = cli_exit_code(diagnose_group, "diagnose", ["--agent", "ftp://pod"])
     err = capsys.readouterr().err
     assert rc == 2 and f"e.g. http://pod:{DEFAULT_PORT}" in err

@@ -17,7 +17,7 @@ import pytest
 from fragscope.agent.capture import CaptureError, CaptureManager, dir_bytes
 from fragscope.model import Finding, Severity
 
-from cli_helpers import cli  # in process through the CLI's own entry (fragscope.cli._main)
+from cli_helpers import cli  # in process through the CLI's own entry (fragscope.cli.cli_exit_code)
 
 MiB = 1 << 20
 
@@ -331,7 +331,7 @@ def test_budget_survives_restart(tmp_path):
 
 # ---------------------------------------------------------------------------------------------
 def run_cli(*args):
-    """``fragscope ARGS`` in process through the CLI's own entry (fragscope.cli._main)."""
+    """``fragscope ARGS`` in process through the CLI's own entry (fragscope.cli.cli_exit_code)."""
     return cli(*args, prog="fragscope")
 
 

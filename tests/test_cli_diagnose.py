@@ -1,5 +1,5 @@
 """`diagnose FILE` end to end: output, JSON contract, exit codes. In process through the CLI's own entry
-(fragscope.cli._main: the same error and exit-code handling as the console script), and one real
+(fragscope.cli.cli_exit_code: the same error and exit-code handling as the console script), and one real
 subprocess smoke test per entry point (test_console_scripts_smoke)."""
 from __future__ import annotations
 

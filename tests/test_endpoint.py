@@ -203,9 +203,10 @@ def test_explicit_metrics_url_is_used_as_given(vllm):
 
 def test_scrape_url_resolves_a_base_url(vllm):
     """`diagnose scrape --url http://host:port` finds /metrics like every other command."""
-    from fragscope.cli import _main, diagnose_group
+    from fragscope.cli import cli_exit_code, diagnose_group
 
-    rc = _main(diagnose_group, "diagnose", ["scrape", "--url", vllm.base, "--format", "json", "--fail-on", "never"])
+    rc = cli_exit_code(diagnose_group, "diagnose",
+                       ["scrape", "--url", vllm.base, "--format", "json", "--fail-on", "never"])
     assert rc == 0
     assert "/metrics" in vllm.hits and "/" not in vllm.hits
 
@@ -258,11 +259,11 @@ def test_agent_config_takes_an_address_like_diagnose(vllm):
 
 def test_fleet_prometheus_takes_host_port_like_every_url_option(capsys):
     """`diagnose --prometheus 127.0.0.1:PORT` is read as http://127.0.0.1:PORT (it was refused as not a URL)."""
-    from fragscope.cli import _main, diagnose_group
+    from fragscope.cli import cli_exit_code, diagnose_group
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    rc = _main(diagnose_group, "diagnose", ["--prometheus", f"127.0.0.1:{port}"])
+    rc = cli_exit_code(diagnose_group, "diagnose", ["--prometheus", f"127.0.0.1:{port}"])
     err = capsys.readouterr().err
     assert rc == 2 and f"cannot reach Prometheus at http://127.0.0.1:{port}" in err

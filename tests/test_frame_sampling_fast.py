@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fragscope.detectors.frame_sampling import _interval, sample_counter
+from fragscope.detectors.frame_sampling import series_interval_seconds, sample_counter
 from fragscope.model import Series, SeriesKey
 
 
@@ -49,11 +49,11 @@ def test_interval_equals_the_median_over_every_series():
     series += [_series(f"b{i}", odd + 0.0, np.arange(120)) for i in range(3)]
     series += [_series(f"c{i}", shared[::3].copy(), np.arange(40)) for i in range(30)]  # a slower source
     series += [_series("one", shared[:1].copy(), [1.0])]
-    assert _interval(series) == pytest.approx(_interval_plain(series), abs=0)
+    assert series_interval_seconds(series) == pytest.approx(_interval_plain(series), abs=0)
     # the slower source outnumbering the page moves the answer: the shortcut keeps the per-series vote
     more = series + [_series(f"d{i}", shared[::3].copy(), np.arange(40)) for i in range(20)]
-    assert _interval(more) == _interval_plain(more) and _interval(more) > 2.5
-    assert _interval([]) is None and _interval(series[-1:]) is None
+    assert series_interval_seconds(more) == _interval_plain(more) and series_interval_seconds(more) > 2.5
+    assert series_interval_seconds([]) is None and series_interval_seconds(series[-1:]) is None
 
 
 @pytest.mark.parametrize("start,w", [(0.0, 120), (30.0, 120), (0.0, 8), (57.3, 200)])

@@ -113,11 +113,11 @@ def test_cli_human_and_json(tmp_path):
     (FLAGS + ["--model-config", "/nonexistent/config.json"], "cannot read"),
 ])
 def test_cli_errors_are_one_line_exit_2(args, needle, monkeypatch, capsys):
-    from fragscope.cli import _run
+    from fragscope.cli import run_and_exit
 
     monkeypatch.setattr(sys, "argv", ["fragscope", *args])
     with pytest.raises(SystemExit) as ex:
-        _run(fragscope_group, "fragscope")
+        run_and_exit(fragscope_group, "fragscope")
     err = capsys.readouterr().err
     lines = err.strip().splitlines()
     assert ex.value.code == 2 and len(lines) == 1 and needle in lines[0] and "Traceback" not in err, err

@@ -18,10 +18,10 @@ CONFIG = os.path.join(ROOT, "examples", "llama-3-8b-config.json")
 
 
 def _run(capsys, args):
-    from fragscope.cli import _main, fragscope_group
+    from fragscope.cli import cli_exit_code, fragscope_group
 
     capsys.readouterr()
-    rc = _main(fragscope_group, "fragscope", args)
+    rc = cli_exit_code(fragscope_group, "fragscope", args)
     out = capsys.readouterr()
     return rc, out.out, out.err
 

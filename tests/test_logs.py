@@ -444,7 +444,7 @@ def run_cli(*args, cwd=None):
     import contextlib
     import io
 
-    from fragscope.cli import _run, diagnose_group
+    from fragscope.cli import run_and_exit, diagnose_group
 
     out, err = io.StringIO(), io.StringIO()
     argv = sys.argv
@@ -452,7 +452,7 @@ def run_cli(*args, cwd=None):
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
-                _run(diagnose_group, "diagnose")
+                run_and_exit(diagnose_group, "diagnose")
                 code = 0
             except SystemExit as e:
                 code = e.code if isinstance(e.code, int) else (0 if e.code is None else 2)

@@ -191,9 +191,10 @@ def test_cli_and_agent_do_not_import_the_sdk():
     """The SDK is an optional extra: importing the CLI, the agent and running `fragscope --help` loads none of it."""
     code = ("import sys, contextlib, io\n"
             "import fragscope.cli, fragscope.agent.daemon, fragscope.mcp.policy, fragscope.mcp.tools\n"
-            "from fragscope.cli import _main, fragscope_group\n"
+            "from fragscope.cli import cli_exit_code, fragscope_group\n"
             "with contextlib.redirect_stdout(io.StringIO()):\n"
-            "    _main(fragscope_group, 'fragscope', ['--help']); _main(fragscope_group, 'fragscope', ['mcp', '--help'])\n"
+            "    cli_exit_code(fragscope_group, 'fragscope', ['--help'])\n"
+            "    cli_exit_code(fragscope_group, 'fragscope', ['mcp', '--help'])\n"
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('mcp', 'mcp_types', 'uvicorn', 'starlette')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT,
                          env={**os.environ, "PYTHONPATH": ROOT})

@@ -66,14 +66,14 @@ def test_no_duration_or_size_option_is_a_bare_number():
 
 
 def test_scrape_interval_takes_a_duration(capsys):
-    from fragscope.cli import _main
+    from fragscope.cli import cli_exit_code
 
     a = os.path.join(DATA, "agent", "vllm_cpu_0.32.0_before.txt")
     b = os.path.join(DATA, "agent", "vllm_cpu_0.32.0_after_preemption.txt")
-    rc = _main(diagnose_group, "diagnose", ["scrape", a, b, "--interval", "30s", "--format", "json",
+    rc = cli_exit_code(diagnose_group, "diagnose", ["scrape", a, b, "--interval", "30s", "--format", "json",
                                             "--fail-on", "never"])
     assert rc == 0, capsys.readouterr().err
-    rc = _main(diagnose_group, "diagnose", ["scrape", a, b, "--interval", "30 parsecs"])
+    rc = cli_exit_code(diagnose_group, "diagnose", ["scrape", a, b, "--interval", "30 parsecs"])
     err = capsys.readouterr().err
     assert rc == 2 and "--interval" in err and "duration like 30s" in err and "\n" not in err.strip()
 
@@ -87,11 +87,11 @@ def test_agent_config_and_cli_share_the_parser():
 
 
 def test_size_options_take_units(capsys):
-    from fragscope.cli import _main
+    from fragscope.cli import cli_exit_code
 
     log = os.path.join(DATA, "logs")
     f = next(os.path.join(log, n) for n in sorted(os.listdir(log)) if n.endswith(".log"))
-    rc = _main(diagnose_group, "diagnose", ["logs", f, "--max-bytes", "64MiB", "--fail-on", "never"])
+    rc = cli_exit_code(diagnose_group, "diagnose", ["logs", f, "--max-bytes", "64MiB", "--fail-on", "never"])
     assert rc in (0, 4), capsys.readouterr().err
-    rc = _main(diagnose_group, "diagnose", ["logs", f, "--max-bytes", "lots"])
+    rc = cli_exit_code(diagnose_group, "diagnose", ["logs", f, "--max-bytes", "lots"])
     assert rc == 2 and "size like 512MB" in capsys.readouterr().err

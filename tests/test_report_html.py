@@ -17,7 +17,7 @@ from fragscope.model import Evidence, Finding, Inconclusive, Report, SeriesKey, 
 from fragscope.report import CSP, copy_snippets, render_html, render_snapshot_html, render_trace_html
 from fragscope.report.svg import ML, PLOT_W, decimate, nice_ticks, time_chart, Chart, Line
 
-from cli_helpers import cli  # in process through the CLI's own entry (fragscope.cli._main)
+from cli_helpers import cli  # in process through the CLI's own entry (fragscope.cli.cli_exit_code)
 from report_common import HOSTILE, ROOT, agent_state, example, get, serve_agent
 
 TRACE = os.path.join(ROOT, "tests", "data", "trace", "hta_timeline_sampled_rank0.json.gz")

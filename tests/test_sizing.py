@@ -380,19 +380,19 @@ def test_cli_recording(tmp_path):
 
 
 def run_cli(*args):
-    code = ("import click\nfrom fragscope.cli import fragscope_group, diagnose_group, _run, sizing_cmd\n"
+    code = ("import click\nfrom fragscope.cli import fragscope_group, diagnose_group, run_and_exit, sizing_cmd\n"
             "'size' in fragscope_group.commands or sizing_cmd.register(fragscope_group, diagnose_group)\n"
-            "_run(fragscope_group, 'fragscope')")
+            "run_and_exit(fragscope_group, 'fragscope')")
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=60)
 
 
 def run_inprocess(args, monkeypatch, capsys):
-    """The real entry path (fragscope.cli._run: one-line errors, exit codes) without a subprocess."""
-    from fragscope.cli import _run
+    """The real entry path (fragscope.cli.run_and_exit: one-line errors, exit codes) without a subprocess."""
+    from fragscope.cli import run_and_exit
 
     monkeypatch.setattr(sys, "argv", ["fragscope", *args])
     with pytest.raises(SystemExit) as ex:
-        _run(_group(), "fragscope")
+        run_and_exit(_group(), "fragscope")
     out = capsys.readouterr()
     return ex.value.code, out.out, out.err
 

@@ -71,10 +71,10 @@ def test_status_ready_when_everything_answers():
 
 
 def _diagnose(capsys, *args) -> tuple[int, str, str]:
-    from fragscope.cli import _main, diagnose_group
+    from fragscope.cli import cli_exit_code, diagnose_group
 
     capsys.readouterr()
-    rc = _main(diagnose_group, "diagnose", list(args))
+    rc = cli_exit_code(diagnose_group, "diagnose", list(args))
     out = capsys.readouterr()
     return rc, out.out, out.err
 

@@ -18,7 +18,7 @@ from fragscope.cli import diagnose_group
 from fragscope.collectors.kineto import read_kineto
 from fragscope.collectors.nsys import read_nsys
 from fragscope.collectors.trace_format import read_trace
-from fragscope.detectors.timeline import _merged, analyse, judge, trace_samples
+from fragscope.detectors.timeline import merged_spans, analyse, judge, trace_samples
 from fragscope.timeline_model import GRAPH_LAUNCH, LAUNCH, SYNC, TraceError, base_api_name, classify_api
 from fragscope.trace_pipeline import analyse_trace_file
 
@@ -99,7 +99,7 @@ def test_merge_reproduces_hta_on_htas_op_set():
     s = np.array([e["ts"] for e in rows], dtype=np.int64)
     e = s + np.array([e["dur"] for e in rows], dtype=np.int64)
     o = np.argsort(s, kind="stable")
-    m = _merged(s[o], e[o])
+    m = merged_spans(s[o], e[o])
     assert m["idle_ns"] == HTA_ALEXNET["idle_time"] and m["span_ns"] == HTA_ALEXNET["kernel_time"]
 
 
@@ -481,9 +481,9 @@ def test_nsys_link_matches_kineto_link():
 
 
 def test_quantiles_replay_numpy_percentile():
-    """_q computes np.percentile's linear interpolation operation for operation: the same floats, also
+    """quantiles_of_ns computes np.percentile's linear interpolation operation for operation: the same floats, also
     when given only the positive values and how many zeros there were."""
-    from fragscope.detectors.timeline import _q
+    from fragscope.detectors.timeline import quantiles_of_ns
 
     rng = np.random.default_rng(5)
     for t in range(2000):
@@ -492,10 +492,10 @@ def test_quantiles_replay_numpy_percentile():
         a[rng.random(n) < 0.4] = 0
         for qs in ((50, 90, 99), (50, 99)):
             ref = {f"p{q}": float(v) / 1e9 for q, v in zip(qs, np.percentile(a, list(qs)))}
-            assert _q(a.copy(), qs) == ref
-            assert _q(a[a > 0].copy(), qs, zeros=int((a == 0).sum())) == ref
-    assert _q(np.zeros(0, dtype=np.int64)) is None
-    assert _q(np.zeros(0, dtype=np.int64), zeros=3) == {"p50": 0.0, "p90": 0.0, "p99": 0.0}
+            assert quantiles_of_ns(a.copy(), qs) == ref
+            assert quantiles_of_ns(a[a > 0].copy(), qs, zeros=int((a == 0).sum())) == ref
+    assert quantiles_of_ns(np.zeros(0, dtype=np.int64)) is None
+    assert quantiles_of_ns(np.zeros(0, dtype=np.int64), zeros=3) == {"p50": 0.0, "p90": 0.0, "p99": 0.0}
 
 
 def test_analysis_threaded_equals_one_thread(tmp_path, monkeypatch):

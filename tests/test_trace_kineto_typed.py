@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from fragscope.collectors import kineto_events
-from fragscope.collectors.kineto import _Dec, us_to_ns, read_kineto
+from fragscope.collectors.kineto import us_to_ns, read_kineto
+from fragscope.collectors.kineto_events import Dec
 from fragscope.timeline_model import TraceError
 
 DATA = Path(__file__).parent / "data" / "trace"
@@ -132,7 +133,7 @@ def test_short_decimal_path_equals_decimal():
         text = ("-" if rng.random() < 0.2 else "") + i + "." + "".join(rng.choice("0123456789")
                                                                       for _ in range(rng.randint(1, 3)))
         want = int((decimal.Decimal(text) * 1000).to_integral_value(decimal.ROUND_HALF_EVEN))
-        assert us_to_ns(_Dec(text)) == want, text
+        assert us_to_ns(Dec(text)) == want, text
 
 
 @pytest.mark.skipif(not TYPED, reason="msgspec (the fast extra) not installed")

@@ -46,7 +46,7 @@ HEAVY_WAIT_S = 3.0
 STREAM_MAX_S = 120.0
 
 
-def _within(pieces, seconds: float):
+def cut_off_after(pieces, seconds: float):
     """The pieces, cut off with TimeoutError once ``seconds`` have passed since the first."""
     deadline = time.monotonic() + seconds
     for p in pieces:
@@ -380,7 +380,7 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send_window(self._query(names, start, end, step), start, end)
         scan = st.store.scan(names, start, end, step=step or None, max_points=self.cfg.api_max_points)
         try:
-            self._send_stream(200, _within(iter_scan_json(scan, start, end, "fragscope agent history"),
+            self._send_stream(200, cut_off_after(iter_scan_json(scan, start, end, "fragscope agent history"),
                                            STREAM_MAX_S), "application/json")
         finally:
             scan.close()  # also when the body was never formatted (HEAD)

@@ -24,7 +24,7 @@ import numpy as np
 
 from ..model import Labels, Sample, SeriesKey, Window
 from ..signals import RAW_TO_SIGNAL, SIGNALS
-from .store_read import FETCH_ROWS, HistoryScan, StoreError, TooManyPoints, _points, query_bounds  # noqa: F401
+from .store_read import FETCH_ROWS, HistoryScan, StoreError, TooManyPoints, series_points, query_bounds  # noqa: F401
 
 log = logging.getLogger("fragscope.agent.store")
 
@@ -428,7 +428,7 @@ class Store:
             for sid, name, labels, typ in self.series_list_unlocked():
                 if wanted is not None and name not in wanted:
                     continue
-                cur = _points(self._r, sid, lo, hi, step_ms)
+                cur = series_points(self._r, sid, lo, hi, step_ms)
                 # in blocks straight into numpy (16 bytes a point), never a list of row tuples (~110
                 # bytes a point), and stopped as soon as the bound is passed
                 parts = []

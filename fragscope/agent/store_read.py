@@ -36,7 +36,7 @@ def query_bounds(names: Sequence[str] | None, start: float, end: float,
     return wanted, int(math.floor(start * 1000)), int(math.ceil(end * 1000)), step_ms
 
 
-def _points(c: sqlite3.Connection, sid: int, lo: int, hi: int, step_ms: int) -> sqlite3.Cursor:
+def series_points(c: sqlite3.Connection, sid: int, lo: int, hi: int, step_ms: int) -> sqlite3.Cursor:
     """A cursor over (t ms, v) of one series in [lo, hi], the last point of each step when step_ms."""
     if step_ms:
         # SQLite: a bare column next to max() comes from the row holding the max.
@@ -97,7 +97,7 @@ class HistoryScan:
 
     def column(self, sid: int, which: str):
         """The series' times (``"t"``, unix seconds) or values (``"v"``) in order, as numpy blocks."""
-        cur = _points(self._c, sid, self.lo, self.hi, self.step_ms)
+        cur = series_points(self._c, sid, self.lo, self.hi, self.step_ms)
         i = 0 if which == "t" else 1
         try:
             while True:

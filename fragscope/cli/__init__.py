@@ -72,7 +72,7 @@ class DefaultGroup(click.Group):
 
 
 def _debug_option(f):
-    # Shown in --help; _main() takes the flag out of argv itself, so it works before or after a
+    # Shown in --help; cli_exit_code() takes the flag out of argv itself, so it works before or after a
     # subcommand (``diagnose --debug FILE``, ``diagnose snapshot FILE --debug``).
     return click.option("--debug", is_flag=True, expose_value=False,
                         help=f"On an internal error (exit 3) print the Python traceback (env {DEBUG_ENV}=1).")(f)
@@ -115,7 +115,7 @@ def _take_debug_flag(args: list[str]) -> tuple[list[str], bool]:
     return out, debug
 
 
-def _main(group: click.Group, prog: str, args: list[str] | None = None) -> int:
+def cli_exit_code(group: click.Group, prog: str, args: list[str] | None = None) -> int:
     """Run ``group`` on ``args`` (default: sys.argv[1:]) and return the exit code; never raises.
 
     Writes every error as one line on stderr: 2 for usage and input errors, 3 when an exception
@@ -169,16 +169,16 @@ def _crash(prog: str, e: BaseException, debug: bool) -> int:
     return EXIT_CRASH
 
 
-def _run(group: click.Group, prog: str) -> None:
+def run_and_exit(group: click.Group, prog: str) -> None:
     from .common import install_progress
 
     install_progress()  # a bar on stderr while reading a large input, on a terminal only
-    sys.exit(_main(group, prog))
+    sys.exit(cli_exit_code(group, prog))
 
 
 def diagnose_main() -> None:
-    _run(diagnose_group, "diagnose")
+    run_and_exit(diagnose_group, "diagnose")
 
 
 def main() -> None:
-    _run(fragscope_group, "fragscope")
+    run_and_exit(fragscope_group, "fragscope")

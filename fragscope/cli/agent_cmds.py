@@ -17,7 +17,7 @@ MAX_LIVE_DURATION_S = 24 * 3600.0
 MIN_INTERVAL_S = 0.2
 
 
-def _duration(value: str | None, flag: str, default: str | None = None) -> float | None:
+def parse_duration_flag(value: str | None, flag: str, default: str | None = None) -> float | None:
     from ..agent.config import ConfigError, parse_duration
 
     v = value if value not in (None, "") else default
@@ -168,15 +168,15 @@ def _live_window(agent, vllm, dcgm, since, duration, interval, default_since: st
     if agent:
         if duration:
             fail("--duration samples a live server (--vllm/--dcgm); with --agent use --since")
-        since_s = _duration(since, "--since", default_since)
+        since_s = parse_duration_flag(since, "--since", default_since)
         try:
             return fetch_window(agent, since_s)
         except ClientError as e:
             fail(str(e))
     if vllm or dcgm:
-        dur = _duration(duration, "--duration", "2m")
+        dur = parse_duration_flag(duration, "--duration", "2m")
         # default: 5 s, or fewer seconds for a short --duration (at least 10 samples)
-        ivl = _duration(interval, "--interval", "5s") if interval else max(MIN_INTERVAL_S, min(5.0, dur / 10))
+        ivl = parse_duration_flag(interval, "--interval", "5s") if interval else max(MIN_INTERVAL_S, min(5.0, dur / 10))
         if dur > MAX_LIVE_DURATION_S:
             fail(f"--duration: at most 24h (got {duration}); for longer, run `fragscope agent`")
         if ivl < MIN_INTERVAL_S:
@@ -297,7 +297,7 @@ def diagnose_url(arg: str, fmt: str, fail_on: str, color: bool | None = None, ht
     if target.is_agent:
         if opts.get("duration") or opts.get("interval"):
             fail(f"{target.base} is a fragscope agent: it has history, use --since (not --duration/--interval)")
-        since_s = _duration(opts.get("since"), "--since", "1h")
+        since_s = parse_duration_flag(opts.get("since"), "--since", "1h")
         click.echo(f"{target.base}: fragscope agent; reading its last {since_s:g} s of history", err=True)
         try:
             window = fetch_window(target.base, since_s)
@@ -383,11 +383,11 @@ class Together:
 
 def sampling_plan(duration: str | None, interval: str | None) -> tuple[float, float]:
     """(duration, interval) in seconds of a live sampling from --duration / --interval (one-line errors)."""
-    dur = _duration(duration, "--duration", "2m")
+    dur = parse_duration_flag(duration, "--duration", "2m")
     if dur > MAX_LIVE_DURATION_S:
         fail(f"--duration: at most 24h (got {duration}); for longer, run `fragscope agent`")
     # default: 5 s, or less for a short --duration (at least 10 scrapes)
-    ivl = _duration(interval, "--interval") if interval else max(MIN_INTERVAL_S, min(5.0, dur / 10))
+    ivl = parse_duration_flag(interval, "--interval") if interval else max(MIN_INTERVAL_S, min(5.0, dur / 10))
     if ivl < MIN_INTERVAL_S:
         fail(f"--interval: at least {MIN_INTERVAL_S:g}s")
     if ivl > dur:

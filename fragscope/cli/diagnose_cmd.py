@@ -16,7 +16,7 @@ FORMATS = click.Choice(["human", "json"])
 FAIL_ON = click.Choice(["info", "warning", "critical", "never"])
 
 
-class _OtherKind(Exception):
+class OtherKind(Exception):
     """FILE is something another ``diagnose`` subcommand reads (an engine log, a trace, a snapshot)."""
 
     def __init__(self, reader: str, message: str) -> None:
@@ -29,18 +29,18 @@ def _read_file(path: str, scrape_interval: str | None):
 
     kwargs = {}
     if scrape_interval:  # the spacing of scrapes saved without timestamps (curl output)
-        kwargs["scrape_interval_s"] = agent_cmds._duration(scrape_interval, "--scrape-interval")
+        kwargs["scrape_interval_s"] = agent_cmds.parse_duration_flag(scrape_interval, "--scrape-interval")
     try:
         return read_recording(path, **kwargs)
     except ParseError as e:
         if e.reader:
-            raise _OtherKind(e.reader, str(e)) from None
+            raise OtherKind(e.reader, str(e)) from None
         fail(str(e))
     except OSError as e:
         fail(f"{path}: {e.strerror or e}")
 
 
-def _reroute(ctx: click.Context, other: _OtherKind, file: str, fmt: str, fail_on: str, html: str | None,
+def _reroute(ctx: click.Context, other: OtherKind, file: str, fmt: str, fail_on: str, html: str | None,
              refused: list[str]) -> int:
     """Whatever the on-call holds gets its answer: a log, a trace or a snapshot given to ``diagnose FILE``
     is read by its own subcommand (one note on stderr says so; stdout stays the report)."""
@@ -64,14 +64,14 @@ def _reroute(ctx: click.Context, other: _OtherKind, file: str, fmt: str, fail_on
     return rc
 
 
-def _diagnose_file(path: str, since: str | None = None, scrape_interval: str | None = None):
+def diagnose_path(path: str, since: str | None = None, scrape_interval: str | None = None):
     """A recording or scrape FILE; ``since`` keeps its last DURATION (ending at its last sample).
     Returns (window, report)."""
     from ..pipeline import diagnose
 
     window = _read_file(path, scrape_interval)
     if since:
-        secs = agent_cmds._duration(since, "--since")
+        secs = agent_cmds.parse_duration_flag(since, "--since")
         end = window.end
         if end is None or not math.isfinite(end):
             fail(f"{path}: --since needs timestamps; the file has none")
@@ -125,8 +125,8 @@ def run_cmd(ctx: click.Context, file: str | None, fmt: str, fail_on: str, html: 
             fail("--duration and --interval sample a live source; a FILE is read as recorded (--since "
                  "keeps its last DURATION)")
         try:
-            window, report = _diagnose_file(file, opts.get("since"), scrape_interval)
-        except _OtherKind as other:
+            window, report = diagnose_path(file, opts.get("since"), scrape_interval)
+        except OtherKind as other:
             refused = [f for f, v in (("--since", opts.get("since")), ("--scrape-interval", scrape_interval)) if v]
             return _reroute(ctx, other, file, fmt, fail_on, html, refused)
     else:

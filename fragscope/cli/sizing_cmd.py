@@ -51,7 +51,7 @@ def _lines(path: str):
     return chain()
 
 
-def _human(acc, rt: dict, rec) -> str:
+def sizing_text(acc, rt: dict, rec) -> str:
     a = acc
     lines = []
     head = f"engine: {a.engine or 'unknown'}" + (f" {a.version}" if a.version else "")
@@ -128,7 +128,7 @@ def register(fragscope_group: click.Group, diagnose_group: click.Group) -> None:
         if fmt == "json":
             click.echo(json.dumps(size_json(acc, rt, rec), indent=2, sort_keys=True, allow_nan=False))
         else:
-            click.echo(_human(acc, rt, rec))
+            click.echo(sizing_text(acc, rt, rec))
         return EXIT_OK
 
 
@@ -172,6 +172,6 @@ def size_from_log(log_path: str, recording: str | None = None, margin_gib: float
 
 def size_json(acc, rt: dict, rec) -> dict:
     """``fragscope size --format json``: accounting, runtime, recommendation (strict JSON values)."""
-    from ..sizing.arith import _finite
+    from ..sizing.arith import nonfinite_as_none
 
-    return _finite({"accounting": acc.to_dict(), "runtime": rt, "recommendation": rec.to_dict()})
+    return nonfinite_as_none({"accounting": acc.to_dict(), "runtime": rt, "recommendation": rec.to_dict()})

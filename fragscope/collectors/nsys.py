@@ -38,7 +38,7 @@ import numpy as np
 from ..timeline_model import (COPY_UVM_DTOD, COPY_UVM_HTOD, KERNEL, MARK_BACKWARD, MARK_OPTIMIZER, MARK_SERVING,
                               MEMCPY, MEMSET, OTHER, Timeline, TraceError, base_api_name, classify_api)
 from . import sqlite_columns
-from .nsys_join import join_key, link, _pid
+from .nsys_join import join_key, link, pid_from_global_id
 from .sqlite_columns import connect, Fetcher, Query
 from .trace_io import check_regular
 
@@ -309,7 +309,7 @@ def _ops_columns(kind: int, got: list[np.ndarray]) -> list[np.ndarray]:
     n = start.size
     np.maximum(end, start, out=end)
     stream = np.bitwise_and(got[-1], 0xFFFFFFFF, out=got[-1])  # (as nsys's 32-bit stream ids)
-    pid = _pid(gpid)
+    pid = pid_from_global_id(gpid)
     key = join_key(pid, corr, pid_reusable=False)
     # kernels carry no byte count: one read-only -1 broadcast over the rows instead of a 16 MB array
     nbytes = got[5] if kind != KERNEL else np.broadcast_to(np.int64(-1), (n,))
@@ -329,7 +329,7 @@ def _call_columns(got: list[np.ndarray], ids: list[int], name_idx: np.ndarray,
     a fifth column when more than one id was wanted."""
     c_start, c_end, c_gtid, c_corr = got[:4]
     np.maximum(c_end, c_start, out=c_end)
-    c_key = join_key(_pid(c_gtid), c_corr, pid_reusable=True)
+    c_key = join_key(pid_from_global_id(c_gtid), c_corr, pid_reusable=True)
     n = c_start.size
     if len(ids) == 1:
         c_name = np.zeros(n, dtype=np.int32)

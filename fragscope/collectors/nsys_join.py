@@ -8,7 +8,7 @@ import threading
 import numpy as np
 
 
-def _pid(global_id: np.ndarray) -> np.ndarray:
+def pid_from_global_id(global_id: np.ndarray) -> np.ndarray:
     """PID = (globalPid >> 24) & 0xFFFFFF, in ``global_id``'s buffer (overwritten)."""
     np.right_shift(global_id, 24, out=global_id)
     return np.bitwise_and(global_id, 0xFFFFFF, out=global_id)

@@ -16,8 +16,8 @@ from ..model import Series, Window
 from ..signals import DCGM_FB_RESERVED, GPU_SCOPE, SIGNALS, TARGET_SCOPES, VLLM_RUNNING, VLLM_V0_KV, VLLM_V1_KV
 from .frame_model import SLOWDOWN_REASONS, THERMAL_REASONS, Frame
 from .frame_dcgm import NVML_REASON_BITS, dcgm_throttle
-from .frame_histograms import _histogram, histogram_quantile
-from .frame_sampling import (Agg, counter_span, dedupe_times, gauge_span, gpu_id, _interval, last_total,
+from .frame_histograms import fill_histogram, histogram_quantile
+from .frame_sampling import (Agg, counter_span, dedupe_times, gauge_span, gpu_id, series_interval_seconds, last_total,
                              sample_gauge, counter_increases)
 
 __all__ = ["Frame", "build_frame", "counter_increases", "histogram_quantile", "NVML_REASON_BITS",
@@ -90,7 +90,7 @@ def build_frame(window: Window) -> Frame:
     # Grid step: the scrape interval of the engine/GPU series.
     dense = [s for n, ss in by_name.items() if not n.startswith("fragscope_kernel") and
              not n.endswith("_bucket") for s in ss if len(s) >= 2]
-    interval = _interval(dense) or 15.0
+    interval = series_interval_seconds(dense) or 15.0
     interval = max(interval, 0.5)
     span = (window.end - window.start) if math.isfinite(window.start) else 0.0
     step = max(interval, span / _MAX_POINTS if span > 0 else interval)
@@ -115,7 +115,7 @@ def build_frame(window: Window) -> Frame:
                 f.config.update({k: v for k, v in s.key.labels})
             continue
         if sig.kind == "histogram":
-            _histogram(f, sig_id, metric, by_name, grid, lookback, w)
+            fill_histogram(f, sig_id, metric, by_name, grid, lookback, w)
             continue
         if sig.scope in TARGET_SCOPES:  # one value per target (engine-wide)
             if sig.kind == "counter":

@@ -45,7 +45,7 @@ def histogram_quantile(q: float, les: np.ndarray, counts: np.ndarray) -> np.ndar
     return out
 
 
-def _histogram(f: Frame, sig_id: str, metric: str, by_name: dict[str, list[Series]], grid: np.ndarray,
+def fill_histogram(f: Frame, sig_id: str, metric: str, by_name: dict[str, list[Series]], grid: np.ndarray,
                lookback: float, w: int) -> None:
     buckets: dict[float, list[Series]] = {}
     for s in by_name.get(metric + "_bucket", []):

@@ -10,7 +10,7 @@ import numpy as np
 from ..model import Series
 
 
-def _interval(series: list[Series]) -> float | None:
+def series_interval_seconds(series: list[Series]) -> float | None:
     """The median over series of each one's median spacing. Series scraped together share their times
     (every series of one page): each distinct time array's median is computed once (the agent's watch
     pass: ~60 series, a handful of distinct arrays; the medians were a quarter of its frame)."""

@@ -20,11 +20,11 @@ from ..timeline_model import (COPY_HTOD, COPY_UVM_DTOD, COPY_UVM_DTOH, COPY_UVM_
                               SYNC, UM_CAUSES, Timeline, is_driver_launch_name)
 from .timeline_config import ALLOCATOR_STALLS, LAUNCH_BOUND, SYNC_BOUND, Config
 from .timeline_samples import trace_samples
-from .timeline_streams import THREAD_MIN_OPS, Device, _merged, _q, sec
+from .timeline_streams import THREAD_MIN_OPS, Device, merged_spans, quantiles_of_ns, sec
 from .timeline_verdicts import judge
 
 __all__ = ["analyse", "judge", "trace_samples", "Config", "LAUNCH_BOUND", "SYNC_BOUND", "ALLOCATOR_STALLS",
-           "_merged", "_q"]
+           "merged_spans", "quantiles_of_ns"]
 
 
 def analyse(tl: Timeline, cfg: Config = Config()) -> dict:

@@ -10,7 +10,7 @@ from ..timeline_model import KERNEL, MEMCPY, MEMCPY_ASYNC, MEMCPY_SYNC, MEMSET, 
 from .timeline_config import Config
 
 
-def _q(values_ns: np.ndarray, qs=(50, 90, 99), zeros: int = 0) -> dict | None:
+def quantiles_of_ns(values_ns: np.ndarray, qs=(50, 90, 99), zeros: int = 0) -> dict | None:
     """Quantiles in seconds of ``zeros`` zeros followed by ``values_ns`` (all > 0 when ``zeros``), with
     np.percentile's arithmetic (its default linear interpolation, operation for operation: the same
     floats). Sorts ``values_ns`` in place: callers pass scratch arrays.
@@ -122,12 +122,12 @@ class Device:
         s, e, kd, comm, ck = self.s, self.e, self.kd, self.comm, self.c_kind
         # the gaps' start times are needed only to match them with synchronizing calls
         maybe_sync = bool(((ck == SYNC) | (ck == MEMCPY_SYNC) | (ck == MEMCPY_ASYNC)).any())
-        self.m = m = _merged(s, e, gap_starts=maybe_sync)
+        self.m = m = merged_spans(s, e, gap_starts=maybe_sync)
         if not comm.any() and bool((kd == KERNEL).all()):
             self.comp_busy = m["busy_ns"]  # the same intervals
         else:
             compm = (kd == KERNEL) & ~comm
-            self.comp_busy = _merged(s[compm], e[compm])["busy_ns"] if compm.any() else 0
+            self.comp_busy = merged_spans(s[compm], e[compm])["busy_ns"] if compm.any() else 0
 
     def _fields(self) -> None:
         """The device's own figures but its launch and wait ones (after set_launch)."""
@@ -175,7 +175,7 @@ class Device:
         a, b = self.bounds[k], self.bounds[k + 1]
         ix = slice(a, b) if self.order is None else self.order[a:b]
         s_, e_ = s[ix], e[ix]
-        sm = _merged(s_, e_)
+        sm = merged_spans(s_, e_)
         w = _idle_breakdown(s_, e_, ls[ix], cfg.kernel_wait_cutoff_s * 1e9)
         del s_, e_
         a0 = a if self.order is None else int(self.order[a])
@@ -237,7 +237,7 @@ def _group(key: np.ndarray) -> tuple[np.ndarray | None, list[int]]:
     return order, [0] + np.cumsum(counts).tolist()
 
 
-def _merged(s: np.ndarray, e: np.ndarray, gap_starts: bool = False) -> dict:
+def merged_spans(s: np.ndarray, e: np.ndarray, gap_starts: bool = False) -> dict:
     """Union of intervals sorted by start: busy time and the gaps between merged runs (nsys pairing:
     a gap exists where the next start is after the running maximum end).
 
@@ -260,7 +260,7 @@ def _merged(s: np.ndarray, e: np.ndarray, gap_starts: bool = False) -> dict:
 
 
 def _interval_fields(m: dict, cfg: Config) -> dict:
-    """Busy/idle figures and the gap distribution of a :func:`_merged` result (sorts its ``gap_lengths``
+    """Busy/idle figures and the gap distribution of a :func:`merged_spans` result (sorts its ``gap_lengths``
     in place: use ``gap_starts`` before)."""
     span = m["span_ns"]
     out = {
@@ -272,7 +272,7 @@ def _interval_fields(m: dict, cfg: Config) -> dict:
     }
     lengths = m["gap_lengths"]
     long_gaps = int(np.count_nonzero(lengths >= cfg.long_gap_s * 1e9))
-    gq = _q(lengths, zeros=m["n_gaps"] - lengths.size)  # sorts the positive gaps in place
+    gq = quantiles_of_ns(lengths, zeros=m["n_gaps"] - lengths.size)  # sorts the positive gaps in place
     if gq is not None:
         gq["max"] = sec(lengths[-1] if lengths.size else 0)
     out["gap_seconds"] = gq
@@ -314,7 +314,7 @@ def _launch_fields(first: np.ndarray, delay: np.ndarray, short_ok: np.ndarray, i
     ``short_ok``)."""
     d = delay[first]
     n_out = int(np.count_nonzero(d > cfg.launch_delay_cutoff_s * 1e9))
-    lq = _q(d, (50, 99))
+    lq = quantiles_of_ns(d, (50, 99))
     n_ok = int(np.count_nonzero(short_ok))
     return {
         "launches_linked": int(d.size),

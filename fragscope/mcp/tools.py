@@ -98,8 +98,8 @@ def diagnose_file(policy: Policy, path: str, since: str | None = None) -> Answer
 
     real = _file(policy, path)
     try:
-        window, report = _cli(diagnose_cmd._diagnose_file, real, since)
-    except diagnose_cmd._OtherKind as other:
+        window, report = _cli(diagnose_cmd.diagnose_path, real, since)
+    except diagnose_cmd.OtherKind as other:
         if since:
             raise ToolFailure(f"{path}: since applies to metrics recordings; this file is read as: "
                               f"diagnose {other.reader}") from None
@@ -159,7 +159,7 @@ def size_from_log(policy: Policy, log_path: str, recording_path: str | None = No
                   margin_gib: float | None = None, target_concurrency: int | None = None,
                   target_len: int | None = None) -> Answer:
     """``fragscope size --log FILE [--recording FILE]``."""
-    from ..cli.sizing_cmd import _human, size_from_log as size, size_json
+    from ..cli.sizing_cmd import sizing_text, size_from_log as size, size_json
     from ..units import GiB
 
     log_real = _file(policy, log_path)
@@ -175,7 +175,7 @@ def size_from_log(policy: Policy, log_path: str, recording_path: str | None = No
     r = doc["recommendation"]
     cnj = [{"id": "sizing", "missing": [m], "reason": "needed to decide", "subject": {}} for m in r.get("missing") or []]
     return Answer("size_from_log", log_real, doc, [], cnj, list(r.get("notes") or []),
-                  {"status": r.get("status")}, text=_human(acc, rt, rec))
+                  {"status": r.get("status")}, text=sizing_text(acc, rt, rec))
 
 
 def kv_budget(policy: Policy, gpu_memory_gib: float | None = None, gpu_memory_utilization: float = 0.9,
@@ -272,7 +272,7 @@ def _agent_answer(tool: str, base: str, since: str | None) -> Answer:
     from ..agent.client import ClientError, fetch_window
     from ..cli import agent_cmds
 
-    since_s = _cli(agent_cmds._duration, since, "since", "1h")
+    since_s = _cli(agent_cmds.parse_duration_flag, since, "since", "1h")
     try:
         window = fetch_window(base, since_s)
     except ClientError as e:

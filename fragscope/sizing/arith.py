@@ -54,16 +54,16 @@ class Recommendation:
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        return _finite(d)
+        return nonfinite_as_none(d)
 
 
-def _finite(x):
+def nonfinite_as_none(x):
     if isinstance(x, float):
         return x if math.isfinite(x) else None
     if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
+        return {k: nonfinite_as_none(v) for k, v in x.items()}
     if isinstance(x, list):
-        return [_finite(v) for v in x]
+        return [nonfinite_as_none(v) for v in x]
     return x
 
 
@@ -95,7 +95,7 @@ def tokens_per_sequence(length: float, block_size: int | None) -> int:
     return int(math.ceil(length / b) * b)
 
 
-def _total(acc: StartupAccounting) -> float | None:
+def total_gpu_bytes(acc: StartupAccounting) -> float | None:
     if acc.total_gpu_memory_bytes:
         return acc.total_gpu_memory_bytes
     f = acc.failure or {}
@@ -108,7 +108,7 @@ def _total(acc: StartupAccounting) -> float | None:
     return None
 
 
-def _budget(acc: StartupAccounting, total: float | None) -> float | None:
+def budget_gpu_bytes(acc: StartupAccounting, total: float | None) -> float | None:
     if acc.requested_memory_bytes:
         return acc.requested_memory_bytes
     if total and acc.gpu_memory_utilization:
@@ -149,7 +149,7 @@ def _outside(acc, runtime, total, budget, rec) -> tuple[float | None, str]:
     return None, ""
 
 
-def _ceiling(acc, runtime, total, budget, cfg, rec) -> float | None:
+def utilization_ceiling(acc, runtime, total, budget, cfg, rec) -> float | None:
     """The highest utilization that keeps the observed outside-budget memory plus the margin free."""
     if total is None or budget is None:
         return None
@@ -167,7 +167,7 @@ def _ceiling(acc, runtime, total, budget, cfg, rec) -> float | None:
     return u_max
 
 
-def _elsewhere(acc, runtime, total, cfg, rec) -> None:
+def note_memory_elsewhere(acc, runtime, total, cfg, rec) -> None:
     others = runtime.get("other_processes_peak_bytes")
     if others is None:
         for o in ([acc.failure] if acc.failure else []) + acc.runtime_ooms:

@@ -4,8 +4,8 @@ Pure; called by :func:`fragscope.sizing.recommend.recommend`. docs/sizing.md#cas
 """
 from __future__ import annotations
 
-from .arith import (GIB, MEMORY_ELSEWHERE, RUNTIME_OOM, STARTUP_OOM, _ceiling, _elsewhere, ceil_step, floor_step,
-                    g, oom_cause, t4)
+from .arith import (GIB, MEMORY_ELSEWHERE, RUNTIME_OOM, STARTUP_OOM, ceil_step, floor_step, g, note_memory_elsewhere,
+                    oom_cause, t4, utilization_ceiling)
 
 
 def vllm_startup_failure(acc, f, total, budget, non_kv, bpt, cfg, rec) -> None:
@@ -40,7 +40,7 @@ def vllm_startup_failure(acc, f, total, budget, non_kv, bpt, cfg, rec) -> None:
         return
     # an OOM while starting
     phase = f.get("phase") or "unknown"
-    _elsewhere(acc, {}, total, cfg, rec)
+    note_memory_elsewhere(acc, {}, total, cfg, rec)
     if f.get("figures"):
         oom_cause(f, rec)
     if kind == "oom" and not f.get("phase"):
@@ -173,7 +173,7 @@ def vllm_runtime_oom(acc, o, total, budget, kv0, bpt, runtime, cfg, rec) -> None
     A = rec.arithmetic
     rec.status = "change"
     u0 = acc.gpu_memory_utilization
-    _elsewhere(acc, runtime, total, cfg, rec)
+    note_memory_elsewhere(acc, runtime, total, cfg, rec)
     cause = oom_cause(o, rec) if o.get("figures") else {}
     if o.get("requested_bytes") is None or total is None or budget is None or u0 is None:
         rec.cases.append({"case": RUNTIME_OOM, "evidence": "out of memory while serving",
@@ -193,7 +193,7 @@ def vllm_runtime_oom(acc, o, total, budget, kv0, bpt, runtime, cfg, rec) -> None
              f"{g(shortfall)}")
     A.append(f"utilization = (budget {g(budget)} - shortfall {g(shortfall)} - margin {g(margin)}) / total {g(total)} = "
              f"{t4((budget - shortfall - margin) / total)} -> {u:.2f}")
-    u_max = _ceiling(acc, runtime, total, budget, cfg, rec)
+    u_max = utilization_ceiling(acc, runtime, total, budget, cfg, rec)
     if u_max is not None and u_max < u:
         A.append(f"the measured ceiling {u_max:.2f} is lower: use it")
         u = u_max

@@ -23,8 +23,8 @@ import math
 
 # the record, thresholds and case ids are re-exported: callers import them from here (docs/sizing.md)
 from .arith import (CASES, GIB, MEMORY_ELSEWHERE, MIB, POOL_TOO_SMALL, RUNTIME_OOM, STARTUP_OOM,  # noqa: F401
-                    Recommendation, SizingConfig, _ceiling, _elsewhere, oom_cause, pool_pressure, _total, _budget, ceil_step,
-                    g, t4, tokens_per_sequence)
+                    Recommendation, SizingConfig, budget_gpu_bytes, ceil_step, g, note_memory_elsewhere, oom_cause,
+                    pool_pressure, t4, tokens_per_sequence, total_gpu_bytes, utilization_ceiling)
 from ..collectors.enginelog.jobkind import KNOBS
 from ..signals import primary
 from .failures import vllm_runtime_oom, vllm_startup_failure
@@ -65,7 +65,7 @@ def _unknown_program_oom(acc, f: dict, cfg, rec: Recommendation, job_kind: str |
     flag is computed; its cause is judged as diagnose logs judges it."""
     rec.status = "inconclusive"
     oom_cause(f, rec)
-    _elsewhere(acc, {}, _total(acc), cfg, rec)
+    note_memory_elsewhere(acc, {}, total_gpu_bytes(acc), cfg, rec)
     k = KNOBS.get(job_kind or "unknown") if job_kind not in (None, "unknown", "vllm", "sglang") else None
     if k is not None:
         rec.notes.append(f"this log is {k['name']}'s, not vLLM's or SGLang's: their flags do not apply; its knobs: "
@@ -92,13 +92,13 @@ def _current(acc: StartupAccounting, rec: Recommendation) -> None:
 # ---------------------------------------------------------------------------------------------
 def _vllm(acc, runtime, cfg, rec, target_concurrency, target_len) -> None:
     A = rec.arithmetic
-    total = _total(acc)
+    total = total_gpu_bytes(acc)
     if total is None and runtime.get("device_total_bytes"):
         total = float(runtime["device_total_bytes"])
         rec.notes.append(f"GPU total {g(total)} from NVML (the log does not print it); NVML's total can exceed what "
                          "CUDA reports to vLLM by ~0.5 GiB (H100: 79.65 vs 79.19 GiB), so values are a little high")
     u0 = acc.gpu_memory_utilization
-    budget = _budget(acc, total)
+    budget = budget_gpu_bytes(acc, total)
     kv0 = acc.kv_cache_bytes
     if total is None:
         rec.missing.append("the GPU's total memory (vLLM's 'total_gpu_memory' / 'Free memory on device' line, or "
@@ -133,7 +133,7 @@ def _vllm(acc, runtime, cfg, rec, target_concurrency, target_len) -> None:
 def _vllm_runtime(acc, runtime, total, budget, non_kv, kv0, bpt, cfg, rec, target_concurrency, target_len) -> None:
     A = rec.arithmetic
     u0 = acc.gpu_memory_utilization
-    _elsewhere(acc, runtime, total, cfg, rec)
+    note_memory_elsewhere(acc, runtime, total, cfg, rec)
     if not runtime:
         rec.missing.append("run-time evidence (a recording over a busy window: KV usage, preemptions, running and "
                            "waiting requests, sequence lengths, NVML used vs total); `fragscope size --recording`")
@@ -141,7 +141,7 @@ def _vllm_runtime(acc, runtime, total, budget, non_kv, kv0, bpt, cfg, rec, targe
     demand = target_concurrency or runtime.get("concurrent_demand_peak")
     pressure = pool_pressure(runtime, cfg)
     pinned = acc.kv_cache_memory_bytes_setting is not None  # the utilization does not size the pool
-    u_max = _ceiling(acc, runtime, total, budget, cfg, rec) if runtime and not pinned else None
+    u_max = utilization_ceiling(acc, runtime, total, budget, cfg, rec) if runtime and not pinned else None
     if L and bpt:
         per_seq = tokens_per_sequence(L, acc.block_size)
         conc0 = acc.pool_tokens // per_seq

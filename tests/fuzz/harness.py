@@ -11,7 +11,7 @@ Contract checked on every run (docs/fuzzing.md):
 - never a traceback, never exit 3 (an escaped exception), never another exit code, never past the
   time limit, never past the memory limit (subprocess runs).
 
-Two ways to run an input: in-process through ``fragscope.cli._main`` inside click's ``CliRunner``
+Two ways to run an input: in-process through ``fragscope.cli.cli_exit_code`` inside click's ``CliRunner``
 isolation (fast; a SIGALRM timer bounds the time and names where a hang was), and as a real subprocess
 under ``RLIMIT_AS`` and a timeout (peak RSS from ``wait4``). Used by tests/fuzz/test_fuzz.py and
 bench/fuzz.py.
@@ -533,9 +533,9 @@ def run_inprocess(args: list[str], timeout_s: float = 10.0, prog: str = "diagnos
 
     from fragscope.cli import diagnose_group, fragscope_group
     try:
-        from fragscope.cli import _main
-    except ImportError:  # a tree without the crash-only exit (main before it): emulate its old _run
-        _main = _old_main
+        from fragscope.cli import cli_exit_code
+    except ImportError:  # a tree without the crash-only exit (main before it): emulate its old run_and_exit
+        cli_exit_code = _old_main
 
     runner = CliRunner()
     hang = False
@@ -549,7 +549,7 @@ def run_inprocess(args: list[str], timeout_s: float = 10.0, prog: str = "diagnos
         out, err = streams[0], streams[1]
         try:
             signal.setitimer(signal.ITIMER_REAL, timeout_s)
-            rc = _main(fragscope_group if prog == "fragscope" else diagnose_group, prog, ["--debug", *args])
+            rc = cli_exit_code(fragscope_group if prog == "fragscope" else diagnose_group, prog, ["--debug", *args])
         except _Timeout:
             rc, hang = None, True
             sig = "hang@" + _crash_site(traceback.format_exc()).split("@", 1)[1]
@@ -570,7 +570,7 @@ def run_inprocess(args: list[str], timeout_s: float = 10.0, prog: str = "diagnos
 
 
 def _old_main(group, prog: str, args: list[str]) -> int:
-    """What ``fragscope.cli._run`` did before the crash-only exit: a traceback and exit 1 on a crash."""
+    """What ``fragscope.cli.run_and_exit`` did before the crash-only exit: a traceback and exit 1 on a crash."""
     import click
 
     args = [a for a in args if a != "--debug"]

@@ -9,7 +9,7 @@ import sys
 import click
 from click.testing import CliRunner
 
-from fragscope.cli import _main, diagnose_group
+from fragscope.cli import cli_exit_code, diagnose_group
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -32,7 +32,7 @@ def _boom(kind):
 def _call(args, env=None, group=_g):
     runner = CliRunner(env=env)
     with runner.isolation(env=env) as (out, err, *_):
-        rc = _main(group, "diagnose", args)
+        rc = cli_exit_code(group, "diagnose", args)
         return rc, out.getvalue().decode(), err.getvalue().decode()
 
 
