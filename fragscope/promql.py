@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 from .signals import SIGNALS
 
@@ -118,3 +118,24 @@ class AlertRule:
     thresholds: dict[str, float] = field(default_factory=dict)
     # how a threshold appears in ``expr`` where not as ``num(value)`` (e.g. a range of twice it)
     shown: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TriageCheck:
+    """A window diagnosis's fleet-triage check, declared in its module (``TRIAGE``): the level rule in
+    PromQL, yielding the primary value where a target (GPU) trips it and nothing elsewhere.
+
+    The fleet triage (fragscope/fleet/triage.py) runs every registered diagnosis's check, as subqueries or
+    as the recording rule ``fragscope:triage_<diagnosis id with _>:<record>`` (dashboards/rules/fragscope-triage.yml).
+    """
+
+    value: str  # what the value is: a name with its unit (kv_cache_usage_p90_ratio)
+    agg: str  # how the window's worst value is taken: max_over_time | min_over_time
+    expr: Callable[..., str]  # (matchers, present, rate) -> PromQL, thresholds from the module's Config
+    record: str  # the recorded series' last name part
+
+    def __post_init__(self) -> None:
+        if self.agg not in ("max_over_time", "min_over_time"):
+            raise ValueError(f"triage check {self.value}: agg must be max_over_time or min_over_time")
+        if not re.fullmatch(r"[a-z][a-z0-9_]*", self.record):
+            raise ValueError(f"triage check {self.value}: record {self.record!r} is not a metric name part")

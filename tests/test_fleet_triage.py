@@ -27,6 +27,7 @@ def test_committed_rules_are_generated():
 def test_names_and_thresholds_come_from_their_sources():
     """No metric name or threshold is spelled twice: every raw source of the signals read appears, and
     the level thresholds are the diagnoses' Configs (the same as their detectors' level rules)."""
+    from fragscope.detectors import fragmentation, kv_pressure
     from fragscope.detectors.fragmentation import Config as FragConfig
     from fragscope.detectors.kv_pressure import Config as KvConfig
     from fragscope.fleet import triage
@@ -38,10 +39,10 @@ def test_names_and_thresholds_come_from_their_sources():
                 "generation_tokens_total"):
         for src in SIGNALS[sig].sources:
             assert triage.rx_escape(src.metric) in text, (sig, src.metric)
-    kv = triage.kv_check()
+    kv = kv_pressure.triage_check()
     # with preemptions required, the level rule's edge is kv_edge_preempting (kv_pressure.level)
     assert f">= {KvConfig().kv_edge_preempting:g})" in kv and f">= {KvConfig().preempt_per_min:g})" in kv
-    fr = triage.frag_check()
+    fr = fragmentation.triage_check()
     c = FragConfig()
     assert f"({c.frag_sustained:g} + {c.frag_high - c.frag_sustained:g} * (" in fr
     assert f"< bool {c.retries_sustained_per_min:g}))" in fr and f">= {c.retries_per_min:g})" in fr
@@ -81,6 +82,41 @@ def test_host_and_gpu_checks_take_their_detectors_thresholds():
         assert mod.triage_check(cfg=other) != e, mod.__name__
     # application Xids (a program's fault) are no hardware fault
     assert "== 13 " not in gpu_fault.triage_check() and "== 31 " not in gpu_fault.triage_check()
+
+
+def test_checks_come_from_the_diagnosis_modules():
+    """The triage runs the check each diagnosis module declares (TRIAGE), found through the registry: a new
+    diagnosis with a TRIAGE is triaged (and recorded) with no line in fragscope/fleet/."""
+    import dataclasses
+    import types
+
+    from fragscope.fleet import triage
+    from fragscope.playbooks import REGISTRY
+    from fragscope.playbooks.registry import Diagnosis, Registry
+    from fragscope.promql import TriageCheck
+
+    declared = {d.id: d.triage for d in REGISTRY.window() if d.triage is not None}
+    assert [c.id for c in triage.CHECKS] == list(declared)
+    for c in triage.CHECKS:
+        t = declared[c.id]
+        assert (c.value, c.agg, c.expr) == (t.value, t.agg, t.expr)
+        assert c.rule == "fragscope:triage_" + c.id.replace("-", "_") + ":" + t.record
+    assert len({c.rule for c in triage.CHECKS}) == len(triage.CHECKS)
+    assert set(triage.UNCHECKED) == {d.id for d in REGISTRY.window()} - set(triage.CHECK_IDS)
+
+    def check(m=(), present="1m", rate="2m"):
+        """Something >= 1."""
+        return "vector(1)"
+
+    base = REGISTRY.get("engine-stalled")
+    mod = types.SimpleNamespace(ID="made-up-thing", detect=base.detect, Config=None,
+                                TRIAGE=TriageCheck("thing_ratio", "max_over_time", check, "thing_ratio"))
+    reg = Registry()
+    reg.add(Diagnosis.from_module(mod, dataclasses.replace(base.playbook, id="made-up-thing")))
+    (c,) = triage.checks_from(reg)
+    assert (c.id, c.rule, c.expr()) == ("made-up-thing", "fragscope:triage_made_up_thing:thing_ratio", "vector(1)")
+    with pytest.raises(ValueError):
+        TriageCheck("x", "avg_over_time", check, "x")
 
 
 @needs_prometheus

@@ -18,7 +18,7 @@ import numpy as np
 
 from .. import ids
 from ..model import Evidence, Finding, Inconclusive, Severity
-from ..promql import K, PRESENT, RATE_RANGE, AlertRule, num, sig as psig
+from ..promql import K, PRESENT, RATE_RANGE, AlertRule, TriageCheck, num, sig as psig
 from ..signals import any_of, primary
 from . import common, stats
 from .frame import Frame
@@ -193,3 +193,7 @@ def triage_check(m=(), present: str = PRESENT, rate: str = RATE_RANGE, cfg: Conf
     running = f"max by ({K}) {psig('requests_running', 'max_over_time({})', present, m)}"
     return (f"(max by ({K}) ({thr} / ({per} > 0)) >= {num(cfg.throttled_share)})"
             f" and on ({K}) (({running}) >= 1)")
+
+
+# The fleet triage runs it (fragscope/fleet/triage.py; docs/fleet.md#triage).
+TRIAGE = TriageCheck("cpu_throttled_periods_ratio", "max_over_time", triage_check, "throttled_periods_ratio")

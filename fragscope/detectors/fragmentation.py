@@ -17,7 +17,7 @@ import numpy as np
 from .. import ids
 from ..signals import primary
 from ..model import Evidence, Finding, Inconclusive, Severity
-from ..promql import KG, PRESENT, RATE_RANGE, AlertRule, num, sig
+from ..promql import KG, PRESENT, RATE_RANGE, AlertRule, TriageCheck, num, sig
 from ..units import fmt_bytes, fmt_pct
 from . import common, stats
 from . import level as lv
@@ -368,6 +368,10 @@ def triage_check(m=(), present: str = PRESENT, rate: str = RATE_RANGE, cfg: Conf
     lo, hi = cfg.frag_sustained, cfg.frag_high
     thr = f"({num(lo)} + {num(round(hi - lo, 12))} * (({ret}) < bool {num(cfg.retries_sustained_per_min)}))"
     return f"(({ratio}) >= on ({KG}) {thr}) and on ({KG}) (({ret}) >= {num(cfg.retries_per_min)})"
+
+
+# The fleet triage runs it (fragscope/fleet/triage.py; docs/fleet.md#triage).
+TRIAGE = TriageCheck("unusable_reserved_ratio", "max_over_time", triage_check, "unusable_ratio")
 
 
 def alert_rule(cfg: Config = Config()) -> AlertRule:

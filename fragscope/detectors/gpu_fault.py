@@ -22,7 +22,7 @@ import numpy as np
 
 from .. import ids
 from ..model import Evidence, Finding, Inconclusive, Severity
-from ..promql import KG, PRESENT, RATE_RANGE, AlertRule, num, sig as psig
+from ..promql import KG, PRESENT, RATE_RANGE, AlertRule, TriageCheck, num, sig as psig
 from ..signals import any_of
 from . import stats
 from .host_common import judged_span
@@ -239,3 +239,7 @@ def triage_check(m=(), present: str = PRESENT, rate: str = RATE_RANGE, cfg: Conf
         f"sum by ({KG}) {psig('gpu_nvlink_errors_total', 'rate({})', rate, m)} * 60 >= {num(cfg.nvlink_errors_per_min)}",
     ]
     return f"max by ({KG}) (" + " or ".join(f"({p}) * 0 + 1" for p in parts) + ")"
+
+
+# The fleet triage runs it (fragscope/fleet/triage.py; docs/fleet.md#triage).
+TRIAGE = TriageCheck("gpu_fault", "max_over_time", triage_check, "fault")

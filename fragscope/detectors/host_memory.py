@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import ids
 from ..model import Evidence, Finding, Inconclusive, Severity
-from ..promql import K, PRESENT, RATE_RANGE, AlertRule, num, sig as psig
+from ..promql import K, PRESENT, RATE_RANGE, AlertRule, TriageCheck, num, sig as psig
 from ..signals import any_of
 from ..units import fmt_bytes
 from . import stats
@@ -166,3 +166,7 @@ def triage_check(m=(), present: str = PRESENT, rate: str = RATE_RANGE, cfg: Conf
     ws = f"max by ({K}) {psig('container_memory_working_set_bytes', 'max_over_time({})', present, m)}"
     limit = f"max by ({K}) {psig('container_memory_limit_bytes', 'min_over_time({})', present, m)}"
     return f"(({ws}) / (({limit}) > 0)) >= {num(cfg.limit_ratio)}"
+
+
+# The fleet triage runs it (fragscope/fleet/triage.py; docs/fleet.md#triage).
+TRIAGE = TriageCheck("container_working_set_of_limit_ratio", "max_over_time", triage_check, "working_set_of_limit_ratio")

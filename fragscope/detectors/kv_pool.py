@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..model import Finding, Inconclusive
-from ..promql import K, KG, PRESENT, RATE_RANGE, AlertRule, num, quote, sig as psig
+from ..promql import K, KG, PRESENT, RATE_RANGE, AlertRule, TriageCheck, num, quote, sig as psig
 from ..signals import any_of, primary, wanted_by_reason
 from ..sizing.arith import SizingConfig, pool_pressure
 from ..sizing.detect import detect_kv_pool_undersized
@@ -114,6 +114,10 @@ def triage_check(m=(), present: str = PRESENT, rate: str = RATE_RANGE, cfg: Sizi
     spare = f"min by ({K}) ((({total}) - ({used}) - {margin}) / (({total}) > 0))"
     return (f"(({spare}) >= {num(cfg.min_step)}) and on ({K}) ({kv} >= {num(cfg.full_kv_usage)})"
             f" and on ({K}) ((({kv_full}) or {unlabelled}) >= {num(PREEMPT_PER_MIN)})")
+
+
+# The fleet triage runs it (fragscope/fleet/triage.py; docs/fleet.md#triage).
+TRIAGE = TriageCheck("gpu_memory_spare_beyond_margin_ratio", "max_over_time", triage_check, "spare_ratio")
 
 
 def alert_rule(cfg: SizingConfig = SizingConfig()) -> AlertRule:

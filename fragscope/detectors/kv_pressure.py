@@ -16,7 +16,7 @@ import numpy as np
 from .. import ids
 from ..signals import any_of, primary, wanted_by_reason
 from ..model import Evidence, Finding, Inconclusive, Severity
-from ..promql import K, PRESENT, RATE_RANGE, AlertRule, num, sig
+from ..promql import K, PRESENT, RATE_RANGE, AlertRule, TriageCheck, num, sig
 from ..units import fmt_pct
 from . import common, stats
 from . import level as lv
@@ -251,6 +251,10 @@ def triage_check(m=(), present: str = PRESENT, rate: str = RATE_RANGE, cfg: Conf
     pre = f"sum by ({K}) {sig('preemptions_total', 'rate({})', rate, m)} * 60"
     # the level rule: with preemptions happening now the edge is kv_edge_preempting (see ``level``)
     return f"({kv} >= {num(cfg.kv_edge_preempting)}) and on ({K}) ({pre} >= {num(cfg.preempt_per_min)})"
+
+
+# The fleet triage runs it (fragscope/fleet/triage.py; docs/fleet.md#triage).
+TRIAGE = TriageCheck("kv_cache_usage_p90_ratio", "max_over_time", triage_check, "kv_usage_p90_ratio")
 
 
 def alert_rule(cfg: Config = Config()) -> AlertRule:

@@ -18,7 +18,7 @@ import numpy as np
 
 from .. import ids
 from ..model import Evidence, Finding, Inconclusive, Severity
-from ..promql import K, PRESENT, RATE_RANGE, AlertRule, sig as psig
+from ..promql import K, PRESENT, RATE_RANGE, AlertRule, TriageCheck, sig as psig
 from ..signals import any_of
 from . import common, stats
 from .frame import Frame
@@ -163,3 +163,7 @@ def triage_check(m=(), present: str = PRESENT, rate: str = RATE_RANGE, cfg: Conf
     tokens = f"sum by ({K}) {psig('generation_tokens_total', 'increase({})', window, m)}"
     inflight = f"(({running}) + on ({K}) ({waiting}) or ({running}))"
     return f"({inflight} >= 1) and on ({K}) (({tokens}) == 0)"
+
+
+# The fleet triage runs it (fragscope/fleet/triage.py; docs/fleet.md#triage).
+TRIAGE = TriageCheck("requests_in_flight", "max_over_time", triage_check, "requests_in_flight")

@@ -19,7 +19,7 @@ import numpy as np
 
 from .. import ids
 from ..model import Evidence, Finding, Inconclusive, Severity
-from ..promql import KG, K, PRESENT, RATE_RANGE, AlertRule, num, sig as psig
+from ..promql import KG, K, PRESENT, RATE_RANGE, AlertRule, TriageCheck, num, sig as psig
 from . import common, stats
 from .frame import Frame
 from .host_common import judged_span, present_span
@@ -155,3 +155,7 @@ def triage_check(m=(), present: str = PRESENT, rate: str = RATE_RANGE, cfg: Conf
     ratio = f"({busy} / on ({K}) group_left () quantile by ({K}) (0.5, {busy}))"
     return (f"({ratio} < {num(round(1 - cfg.clock_gap, 12))})"
             f" and on ({K}) (count by ({K}) ({busy}) >= 2)")
+
+
+# The fleet triage runs it (fragscope/fleet/triage.py; docs/fleet.md#triage).
+TRIAGE = TriageCheck("sm_clock_of_peer_median_ratio", "min_over_time", triage_check, "clock_of_peer_median_ratio")

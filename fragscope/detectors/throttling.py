@@ -15,7 +15,7 @@ import numpy as np
 from .. import ids
 from ..gpus import MAX_SM_CLOCK_MHZ, max_sm_clock_hertz
 from ..model import Evidence, Finding, Inconclusive, Severity
-from ..promql import KG, PRESENT, RATE_RANGE, AlertRule, norm, num, quote, rx_escape, sig, variants
+from ..promql import KG, PRESENT, RATE_RANGE, AlertRule, TriageCheck, norm, num, quote, rx_escape, sig, variants
 from ..signals import SIGNALS
 from ..units import fmt_pct
 from . import common, stats
@@ -246,6 +246,10 @@ def triage_check(m=(), present: str = PRESENT, rate: str = RATE_RANGE, cfg: Conf
     tripped = (f"({ratio} <= {num(cfg.clock_of_max)}) or on ({KG}) ({ratio} and on ({KG}) ({active}))"
                f" or on ({KG}) (({active}) * 0 + 1)")
     return f"({tripped}) and on ({KG}) (({util}) >= {num(cfg.util_busy)})"
+
+
+# The fleet triage runs it (fragscope/fleet/triage.py; docs/fleet.md#triage).
+TRIAGE = TriageCheck("sm_clock_of_max_ratio", "min_over_time", triage_check, "clock_of_max_ratio")
 
 
 def alert_rule(cfg: Config = Config()) -> AlertRule:

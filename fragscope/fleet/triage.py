@@ -11,9 +11,10 @@ the targets (and GPUs) that trip it and nothing for the others. Two ways to run 
   (generated here: :func:`rules_yaml`); the triage is then one instant query over the recorded series
   (plus one that checks they cover the window).
 
-Each check is its diagnosis's level rule, written once in the diagnosis's module
-(``fragscope/detectors/<diagnosis>.py``: ``triage_check``) from the same ``Config`` as its detector and
-its alert rule; the leak's is the growth rule of ``fragscope/detectors/memory_leak.py``; metric names come
+Each check is its diagnosis's level rule, declared once in the diagnosis's module
+(``fragscope/detectors/<diagnosis>.py``: ``TRIAGE``, a :class:`fragscope.promql.TriageCheck` over its
+``triage_check``) from the same ``Config`` as its detector and its alert rule, and collected here from the
+registry; the leak's is the growth rule of ``fragscope/detectors/memory_leak.py``; metric names come
 from ``fragscope/signals.py``.
 Series are keyed per target the way :func:`fragscope.fleet.pod_of` groups them: ``exported_pod`` /
 ``exported_namespace`` (dcgm-exporter scraped without ``honor_labels``) become ``pod`` / ``namespace``,
@@ -29,22 +30,12 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from .. import ids
-from ..detectors import cpu_starved as _cpu
-from ..detectors import fragmentation as _frag
-from ..detectors import gpu_fault as _fault
-from ..detectors import host_memory as _hostmem
-from ..detectors import kv_pool as _kvpool
-from ..detectors import kv_pressure as _kv
 from ..detectors import memory_leak as _leak
-from ..detectors import stalled as _stall
-from ..detectors import straggler as _strag
-from ..detectors import throttling as _thr
-from ..sizing.arith import SizingConfig
+from ..playbooks import REGISTRY
 from ..promql import KG, PRESENT, RATE_RANGE, TARGET_KEYS, K, norm, quote, sig, variants
 from ..promql import rx_escape  # noqa: F401  (fleet.grouping's import)
 
 LEAK = _leak.Config()
-SIZING = SizingConfig()  # kv-pool-undersized's margin and "full" KV usage (docs/sizing.md)
 RESOLUTION_S = 60  # subquery step and rule evaluation interval: the level checks judge one minute
 PEER_RANGE = "30m"  # the fleet's peer comparison (fleet.RECENT_SECONDS)
 
@@ -55,21 +46,6 @@ UP_RULE = RULE_PREFIX + "target:up"
 # PromQL building blocks: fragscope/promql.py (shared with the alert rules)
 _q = quote
 _variants = variants
-
-
-# ---------------------------------------------------------------------------------------------
-# The checks: PromQL yielding the primary value where a target (GPU) trips the level rule. Each is written
-# once, in its diagnosis's module, from the same Config as its detector (and its alert rule).
-kv_check = _kv.triage_check
-frag_check = _frag.triage_check
-throttle_check = _thr.triage_check
-kv_pool_check = _kvpool.triage_check
-host_memory_check = _hostmem.triage_check
-cpu_starved_check = _cpu.triage_check
-stalled_check = _stall.triage_check
-straggler_check = _strag.triage_check
-gpu_fault_check = _fault.triage_check
-_frag_ratio = _frag.unusable_ratio_promql
 
 
 def memory_bytes(m=(), which: str = "torch_allocated_bytes", present: str = PRESENT) -> str:
@@ -96,26 +72,18 @@ class Check:
     rule: str  # the recording rule's name
 
 
-CHECKS: tuple[Check, ...] = (
-    Check(ids.KV_CACHE_PRESSURE, "kv_cache_usage_p90_ratio", "max_over_time", kv_check,
-          RULE_PREFIX + "kv_cache_pressure:kv_usage_p90_ratio"),
-    Check(ids.ALLOCATOR_FRAGMENTATION, "unusable_reserved_ratio", "max_over_time", frag_check,
-          RULE_PREFIX + "allocator_fragmentation:unusable_ratio"),
-    Check(ids.CLOCK_THROTTLING, "sm_clock_of_max_ratio", "min_over_time", throttle_check,
-          RULE_PREFIX + "clock_throttling:clock_of_max_ratio"),
-    Check(ids.KV_POOL_UNDERSIZED, "gpu_memory_spare_beyond_margin_ratio", "max_over_time", kv_pool_check,
-          RULE_PREFIX + "kv_pool_undersized:spare_ratio"),
-    Check(ids.HOST_MEMORY_PRESSURE, "container_working_set_of_limit_ratio", "max_over_time", host_memory_check,
-          RULE_PREFIX + "host_memory_pressure:working_set_of_limit_ratio"),
-    Check(ids.ENGINE_CPU_STARVED, "cpu_throttled_periods_ratio", "max_over_time", cpu_starved_check,
-          RULE_PREFIX + "engine_cpu_starved:throttled_periods_ratio"),
-    Check(ids.ENGINE_STALLED, "requests_in_flight", "max_over_time", stalled_check,
-          RULE_PREFIX + "engine_stalled:requests_in_flight"),
-    Check(ids.RANK_STRAGGLER, "sm_clock_of_peer_median_ratio", "min_over_time", straggler_check,
-          RULE_PREFIX + "rank_straggler:clock_of_peer_median_ratio"),
-    Check(ids.GPU_HARDWARE_FAULT, "gpu_fault", "max_over_time", gpu_fault_check,
-          RULE_PREFIX + "gpu_hardware_fault:fault"),
-)
+def check_rule(diagnosis: str, record: str) -> str:
+    """The recorded series of a diagnosis's check: fragscope:triage_<id with _>:<record>."""
+    return RULE_PREFIX + diagnosis.replace("-", "_") + ":" + record
+
+
+def checks_from(registry) -> tuple[Check, ...]:
+    """Every window diagnosis of ``registry`` that declares a triage check (its module's TRIAGE), in run order."""
+    return tuple(Check(d.id, d.triage.value, d.triage.agg, d.triage.expr, check_rule(d.id, d.triage.record))
+                 for d in registry.window() if d.triage is not None)
+
+
+CHECKS: tuple[Check, ...] = checks_from(REGISTRY)
 LEAK_ID = ids.MEMORY_LEAK
 LEAK_RULES = {"torch_allocated_bytes": RULE_PREFIX + "memory:torch_allocated_bytes",
               "gpu_memory_used_bytes": RULE_PREFIX + "memory:gpu_memory_used_bytes"}
@@ -125,8 +93,8 @@ LEAK_RULES = {"torch_allocated_bytes": RULE_PREFIX + "memory:torch_allocated_byt
 LEAK_ALLOC_RATIO = 0.5 * LEAK.growth_of_base
 LEAK_USED_RATIO = 0.5 * LEAK.growth_of_total
 CHECK_IDS = tuple(c.id for c in CHECKS) + (LEAK_ID,)
-# Diagnoses the triage has no level check for: a target that passes the triage is not cleared of them.
-UNCHECKED = (ids.LAUNCH_BOUND, ids.CAPACITY_SATURATION, ids.KV_BLOCK_SIZE_MISMATCH)
+# Window diagnoses the triage has no level check for: a target that passes the triage is not cleared of them.
+UNCHECKED = tuple(d.id for d in REGISTRY.window() if d.id not in CHECK_IDS)
 
 
 def _tag(expr: str, **labels: str) -> str:

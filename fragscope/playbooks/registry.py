@@ -43,6 +43,9 @@ class Diagnosis:
     # The alert rule, generated from the detector's Config (its module's ``alert_rule``): the rule file
     # dashboards/rules/fragscope-alerts.yml is written from these (python -m fragscope.fleet.alerts).
     alert: Callable[[], Any] | None = None
+    # The fleet triage's level check (its module's ``TRIAGE``, a promql.TriageCheck): run by
+    # fragscope/fleet/triage.py and recorded by dashboards/rules/fragscope-triage.yml; None: not triaged.
+    triage: Any = None
     # The captures the agent takes when the finding becomes active ("snapshot": a memory snapshot through the
     # probe; "profile": a short engine profile), to show exactly where (docs/captures.md#triggers).
     capture: tuple[str, ...] = ()
@@ -86,12 +89,12 @@ class Diagnosis:
     def from_module(cls, mod: Any, playbook: Playbook, **kw: Any) -> "Diagnosis":
         """A window diagnosis as its module declares it (docs/diagnoses.md, "Adding a diagnosis"): ``ID``,
         ``detect``, ``Config``, ``REQUIRES``, ``CORROBORATES`` and, where the module has them, ``level``,
-        ``alert_rule``, ``signature``, ``SUPPRESSED_BY`` and ``CAPTURE``. ``kw`` adds the rest (actions,
+        ``alert_rule``, ``TRIAGE``, ``signature``, ``SUPPRESSED_BY`` and ``CAPTURE``. ``kw`` adds the rest (actions,
         also_from, ...) or overrides."""
         fields: dict[str, Any] = {"detect": mod.detect, "config": getattr(mod, "Config", None),
                                   "requires": tuple(getattr(mod, "REQUIRES", ())),
                                   "corroborates": tuple(getattr(mod, "CORROBORATES", ()))}
-        for attr, key in (("level", "level"), ("alert_rule", "alert"), ("signature", "signature"),
+        for attr, key in (("level", "level"), ("alert_rule", "alert"), ("TRIAGE", "triage"), ("signature", "signature"),
                           ("SUPPRESSED_BY", "suppressed_by"), ("CAPTURE", "capture")):
             v = getattr(mod, attr, None)
             if v is not None and not isinstance(v, type(mod)):  # a function or tuple, never a submodule
