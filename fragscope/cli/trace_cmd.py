@@ -35,7 +35,7 @@ def small_pages() -> None:
 
 
 @click.command("trace")
-@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("file", nargs=-1, required=True, type=click.Path(), metavar="FILE...")
 @click.option("--format", "fmt", type=FORMATS, default="human", show_default=True, help="Output format.")
 @click.option("--fail-on", type=FAIL_ON, default="critical", show_default=True,
               help="Exit 1 when a finding is at or above this severity.")
@@ -44,9 +44,18 @@ def small_pages() -> None:
 @click.option("--max-json-bytes", type=ByteSize(), default=None,
               help="Cap on a JSON trace's size after decompression, e.g. 2GiB (default 1 GiB; reading takes about 5 bytes "
                    "of memory per byte of JSON).")
-def trace_cmd(file: str, fmt: str, fail_on: str, html: str | None = None, max_json_bytes: int | None = None) -> int:
+def trace_cmd(file, fmt: str, fail_on: str, html: str | None = None, max_json_bytes: int | None = None) -> int:
     """Analyse a kernel timeline FILE: an Nsight Systems SQLite export (nsys export --type sqlite)
-    or a PyTorch profiler / Kineto JSON trace (.json, .json.gz). Format detected by content."""
+    or a PyTorch profiler / Kineto JSON trace (.json, .json.gz). Format detected by content.
+
+    Several files, or a directory of them: the Kineto traces of the ranks of one job, aligned on their
+    collectives to find a straggling rank."""
+    files = (file,) if isinstance(file, str) else tuple(file)
+    if len(files) > 1 or os.path.isdir(files[0]):
+        from .trace_ranks import ranks_cmd
+
+        return ranks_cmd(list(files), fmt, fail_on, html, max_json_bytes)
+    file = files[0]
     small_pages()
     analysis, findings, report = analyse_trace(file, max_json_bytes)
     if html:
