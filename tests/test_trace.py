@@ -301,7 +301,7 @@ def make_nsys(path: Path, procs=(1111, 2222), alloc_churn=True, n=60) -> Path:
     return path
 
 
-READERS = ["stdlib"] + (["connectorx"] if __import__("importlib").util.find_spec("connectorx") else [])
+READERS = ["stdlib", "pages"] + (["connectorx"] if __import__("importlib").util.find_spec("connectorx") else [])
 
 
 @pytest.mark.parametrize("reader", READERS)
@@ -332,11 +332,11 @@ def test_nsys_reader_join_graph_memcpy(tmp_path, reader):
     assert ids == ["allocator-stalls", "launch-bound", "launch-bound"]
 
 
-def test_nsys_readers_agree(tmp_path):
-    if len(READERS) < 2:
-        pytest.skip("connectorx not installed")
+@pytest.mark.parametrize("reader", READERS[1:])
+def test_nsys_readers_agree(tmp_path, reader):
     p = make_nsys(tmp_path / "r.sqlite")
-    a, b = read_nsys(str(p), reader="stdlib"), read_nsys(str(p), reader="connectorx")
+    a, b = read_nsys(str(p), reader="stdlib"), read_nsys(str(p), reader=reader)
+    assert b.meta["reader"] == reader
     for f in ("op_start", "op_end", "op_device", "op_stream", "op_pid", "op_launch", "call_start", "call_kind"):
         assert np.array_equal(getattr(a, f), getattr(b, f)), f
 
@@ -411,8 +411,9 @@ def _analysis(tl) -> dict:
 
 
 def test_nsys_reader_paths_give_the_same_analysis(tmp_path, monkeypatch):
-    """The stdlib reader is the reference: connectorx (public read_sql, rowid partitions, failure) and
-    the stdlib reader split in small chunks must give the same Timeline columns and the same analysis."""
+    """The stdlib reader is the reference: the page reader (the default; one block or many), connectorx
+    (public read_sql, rowid partitions, failure) and the stdlib reader split in small chunks must give the
+    same Timeline columns and the same analysis."""
     import fragscope.collectors.sqlite_columns as nsys  # (the column readers behind read_nsys)
 
     p = make_nsys_mixed(tmp_path / "mixed.sqlite")
@@ -436,6 +437,12 @@ def test_nsys_reader_paths_give_the_same_analysis(tmp_path, monkeypatch):
 
     monkeypatch.setattr(nsys, "_CHUNK_ROWS", 997)  # several group_concat chunks per table
     same(read_nsys(str(p), reader="stdlib"), "stdlib")
+    import fragscope.collectors.nsys_pages as pages
+
+    same(read_nsys(str(p), reader="pages"), "pages")  # the b-tree page reader: one block per table
+    same(read_nsys(str(p)), "pages")  # (the default)
+    monkeypatch.setattr(pages, "BLOCK_CELLS", 97)  # many blocks of leaf pages per table
+    same(read_nsys(str(p), reader="pages"), "pages")
     if "connectorx" not in READERS:
         pytest.skip("connectorx not installed")
     same(read_nsys(str(p), reader="connectorx"), "connectorx")

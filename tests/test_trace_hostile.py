@@ -19,7 +19,7 @@ from fragscope.timeline_model import TraceError
 
 DATA = Path(__file__).parent / "data" / "trace"
 HAVE_CX = __import__("importlib").util.find_spec("connectorx") is not None
-READERS = ["stdlib"] + (["connectorx"] if HAVE_CX else [])
+READERS = ["stdlib", "pages"] + (["connectorx"] if HAVE_CX else [])
 
 
 def _run(*args: str):

@@ -11,6 +11,10 @@ Format notes: ../shared/notes/formats-and-analyses.md section 3; contract: docs/
 Speed (bench/bench_trace.py, 2 M kernels + 2 M launches; figures in docs/trace.md): Python's sqlite3
 builds one tuple per row (about 0.3 µs per value here), too slow for multi-million-kernel exports.
 
+- By default the tables are decoded from the file's b-tree pages with numpy (:mod:`.nsys_pages`: no SQL
+  per row, no text), under a read transaction; a table in a layout it does not decode (WAL, overflow
+  rows, values that are not integers, broken pages, ...) is read by one of the SQL readers below, which
+  also word what is wrong with a hostile file. ``FRAGSCOPE_SQLITE_READER=pages`` asks for it by name.
 - With ``connectorx`` installed its Rust SQLite reader fills the columns (about 45 ns per value), through
   its public ``connectorx.read_sql(..., return_type="pandas")`` (the DataFrame's columns are taken as
   numpy arrays; pandas is imported on the first read, about 0.2 s here). connectorx scans each table
@@ -25,19 +29,21 @@ builds one tuple per row (about 0.3 µs per value here), too slow for multi-mill
   place (each new 16 MB array is page faults, 7 ms and more here) and join ops to their launch calls in
   numpy (link).
 
-``FRAGSCOPE_SQLITE_READER=stdlib`` forces the fallback. Hostile files (views named like CUPTI tables,
-values that are not integers, sparse rowids, undecodable text): docs/trace.md, "Limits and hostile input".
+``FRAGSCOPE_SQLITE_READER=stdlib`` (or ``connectorx``) forces an SQL reader for every table. Hostile files
+(views named like CUPTI tables, values that are not integers, sparse rowids, undecodable text):
+docs/trace.md, "Limits and hostile input".
 """
 from __future__ import annotations
 
 import os
 import sqlite3
+import threading
 
 import numpy as np
 
 from ..timeline_model import (COPY_UVM_DTOD, COPY_UVM_HTOD, KERNEL, MARK_BACKWARD, MARK_OPTIMIZER, MARK_SERVING,
                               MEMCPY, MEMSET, OTHER, Timeline, TraceError, base_api_name, classify_api)
-from . import sqlite_columns
+from . import nsys_pages, sqlite_columns
 from .nsys_join import join_key, link, pid_from_global_id
 from .sqlite_columns import connect, Fetcher, Query
 from .trace_io import check_regular
@@ -144,7 +150,7 @@ def _read(conn: sqlite3.Connection, path: str, tables: set[str], reader: str) ->
                 raise TraceError(f"cannot read {path}: TARGET_INFO_SESSION_START_TIME.utcEpochNs is not an integer "
                                  f"({str(row[0])[:30]!r}); {EXPORT_HINT}")
             epoch = int(row[0])
-    fetch = Fetcher(path, reader)
+    fetch = Fetcher(path, "auto" if reader == "pages" else reader)
 
     kcols = _columns(conn, KERNEL_TABLE)
     missing = {"start", "end", "deviceId", "streamId"} - kcols
@@ -159,7 +165,8 @@ def _read(conn: sqlite3.Connection, path: str, tables: set[str], reader: str) ->
             "SELECT id FROM StringIds WHERE value LIKE 'nccl%' OR value LIKE 'hccl%' "
             "OR value LIKE '%ncclKernel%' OR value LIKE '%ncclDevKernel%'")]
     op_queries = [(KERNEL, _ops_query(KERNEL_TABLE, kcols, KERNEL,
-                                      _id_filter(name_col, comm_ids) if comm_ids else None))]
+                                      _id_filter(name_col, comm_ids) if comm_ids else None,
+                                      nsys_pages.Column(name_col, 0, comm_ids) if comm_ids else None))]
     if MEMCPY_TABLE in tables:
         op_queries.append((MEMCPY, _ops_query(MEMCPY_TABLE, _columns(conn, MEMCPY_TABLE), MEMCPY)))
     if MEMSET_TABLE in tables:
@@ -188,14 +195,17 @@ def _read(conn: sqlite3.Connection, path: str, tables: set[str], reader: str) ->
                                                     ("correlationId", -1)] + ([("nameId", -1)] if len(ids) > 1 else []),
                                     where=_id_filter("nameId", ids),
                                     post=lambda got: _call_columns(got, ids, name_idx, kinds))
+                call_query.pages = ([nsys_pages.Column(e, nv) for e, nv in call_query.cols], ("nameId", ids))
                 names = list(uniq)
             else:
                 names = []
 
     # All tables at once, one thread each (the kernel and runtime tables dominate and are about equal).
     queries = [q for _, q in op_queries] + ([call_query] if call_query else [])
-    fetch.run(queries)
-    meta["reader"] = fetch.backend
+    by_pages = _read_pages(path, queries) if reader in ("auto", "pages") else []
+    rest = [q for q in queries if q not in by_pages]
+    fetch.run(rest)
+    meta["reader"] = "+".join((["pages"] if by_pages else []) + ([fetch.backend] if rest or not by_pages else []))
 
     parts = [q.result for _, q in op_queries]
     um = _split_migrations(parts, [k for k, _ in op_queries])
@@ -280,7 +290,42 @@ def _markers(conn: sqlite3.Connection, tables: set[str]) -> tuple[dict, dict]:
     return marks, examples
 
 
-def _ops_query(table: str, cols: set[str], kind: int, comm_expr: str | None = None) -> Query:
+def _read_pages(path: str, queries: list[Query]) -> list[Query]:
+    """The queries the b-tree page reader (:mod:`.nsys_pages`) answers, their results and post-processing
+    filled in; one thread per table (numpy releases the GIL). A table it does not decode is left to SQL."""
+    done: list[Query] = []
+    errors: list[BaseException] = []
+
+    def work(q: Query) -> None:
+        try:
+            conn = connect(path)
+            try:
+                cols, keep = q.pages
+                got = nsys_pages.read_table(conn, path, q.table, cols, keep)
+            finally:
+                conn.close()
+            q.result = q.post(got) if q.post is not None else got
+            done.append(q)
+        except nsys_pages.Unsupported:
+            pass
+        except BaseException as e:  # noqa: BLE001 -- re-raised in the calling thread
+            errors.append(e)
+
+    todo = [q for q in queries if getattr(q, "pages", None) is not None]
+    threads = [threading.Thread(target=work, args=(q,), daemon=True) for q in todo[:-1]]
+    for t in threads:
+        t.start()
+    if todo:
+        work(todo[-1])
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return done
+
+
+def _ops_query(table: str, cols: set[str], kind: int, comm_expr: str | None = None,
+               comm_col: nsys_pages.Column | None = None) -> Query:
     # Raw columns only (the PID is taken from globalPid in numpy): both readers then refuse a value that is
     # not an integer (text or a REAL in a crafted file), where an expression such as the former packed
     # (deviceId << 32) | streamId turned it into 0. Two raw columns cost connectorx the same CPU as the
@@ -299,7 +344,18 @@ def _ops_query(table: str, cols: set[str], kind: int, comm_expr: str | None = No
     if comm_expr:
         q.append((comm_expr, 0))
     q.append(("streamId", 0))
-    return Query(table, q, post=lambda got: _ops_columns(kind, got))
+    # the same columns for the page reader: a constant ("0", "-1") has no name; the two tests, by id
+    pages = [nsys_pages.Column(e if e in cols else None, nv if e in cols else int(e))
+             if e.lstrip("-").isdigit() or e in cols else None for e, nv in q]
+    for i, (e, _) in enumerate(q):
+        if e.startswith("(ifnull(srcKind"):
+            pages[i] = nsys_pages.Column("srcKind", -1, [PAGEABLE], also=("dstKind",))
+        elif comm_expr and e == comm_expr:
+            pages[i] = comm_col
+    query = Query(table, q, post=lambda got: _ops_columns(kind, got))
+    if all(c is not None for c in pages):
+        query.pages = (pages, None)
+    return query
 
 
 def _ops_columns(kind: int, got: list[np.ndarray]) -> list[np.ndarray]:
