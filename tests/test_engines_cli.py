@@ -103,7 +103,8 @@ def test_ort_profile_bad_files_exit_2(tmp_path, content):
 
 
 def test_subcommands_registered():
-    assert {"ort-profile", "triton-batching"} <= set(diagnose_group.commands)
+    assert {"ort-profile", "triton-batching"} <= set(diagnose_group.list_commands(None))
+    assert all(diagnose_group.get_command(None, n) is not None for n in ("ort-profile", "triton-batching"))
 
 
 def test_triton_batching_from_a_live_endpoint(tmp_path):

@@ -31,7 +31,8 @@ def test_parse_duration_refuses(bad):
 
 
 def _commands(group: click.Group, prefix: str = ""):
-    for name, cmd in group.commands.items():
+    for name in group.list_commands(None):  # every command, its module imported (the groups load them lazily)
+        cmd = group.get_command(None, name)
         if isinstance(cmd, click.Group):
             yield from _commands(cmd, f"{prefix}{name} ")
         else:

@@ -14,17 +14,58 @@ import sys
 # keep spinning threads beside its collectors. A value the user set wins.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
+import importlib
+
 import click
 
 from .. import __version__
-from . import (agent_cmds, diagnose_cmd, engines_cmd, fleet_cmds, kv_budget_cmd, logs_cmd, mcp_cmd, nvsmi_cmd,
-               sizing_cmd, snapshot_cmd, trace_cmd)
 from .common import EXIT_CRASH, EXIT_USAGE
 
 DEBUG_ENV = "FRAGSCOPE_DEBUG"
 
+# Each command's module, imported when that command runs or a help lists it: `diagnose trace FILE` loads
+# trace_cmd alone, not the agent's, the fleet's or the sizing commands with everything they import. A new
+# command: its name here and the ``register`` of its module (tests/test_cli_commands.py checks the two agree).
+DIAGNOSE_COMMANDS = {"run": "diagnose_cmd", "explain": "diagnose_cmd", "trace": "trace_cmd",
+                     "snapshot": "snapshot_cmd", "logs": "logs_cmd", "nvidia-smi": "nvsmi_cmd",
+                     "ort-profile": "engines_cmd", "triton-batching": "engines_cmd", "scrape": "engines_cmd"}
+FRAGSCOPE_COMMANDS = {"agent": "agent_cmds", "record": "agent_cmds", "capture": "logs_cmd",
+                      "kv-budget": "kv_budget_cmd", "mcp": "mcp_cmd", "size": "sizing_cmd"}
+COMMAND_MODULES = ("diagnose_cmd", "kv_budget_cmd", "snapshot_cmd", "trace_cmd", "logs_cmd", "agent_cmds",
+                   "fleet_cmds", "sizing_cmd", "engines_cmd", "mcp_cmd", "nvsmi_cmd")
+_registered: set[str] = set()
 
-class DefaultGroup(click.Group):
+
+def load_commands(module: str) -> None:
+    """Import ``fragscope.cli.<module>`` and let it register its commands on both entry points (once)."""
+    if module not in _registered:
+        _registered.add(module)
+        importlib.import_module(f"{__name__}.{module}").register(fragscope_group, diagnose_group)
+
+
+def load_all_commands() -> None:
+    """Every command module registered (what a help listing or a test walking the commands needs)."""
+    for module in COMMAND_MODULES:
+        load_commands(module)
+
+
+class LazyGroup(click.Group):
+    """A group whose commands' modules are imported on first use (``lazy``: command name -> module)."""
+
+    def __init__(self, *args, lazy: dict[str, str] | None = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.lazy = dict(lazy or {})
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*self.commands, *self.lazy})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in self.lazy:
+            load_commands(self.lazy[cmd_name])
+        return self.commands.get(cmd_name)
+
+
+class DefaultGroup(LazyGroup):
     """A group whose unknown first argument falls through to a default command.
 
     ``diagnose FILE`` and ``diagnose --vllm URL`` run the default command; ``diagnose snapshot FILE``,
@@ -36,7 +77,8 @@ class DefaultGroup(click.Group):
     default_cmd = "run"
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        if not args or (args[0] not in self.commands and args[0] not in ("--help", "-h", "--version")):
+        if not args or (args[0] not in self.commands and args[0] not in self.lazy
+                        and args[0] not in ("--help", "-h", "--version")):
             args = [self.default_cmd, *args]
         return super().parse_args(ctx, args)
 
@@ -45,7 +87,7 @@ class DefaultGroup(click.Group):
                               "       diagnose snapshot|trace|logs FILE | explain ID")
 
     def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        default = self.commands.get(self.default_cmd)
+        default = self.get_command(ctx, self.default_cmd)
         if default is not None:
             rows = [r for p in default.get_params(ctx) if p.name != "help"
                     for r in [p.get_help_record(ctx)] if r is not None]
@@ -78,7 +120,7 @@ def _debug_option(f):
                         help=f"On an internal error (exit 3) print the Python traceback (env {DEBUG_ENV}=1).")(f)
 
 
-@click.group(cls=DefaultGroup, context_settings={"help_option_names": ["-h", "--help"]},
+@click.group(cls=DefaultGroup, lazy=DIAGNOSE_COMMANDS, context_settings={"help_option_names": ["-h", "--help"]},
              help="Find out why a GPU model server got slow or ran out of memory.\n\nExit codes: 0 no "
                   "finding at or above --fail-on, 1 findings, 2 bad usage or unreadable input, 3 internal "
                   "error (a bug; rerun with --debug).")
@@ -88,7 +130,7 @@ def diagnose_group() -> None:
     pass
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]},
+@click.group(cls=LazyGroup, lazy=FRAGSCOPE_COMMANDS, context_settings={"help_option_names": ["-h", "--help"]},
              help="fragscope: diagnostics agent for GPU model serving.")
 @click.version_option(__version__, prog_name="fragscope")
 @_debug_option
@@ -96,9 +138,6 @@ def fragscope_group() -> None:
     pass
 
 
-for _mod in (diagnose_cmd, kv_budget_cmd, snapshot_cmd, trace_cmd, logs_cmd, agent_cmds, fleet_cmds, sizing_cmd,
-             engines_cmd, mcp_cmd, nvsmi_cmd):
-    _mod.register(fragscope_group, diagnose_group)
 # `fragscope diagnose ...` is the same as `diagnose ...`
 fragscope_group.add_command(diagnose_group, name="diagnose")
 

@@ -103,7 +103,7 @@ def run_cmd(ctx: click.Context, file: str | None, fmt: str, fail_on: str, html: 
     """Diagnose a recording or scrape FILE (OpenMetrics / Prometheus text, .gz too), a live URL
     (vLLM, SGLang, dcgm-exporter or a fragscope agent: http://host:port or host:port), a running
     agent (--agent), a live server (--vllm), or a fleet (--prometheus)."""
-    from ..agent.live import looks_like_url
+    from ..collectors.address import looks_like_url
 
     if html and opts.get("prometheus"):
         fail("--html is for one target (a recording, --agent or --vllm), not a fleet (--prometheus)")

@@ -85,9 +85,10 @@ def analyse_trace(file: str, max_json_bytes: int | None = None):
     w = analysis["window"]
     report = Report(window=(w["start"] or float("nan"), w["end"] or float("nan")), findings=findings,
                     inconclusive=[Inconclusive(**i) for i in analysis["inconclusive"]], source=file)
-    from ..playbooks import attach_playbooks
+    if findings:  # the registry of every diagnosis is imported only when a verdict needs its playbook
+        from ..playbooks import attach_playbooks
 
-    attach_playbooks(report)  # timeline verdicts leave the detector without a playbook
+        attach_playbooks(report)  # timeline verdicts leave the detector without a playbook
     return analysis, findings, report
 
 

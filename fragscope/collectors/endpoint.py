@@ -25,6 +25,7 @@ from typing import Callable, Iterable
 from urllib.parse import urlsplit, urlunsplit
 
 from ..model import Reason
+from .address import looks_like_url  # noqa: F401  (re-exported: the resolver's callers use it)
 from .http import FetchError, http_get
 
 log = logging.getLogger("fragscope.collectors.endpoint")
@@ -41,7 +42,6 @@ DCGM_PAGE_KINDS = frozenset({"dcgm"})
 # server's address gets its metrics port tried last.
 TRITON_METRICS_PORT = {8000: 8002, 8001: 8002}
 # host:port, [v6]:port, optionally followed by a path: what people paste from `kubectl get svc`
-_HOSTPORT = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})(/.*)?$")
 _FATAL_CONN = ("connection refused", "host name not found", "host unreachable", "invalid URL")
 HINT = ("give the server's metrics URL (vLLM, SGLang, TGI: http://host:port/metrics; Triton: "
         "http://host:8002/metrics; dcgm-exporter: http://host:9400/metrics)")
@@ -55,12 +55,6 @@ class EndpointError(Exception):
         super().__init__(message)
         self.reason = reason
         self.fatal = fatal
-
-
-def looks_like_url(arg: str) -> bool:
-    """True for an http(s):// URL or a bare ``host:port[/path]`` (the caller checks first that
-    ``arg`` is not an existing file)."""
-    return bool(re.match(r"^https?://", arg, re.I) or _HOSTPORT.match(arg))
 
 
 def normalise(arg: str) -> str:

