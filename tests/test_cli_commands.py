@@ -58,9 +58,9 @@ def test_every_command_is_reachable_and_its_help_renders(prog, path):
 def _modules_after(args: list[str]) -> tuple[int, set[str]]:
     """Run ``diagnose ARGS`` in a fresh interpreter; its exit code and the modules it imported."""
     code = ("import contextlib, io, json, sys\n"
-            "from fragscope.cli import _main, diagnose_group\n"
+            "from fragscope.cli import cli_exit_code, diagnose_group\n"
             "with contextlib.redirect_stdout(io.StringIO()):\n"
-            "    rc = _main(diagnose_group, 'diagnose', sys.argv[1:])\n"
+            "    rc = cli_exit_code(diagnose_group, 'diagnose', sys.argv[1:])\n"
             "print(json.dumps({'rc': rc, 'modules': sorted(sys.modules)}))\n")
     env = {**os.environ, "PYTHONPATH": ROOT}
     p = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120, env=env,
