@@ -27,8 +27,9 @@ from .safefile import NotRegularFile, open_regular_fd
 BLOCK_CELLS = 1 << 16  # rows decoded per step: every temporary stays in the CPU's cache
 _MAX_DEPTH = 40  # b-tree levels (a real table has 3-5)
 # bytes of a value by serial type: 0-9 integers, NULL and REAL, 10 and 11 reserved, 12 and more blobs and text
-# (-1: reserved), and by any one-byte serial type (0-127)
+# (-1: reserved), and by any one-byte serial type (0-127); _LUT_INT: -1 for all but NULL and the integers
 _LUT = np.array([0, 1, 2, 3, 4, 6, 8, 8, 0, 0, -1, -1] + [(t - 12) >> 1 for t in range(12, 128)], dtype=np.int64)
+_LUT_INT = np.array([0, 1, 2, 3, 4, 6, 8, -1, 0, 0] + [-1] * 118, dtype=np.int64)
 
 
 class Unsupported(Exception):
@@ -229,7 +230,7 @@ def _varint(buf: np.ndarray, at: np.ndarray, value: bool = True) -> tuple[np.nda
     if value:
         v &= 0x7F
     for i in range(1, 9):
-        b = buf[at + i]
+        b = buf[i:][at]
         if value:
             nv = v << (8 if i == 8 else 7)
             nv |= b if i == 8 else (b & 0x7F)
@@ -271,55 +272,60 @@ def _block(buf: np.ndarray, base: np.ndarray, ncell: np.ndarray, usable: int, co
         raise Unsupported("overflowing or broken row")
     hlen, l3 = _varint(buf, rec)
     hend = rec + hlen
-    t = rec + l3
+    t0 = rec + l3  # the serial types
     body = hend.copy()
     wanted = {c: name for name, c in col_of.items()}
     got: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    idx = np.empty(n, dtype=np.int64)
+    # While every serial type so far is one byte (integers, NULL, REAL, short text and blobs), column c's
+    # is the header's byte c: read from a view of the file c bytes on, at the same offsets (no new index
+    # array); after a longer one, each row's position is followed instead.
+    t = None
+    if int((hend - t0).min()) < maxcol + 1:
+        raise Unsupported("row with fewer columns than the table")
     for c in range(maxcol + 1):
-        if (t >= hend).any():
-            raise Unsupported("row with fewer columns than the table")
-        st = buf[t]
-        if (st >= 0x80).any():  # a serial type of two bytes or more (text or a blob of 58 bytes or more)
+        lut = _LUT_INT if c in wanted else _LUT
+        if t is None:
+            st = buf[c:][t0]
+            if int(st.max()) >= 0x80:  # a serial type of two bytes or more (text or a blob of 58 bytes or more)
+                t = t0 + c
+        if t is not None:
+            if (t >= hend).any():
+                raise Unsupported("row with fewer columns than the table")
             st, ln = _varint(buf, t)
             t += ln
-            size = np.where(st < 12, _LUT[np.minimum(st, 11)], (st - 12) >> 1)
+            size = np.where(st < 12, lut[np.minimum(st, 11)], -1 if c in wanted else (st - 12) >> 1)
         else:
-            t += 1
-            size = _LUT[st]
-        if (size < 0).any():
-            raise Unsupported("reserved serial type")
+            size = lut[st]
+        if int(size.min()) < 0:
+            raise Unsupported("value that is not an integer" if c in wanted else "reserved serial type")
         if c in wanted:
-            if ((st == 7) | (st >= 12)).any():
-                raise Unsupported("value that is not an integer")
-            # the value's bytes, big-endian, gathered one byte position at a time (to the block's widest)
+            # the value's bytes, big-endian, gathered one byte position at a time (to the block's widest):
+            # byte j from a view of the file j bytes on, at the offsets of the widest value's first byte
             m = int(size.max())
             v = dest[wanted[c]] if dest is not None else np.empty(n, dtype=np.int64)
-            body += size
-            for j in range(m, 0, -1):
-                np.subtract(body, j, out=idx)
-                if j == m:
-                    v[:] = buf[idx]
-                else:
+            if m:
+                at = body + size
+                at -= m
+                v[:] = buf[at]
+                for j in range(1, m):
                     v <<= 8
-                    v |= buf[idx]
-            body -= size
-            if not m:
+                    v |= buf[j:][at]
+                if int(size.min()) == m:
+                    if m < 8:
+                        v <<= 64 - 8 * m
+                        v >>= 64 - 8 * m
+                else:  # keep each row's own `size` bytes, sign-extended
+                    sh = np.minimum(64 - 8 * size, 63)
+                    v <<= sh
+                    v >>= sh
+                    v[size == 0] = 0
+            else:
                 v.fill(0)
-            elif (size == m).all():
-                if m < 8:
-                    v <<= 64 - 8 * m
-                    v >>= 64 - 8 * m
-            else:  # keep each row's own `size` bytes, sign-extended
-                sh = np.minimum(64 - 8 * size, 63)
-                v <<= sh
-                v >>= sh
-                v[size == 0] = 0
-            one = st == 9
-            if one.any():
-                v[one] = 1
-            isnull = st == 0
-            got[wanted[c]] = (v, isnull if isnull.any() else None)
+            lo_st, hi_st = int(st.min()), int(st.max())
+            if hi_st == 9:
+                v[st == 9] = 1
+            isnull = st == 0 if lo_st == 0 else None
+            got[wanted[c]] = (v, isnull)
         body += size
     if (body > end).any():
         raise Unsupported("row longer than its payload")
