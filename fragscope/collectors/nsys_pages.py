@@ -133,24 +133,28 @@ def _read(buf: np.ndarray, root: int, idx: list[int], names: list[str], cols: li
         if n == 0:
             lo = hi
             continue
-        # unfiltered, each block's rows are the next rows of the result: decoded in place there
-        dest = None if keep is not None else {name: outs[name][at:at + n] for name in names}
+        # each block's rows decoded in place, where the result's next rows go (then packed when filtered)
+        dest = {name: outs[name][at:at + n] for name in names}
         vals = _block(buf, base[lo:hi], ncell[lo:hi], usable, col_of, maxcol, dest)
+        m = None
         if keep is not None:
             v, isnull = vals[keep[0]]
             m = np.isin(v, np.asarray(keep[1], dtype=np.int64))
             if isnull is not None:
                 m &= ~isnull
-            k = int(np.count_nonzero(m))
-            for name, (v, isnull) in vals.items():
-                np.compress(m, v, out=outs[name][at:at + k])
-                if isnull is not None and (isnull & m).any():
-                    null_at[name].append(np.flatnonzero(isnull[m]) + at)
-        else:
+            if m.all():
+                m = None
+        if m is None:
             k = n
             for name, (v, isnull) in vals.items():
                 if isnull is not None:
                     null_at[name].append(np.flatnonzero(isnull) + at)
+        else:
+            k = int(np.count_nonzero(m))
+            for name, (v, isnull) in vals.items():
+                outs[name][at:at + k] = v[m]  # (v[m] a copy: the rows move down within the same array)
+                if isnull is not None and (isnull & m).any():
+                    null_at[name].append(np.flatnonzero(isnull[m]) + at)
         at += k
         lo = hi
     nulls = {name: np.concatenate(v) if v else None for name, v in null_at.items()}
