@@ -15,11 +15,14 @@ HTA in its own venv (its pins clash with ours): python -m venv /tmp/htavenv &&
    >= 8x faster, whole process. The load average is printed beside the figures (the machine may be shared).
 2. nsys: a generated export with the real schema (tests/data/trace/nsys_schema.sql) holding N kernels and
    N cudaLaunchKernel runtime rows. Baseline: Python's sqlite3 fetching the kernels' start/end columns.
-   fragscope: read_nsys and analyse + judge in-process (connectorx and stdlib readers), the interpreter
-   start-up floor (`import fragscope.cli`), and the whole process (`diagnose trace FILE --format json`,
-   wall and CPU), each best of N (median too), with the load average (the machine may be shared).
-   Target: >= 1.5 M kernel rows/s whole process with the default install (the stdlib reader), and <= 1.3x
-   a plain process reading the same columns with the same reader (no fragscope; bytecode compiled).
+   fragscope: read_nsys and analyse + judge in-process (the default b-tree page reader, connectorx and
+   stdlib readers), the interpreter start-up floor (`import fragscope.cli`), and the whole process
+   (`diagnose trace FILE --format json`, wall and CPU) with each reader, each best of N (median too),
+   with the load average (the machine may be shared).
+   Target: >= 1.5 M kernel rows/s whole process with the default install (the page reader: numpy decoding
+   the tables' pages, no SQL per row), and <= 1.3x a plain process reading the same columns with the same
+   reader (no fragscope analysis; bytecode compiled). The forced SQL readers keep their own lines, each
+   against a plain process reading the same columns with that reader, as before.
    Floors, to tell what is left from what cannot go: connectorx alone running the exact queries the
    reader sends (recorded from one read; each alone and all at once, no post-processing), and the
    start-up and whole process again with a bytecode cache (as installed from a wheel; a checkout run
@@ -307,7 +310,11 @@ def cx(table, cols, where):
     df = connectorx.read_sql("sqlite://" + path, f'SELECT {sel} FROM "{table}"' + (f" WHERE {where}" if where else ""),
                              return_type="pandas")
     return [df[f"c{i}"].to_numpy(dtype=np.int64, na_value=nv) for i, (_, nv) in enumerate(cols)]
-fn = cx if reader == "connectorx" else stdlib
+def pages(table, cols, keep):
+    from fragscope.collectors.nsys_pages import Column, read_table  # (numpy and the stdlib only)
+    c = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
+    return read_table(c, path, table, [Column(*a) for a in cols], keep)
+fn = {"connectorx": cx, "pages": pages}.get(reader, stdlib)
 th = [threading.Thread(target=fn, args=q) for q in queries]
 for t in th: t.start()
 for t in th: t.join()
@@ -318,20 +325,33 @@ def _plain_floor(p: Path, reader: str, reps: int, env: dict) -> float:
     """A plain process (python, numpy, the reader; no fragscope) reading the same columns of the same tables
     with the same reader, one thread per table, as `diagnose trace` does, and nothing else: the whole
     process's floor for that reader."""
-    from fragscope.collectors import sqlite_columns
+    from fragscope.collectors import nsys_pages, sqlite_columns
 
     sent: list = []
-    real = sqlite_columns.Fetcher.run
+    if reader == "pages":  # the page reader's calls, as read_nsys makes them
+        real_pages = nsys_pages.read_table
 
-    def recorder(self, queries):
-        sent.extend([q.table, q.cols, q.where] for q in queries)
-        return real(self, queries)
+        def rec_pages(conn, path, table, cols, keep=None):
+            sent.append([table, [[c.name, c.null, c.isin, list(c.also)] for c in cols], keep])
+            return real_pages(conn, path, table, cols, keep)
 
-    sqlite_columns.Fetcher.run = recorder
-    try:
-        read_nsys(str(p), reader="stdlib")
-    finally:
-        sqlite_columns.Fetcher.run = real
+        nsys_pages.read_table = rec_pages
+        try:
+            read_nsys(str(p), reader="pages")
+        finally:
+            nsys_pages.read_table = real_pages
+    else:
+        real = sqlite_columns.Fetcher.run
+
+        def recorder(self, queries):
+            sent.extend([q.table, q.cols, q.where] for q in queries)
+            return real(self, queries)
+
+        sqlite_columns.Fetcher.run = recorder
+        try:
+            read_nsys(str(p), reader="stdlib")
+        finally:
+            sqlite_columns.Fetcher.run = real
     walls, cpus = [], []
     for _ in range(reps):
         r0, t = os.times(), time.perf_counter()
@@ -362,7 +382,7 @@ def bench_nsys(n: int, tmp: Path, reps: int = 3) -> None:
     print(f"   baseline: sqlite3 fetchall of kernel start,end (in-process)     {base:6.2f} s  "
           f"{n / base / 1e6:5.2f} M rows/s")
     have_cx = __import__("importlib").util.find_spec("connectorx") is not None
-    for reader in (["connectorx"] if have_cx else []) + ["stdlib"]:
+    for reader in ["pages"] + (["connectorx"] if have_cx else []) + ["stdlib"]:
         t_r = best_of(lambda: read_nsys(str(p), reader=reader), reps)
         tl = read_nsys(str(p), reader=reader)
         t_a = best_of(lambda: judge(analyse(tl)), reps)
@@ -376,10 +396,10 @@ def bench_nsys(n: int, tmp: Path, reps: int = 3) -> None:
     print(f"   python -c 'import fragscope.cli' (start-up floor)              {min(t_imp):6.2f} s  "
           f"(median {_med(t_imp):4.2f}; with a bytecode cache {min(t_imp_bc):4.2f})")
     env_inst = installed_env(tmp / "pycache")
-    for reader in (["auto"] if have_cx else []) + ["stdlib"]:
+    for reader in ["auto"] + (["connectorx"] if have_cx else []) + ["stdlib"]:
         walls, cpus, status = _whole_process(p, reader, reps)
         best, cpu = min(walls), min(cpus)
-        name = "connectorx" if reader == "auto" else reader
+        name = "pages" if reader == "auto" else reader  # (the default: the page reader)
         print(f"   whole process ({name:10s}) diagnose trace --format json  {best:6.2f} s  "
               f"{n / best / 1e6:5.2f} M kernels/s  ({base / best:4.2f}x the baseline's speed; "
               f"target 1.5 M/s: {'met' if n / best >= 1.5e6 else 'not met'}; CPU {cpu:4.2f} s; median wall "
