@@ -69,6 +69,12 @@ def test_every_integer_width_and_sign(tmp_path, monkeypatch, page_size, block):
     rx, ry, rk = _sql(p, ["x", "y", "k"])
     assert x.tolist() == rx.tolist() and y.tolist() == ry.tolist() and k.tolist() == rk.tolist()
     assert set(EDGES) <= set(x.tolist())
+    # a field of bytes kept in place (as the PID in nsys's global ids, bits 24-47): values of every width
+    f = [(3, 3), (0, 1), (1, 2), (2, 5)]
+    got = _pages(p, [Column(c, 0, field=fl) for c in ("x", "y") for fl in f])
+    ref = _sql(p, [f"{c} & {((1 << (8 * n)) - 1) << (8 * lo)}" for c in ("x", "y") for lo, n in f])
+    for g, r in zip(got, ref):
+        assert g.tolist() == r.tolist()
 
 
 def test_nulls_constants_tests_and_filter(tmp_path):

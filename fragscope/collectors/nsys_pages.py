@@ -39,11 +39,13 @@ class Unsupported(Exception):
 class Column:
     """One output column: ``name`` a column of the table (NULL -> ``null``), or ``name=None`` for the
     constant ``null``. With ``isin``: 1 where the column's value is one of these ids, else 0 (NULL: 0);
-    ``also`` names more columns tested the same way (1 when any of them matches)."""
+    ``also`` names more columns tested the same way (1 when any of them matches). With ``field=(lo, n)``
+    only bytes lo .. lo + n - 1 of the value (counted from the least significant) are kept, in place:
+    ``value & ((2 ** (8 * n) - 1) << (8 * lo))`` (NULL: ``null``), from fewer bytes gathered."""
 
     def __init__(self, name: str | None, null: int = 0, isin: list[int] | None = None,
-                 also: tuple[str, ...] = ()) -> None:
-        self.name, self.null, self.isin, self.also = name, null, isin, also
+                 also: tuple[str, ...] = (), field: tuple[int, int] | None = None) -> None:
+        self.name, self.null, self.isin, self.also, self.field = name, null, isin, also, field
 
 
 def read_table(conn: sqlite3.Connection, path: str, table: str, cols: list[Column],
@@ -120,22 +122,31 @@ def _read(buf: np.ndarray, root: int, idx: list[int], names: list[str], cols: li
         return [np.zeros(0, dtype=np.int64) for _ in cols]
     # leaf pages in blocks of about BLOCK_CELLS rows
     ends = np.searchsorted(np.cumsum(ncell), np.arange(BLOCK_CELLS, total + BLOCK_CELLS, BLOCK_CELLS), side="right")
-    outs = {n: np.empty(total, dtype=np.int64) for n in names}
-    null_at: dict[str, list[np.ndarray]] = {n: [] for n in names}  # rows holding NULL (few or none)
-    at, lo = 0, 0
+    blocks = []
+    lo = 0
+    for hi in np.unique(np.append(ends, leaves.size)).tolist():
+        n = int(ncell[lo:hi].sum()) if hi > lo else 0
+        if n:
+            blocks.append((lo, hi, n))
+        lo = max(lo, hi)
+    shown = {nm for c in cols if c.name for nm in (c.name, *c.also)}
+    # a column read only to filter rows goes to one scratch array, reused block after block
+    scratch = np.empty(max(b[2] for b in blocks), dtype=np.int64)
+    outs = {nm: np.empty(total, dtype=np.int64) if nm in shown else scratch for nm in names}
+    null_at: dict[str, list[np.ndarray]] = {nm: [] for nm in names}  # rows holding NULL (few or none)
+    # a field is decoded alone (fewer bytes) when it is all that is asked of that column
+    fields = {}
+    for nm in names:
+        uses = {(c.field, c.isin is None) for c in cols if c.name == nm}
+        alone = len(uses) == 1 and not any(nm in c.also for c in cols) and not (keep and keep[0] == nm)
+        fields[nm] = next(iter(uses))[0] if alone and next(iter(uses))[1] else None
+    at = 0
     col_of = dict(zip(names, idx))
     maxcol = max(idx)
-    for hi in np.unique(np.append(ends, leaves.size)):
-        hi = int(hi)
-        if hi <= lo:
-            continue
-        n = int(ncell[lo:hi].sum())
-        if n == 0:
-            lo = hi
-            continue
+    for lo, hi, n in blocks:
         # each block's rows decoded in place, where the result's next rows go (then packed when filtered)
-        dest = {name: outs[name][at:at + n] for name in names}
-        vals = _block(buf, base[lo:hi], ncell[lo:hi], usable, col_of, maxcol, dest)
+        dest = {nm: outs[nm][at:at + n] if nm in shown else scratch[:n] for nm in names}
+        vals = _block(buf, base[lo:hi], ncell[lo:hi], usable, col_of, maxcol, dest, fields)
         m = None
         if keep is not None:
             v, isnull = vals[keep[0]]
@@ -147,16 +158,17 @@ def _read(buf: np.ndarray, root: int, idx: list[int], names: list[str], cols: li
         if m is None:
             k = n
             for name, (v, isnull) in vals.items():
-                if isnull is not None:
+                if isnull is not None and name in shown:
                     null_at[name].append(np.flatnonzero(isnull) + at)
         else:
             k = int(np.count_nonzero(m))
             for name, (v, isnull) in vals.items():
+                if name not in shown:
+                    continue
                 outs[name][at:at + k] = v[m]  # (v[m] a copy: the rows move down within the same array)
                 if isnull is not None and (isnull & m).any():
                     null_at[name].append(np.flatnonzero(isnull[m]) + at)
         at += k
-        lo = hi
     nulls = {name: np.concatenate(v) if v else None for name, v in null_at.items()}
     res = []
     for c in cols:
@@ -174,6 +186,8 @@ def _read(buf: np.ndarray, root: int, idx: list[int], names: list[str], cols: li
                 hit |= h
             res.append(hit.astype(np.int64))
         else:
+            if c.field is not None and fields[c.name] is None:
+                v = v & (((1 << (8 * c.field[1])) - 1) << (8 * c.field[0]))
             if nulls[c.name] is not None:
                 v = v.copy() if sum(1 for d in cols if d.name == c.name) > 1 else v
                 v[nulls[c.name]] = c.null
@@ -249,7 +263,7 @@ def _varint(buf: np.ndarray, at: np.ndarray, value: bool = True) -> tuple[np.nda
 
 
 def _block(buf: np.ndarray, base: np.ndarray, ncell: np.ndarray, usable: int, col_of: dict[str, int], maxcol: int,
-           dest: dict[str, np.ndarray] | None) -> dict[str, tuple[np.ndarray, np.ndarray | None]]:
+           dest: dict[str, np.ndarray], fields: dict) -> dict[str, tuple[np.ndarray, np.ndarray | None]]:
     """The wanted columns (value, NULL 0; where NULL, or None when none is) of the rows of a block of leaf
     pages; the values written into ``dest``'s arrays when given."""
     n = int(ncell.sum())
@@ -306,8 +320,21 @@ def _block(buf: np.ndarray, base: np.ndarray, ncell: np.ndarray, usable: int, co
             # the value's bytes, big-endian, gathered one byte position at a time (to the block's widest):
             # byte j from a view of the file j bytes on, at the offsets of the widest value's first byte
             m = int(size.max())
-            v = dest[wanted[c]] if dest is not None else np.empty(n, dtype=np.int64)
-            if m:
+            v = dest[wanted[c]]
+            field = fields.get(wanted[c])
+            if field is not None and m and int(size.min()) >= field[0] + field[1]:
+                # only the field's bytes: byte lo + i (from the least significant) ends i + lo + 1 bytes
+                # before the value's end
+                f_lo, f_n = field
+                at = body + size
+                at -= f_lo + f_n
+                v[:] = buf[at]
+                for j in range(1, f_n):
+                    v <<= 8
+                    v |= buf[j:][at]
+                v <<= 8 * f_lo
+                field = None
+            elif m:
                 at = body + size
                 at -= m
                 v[:] = buf[at]
@@ -328,6 +355,8 @@ def _block(buf: np.ndarray, base: np.ndarray, ncell: np.ndarray, usable: int, co
             lo_st, hi_st = int(st.min()), int(st.max())
             if hi_st == 9:
                 v[st == 9] = 1
+            if field is not None:
+                v &= ((1 << (8 * field[1])) - 1) << (8 * field[0])
             isnull = st == 0 if lo_st == 0 else None
             got[wanted[c]] = (v, isnull)
         body += size
