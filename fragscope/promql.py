@@ -12,8 +12,10 @@ dropped from series that have a pod.
 """
 from __future__ import annotations
 
+import contextvars
 import re
 from collections import defaultdict
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -39,12 +41,19 @@ def rx_escape(s: str) -> str:
 
 
 def name_regex(names: Sequence[str]) -> str:
+    """An alternation of the exact names (vLLM's also as Ray Serve LLM re-exports them, ``ray_vllm:``).
+
+    Only literals joined by ``|``: Prometheus then looks each name up in its index instead of matching the
+    regular expression against every metric name it holds (its "set matches" fast path, see
+    ``FastRegexMatcher`` in prometheus/model/labels/regexp.go), which is most of a rule's cost where the
+    server holds many names.
+    """
     alts = []
     for n in names:
         esc = rx_escape(n)
-        if n.startswith("vllm:"):  # Ray Serve LLM re-exports as ray_vllm:
-            esc = "(?:ray_)?" + esc
         alts.append(esc)
+        if n.startswith("vllm:"):  # Ray Serve LLM re-exports as ray_vllm:
+            alts.append("ray_" + esc)
     return "|".join(alts)
 
 
@@ -69,12 +78,69 @@ def norm(expr: str) -> str:
     return f'label_replace({e}, "instance", "", "pod", ".+")'
 
 
+# A signal as a rule reads it: (signal id, fn, range, extra matchers, name suffix), the arguments of sig().
+SignalUse = tuple[str, str, "str | None", str, str]
+# While a rule file is generated: the signal reads seen (to find those several rules repeat), and the
+# recorded series that stand for them (sig() then answers with the recorded name).
+_SEEN: contextvars.ContextVar[list | None] = contextvars.ContextVar("fragscope_promql_seen", default=None)
+_RECORDED: contextvars.ContextVar[dict | None] = contextvars.ContextVar("fragscope_promql_recorded", default=None)
+
+# fn -> the operation's part of a recorded series' name; only functions that drop the metric name (a recorded
+# series must not merge two raw names into one label set) and read no offset.
+_RECORDABLE_FN = {"avg_over_time({})": "avg", "max_over_time({})": "max", "min_over_time({})": "min",
+                  "rate({})": "rate", "increase({})": "increase", "deriv({})": "deriv"}
+
+
+def recorded_name(use: SignalUse) -> str | None:
+    """The recording rule's name for a signal read (``fragscope:<signal>:<op>_<range>``, with the extra matchers
+    and suffix), None where the read cannot be recorded as it is (an instant selector, an offset, ...)."""
+    sig_id, fn, rng, extra, suffix = use
+    m = re.fullmatch(r"quantile_over_time\((0\.\d+), \{\}\)", fn)
+    op = f"p{round(float(m.group(1)) * 100):d}" if m else _RECORDABLE_FN.get(fn)
+    if op is None or not rng:
+        return None
+    name = f"fragscope:{sig_id}{suffix}:{op}_{rng}"
+    if extra:
+        name += "_" + re.sub(r"[^a-zA-Z0-9]+", "_", extra).strip("_")
+    return name
+
+
+@contextmanager
+def noting_signal_reads():
+    """Collect every sig() call without matchers made inside (each a SignalUse, in call order)."""
+    seen: list = []
+    token = _SEEN.set(seen)
+    try:
+        yield seen
+    finally:
+        _SEEN.reset(token)
+
+
+@contextmanager
+def reading_recorded(names: dict):
+    """Inside, sig() without matchers answers with the recorded series ``names[use]`` where there is one."""
+    token = _RECORDED.set(names)
+    try:
+        yield
+    finally:
+        _RECORDED.reset(token)
+
+
 def sig(sig_id: str, fn: str, rng: str | None, matchers: Matchers = (), extra: str = "", suffix: str = "") -> str:
     """``fn`` applied to every raw source of a signal, scaled to base units, normalised, or-ed.
 
     ``fn`` holds ``{}`` where the (range) selector goes; ``extra`` is added inside the braces
     (e.g. ``reason=~"..."``); ``suffix`` is appended to each raw name (``_sum``, ``_count`` of a histogram).
+    Inside :func:`reading_recorded`, a read the rule file records is its recorded series instead (the same
+    vector: the recording rule is this very expression, evaluated before the rules that read it).
     """
+    if not matchers:
+        use = (sig_id, fn, rng, extra, suffix)
+        seen, recorded = _SEEN.get(), _RECORDED.get()
+        if seen is not None:
+            seen.append(use)
+        if recorded and use in recorded:
+            return f"({recorded[use]})"
     by_scale: dict[float, list[str]] = defaultdict(list)
     for src in SIGNALS[sig_id].sources:
         by_scale[src.scale].append(src.metric + suffix)

@@ -209,9 +209,11 @@ def test_promtool_test_rules_catches_a_broken_rule(tmp_path):
         text = fh.read()
     from fragscope.detectors import fragmentation
 
+    from fragscope.fleet.alerts import as_recorded
+
     # the rule generated from a Config asking 60 % unusable, where the firing case holds 30 %
-    good = fragmentation.alert_rule().expr
-    bad = fragmentation.alert_rule(fragmentation.Config(frag_high=0.6, frag_sustained=0.6)).expr
+    good = as_recorded(fragmentation.alert_rule).expr
+    bad = as_recorded(lambda: fragmentation.alert_rule(fragmentation.Config(frag_high=0.6, frag_sustained=0.6))).expr
     broken = text.replace(good, bad)
     assert broken != text
     (tmp_path / "fragscope-alerts.yml").write_text(broken)
@@ -221,3 +223,83 @@ def test_promtool_test_rules_catches_a_broken_rule(tmp_path):
         (tests / "t.yml").write_text(fh.read())
     r = subprocess.run([PROMTOOL, "test", "rules", str(tests / "t.yml")], capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and "FAILED" in (r.stdout + r.stderr)
+
+
+def test_repeated_signal_reads_are_recorded_once():
+    """The signal reads several alerts repeat are recording rules of the alerts' own group, placed before every
+    alert, each the very expression it stands for; the alerts read the recorded series and never the raw read."""
+    from fragscope.fleet import alerts
+    from fragscope.promql import sig
+
+    recorded = alerts.signal_recordings()
+    assert len(recorded) >= 4 and len(set(recorded.values())) == len(recorded)
+    groups = _rules()["groups"]
+    (group,) = [g for g in groups if g["name"] == "fragscope.diagnoses"]
+    kinds = ["record" if "record" in r else "alert" for r in group["rules"]]
+    assert kinds == sorted(kinds, reverse=True), "recording rules first"
+    records = {r["record"]: r["expr"] for r in group["rules"] if "record" in r}
+    assert records == {name: sig(*use) for use, name in recorded.items()}
+    other_names = {r.get("record") for g in groups if g is not group for r in g["rules"]}
+    assert not other_names & set(records)
+    exprs = [r["expr"] for r in group["rules"] if "alert" in r]
+    for use, name in recorded.items():
+        readers = [e for e in exprs if f"({name})" in e]
+        assert len(readers) >= 2, (name, len(readers))
+        assert not any(sig(*use) in e for e in exprs), name
+    # the rule file's alerts are the modules' alerts with those reads replaced, nothing else
+    for d in REGISTRY.window():
+        raw, rec = d.alert(), alerts.as_recorded(d.alert)
+        back = rec.expr
+        for use, name in recorded.items():
+            back = back.replace(f"({name})", sig(*use))
+        assert back == raw.expr and (rec.for_, rec.severity, rec.thresholds) == (raw.for_, raw.severity, raw.thresholds)
+
+
+@needs_prometheus
+@pytest.mark.e2e  # promtool over every alert test's series (~20 s of CPU): run by .ci/run
+def test_recorded_reads_give_the_same_vectors(tmp_path):
+    """On every alert test's input series and evaluation times, each alert expression as the rule file holds
+    it (reading the recorded series) yields exactly the vector of the module's raw expression."""
+    yaml = _yaml()
+    from fragscope.fleet import alerts
+    from fragscope.promql import sig
+
+    group = {"name": "eq", "rules": [{"record": name, "expr": sig(*use)}
+                                     for use, name in alerts.signal_recordings().items()]}
+    pairs = []
+    for i, d in enumerate(r for r in REGISTRY.window() if r.alerting and r.alert is not None):
+        raw, rec = d.alert().expr, alerts.as_recorded(d.alert).expr
+        if raw == rec:
+            continue
+        group["rules"] += [{"record": f"fragscope_eq:raw_{i}", "expr": raw}, {"record": f"fragscope_eq:rec_{i}", "expr": rec}]
+        pairs.append(i)
+    assert pairs
+    (tmp_path / "eq.yml").write_text(yaml.safe_dump({"groups": [group]}))
+    tests = []
+    for name in sorted(os.listdir(RULE_TESTS)):
+        if name.startswith("triage-") or not name.endswith(".yml"):
+            continue
+        with open(os.path.join(RULE_TESTS, name), encoding="utf-8") as fh:
+            doc = yaml.safe_load(fh)
+        for t in doc["tests"]:
+            times = sorted({a["eval_time"] for a in t.get("alert_rule_test", [])})
+            checks = [{"expr": f"(fragscope_eq:raw_{i} unless fragscope_eq:rec_{i}) or (fragscope_eq:rec_{i} unless "
+                               f"fragscope_eq:raw_{i}) or (fragscope_eq:raw_{i} != fragscope_eq:rec_{i})",
+                       "eval_time": at, "exp_samples": []} for i in pairs for at in times]
+            if checks:
+                tests.append({"interval": t.get("interval", "1m"), "input_series": t["input_series"],
+                              "promql_expr_test": checks})
+    assert len(tests) >= 8
+    (tmp_path / "t.yml").write_text(yaml.safe_dump({"rule_files": ["eq.yml"], "evaluation_interval":
+                                                     "1m", "tests": tests}))
+    r = subprocess.run([PROMTOOL, "test", "rules", str(tmp_path / "t.yml")], capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+
+
+def test_docs_recorded_signal_table_is_generated():
+    from fragscope.fleet.alerts import signals_markdown
+
+    with open(os.path.join(ROOT, "docs", "dashboards.md"), encoding="utf-8") as fh:
+        assert signals_markdown() in fh.read(), \
+            "stale: python -m fragscope.fleet.alerts --signals into docs/dashboards.md"
