@@ -171,10 +171,12 @@ def suppressed(d: Diagnosis, frame: Frame) -> str | None:
 
 
 def _run_one(report: Report, d: Diagnosis, frame: Frame, fn=None, basis: str | None = None) -> bool:
-    """Run one detector; True when it reported a finding. A change finding of a diagnosis whose suppressor
-    shows its signature (``suppressed_by``) is dropped."""
+    """Run one detector; True when it reported a finding. Where a suppressor of the diagnosis shows its signature
+    (``suppressed_by``), the detector's judgement is dropped: its change findings and the doubts it had about a
+    subject (an inconclusive naming a GPU); an inconclusive for signals it lacks altogether stays."""
     res = _call(d, fn or d.detect, frame)
-    if res and not isinstance(res, Inconclusive) and (fn is None or fn is d.detect):
+    judged = bool(res) and (not isinstance(res, Inconclusive) or bool(res.subject))
+    if judged and (fn is None or fn is d.detect):
         try:
             if suppressed(d, frame):
                 res = []

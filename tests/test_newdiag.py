@@ -17,7 +17,7 @@ import pytest
 from fragscope.collectors import cgroup as cg
 from fragscope.collectors.exposition import read_recording
 from fragscope.collectors.process import ProcessCollector
-from fragscope.detectors import cpu_starved, gpu_fault, host_memory, launch_bound, stalled, straggler
+from fragscope.detectors import cpu_starved, gpu_fault, host_memory, launch_bound, stalled, stats, straggler
 from fragscope.detectors.frame import build_frame
 from fragscope.model import SeriesKey, Severity, Window, make_labels
 from fragscope.pipeline import diagnose
@@ -167,9 +167,27 @@ def test_cpu_starved_fires_with_the_throttled_share_and_is_not_launch_bound():
     (fnd,) = cpu_starved.detect(f)
     assert fnd.severity is Severity.CRITICAL and "60 % of its CPU periods" in fnd.summary
     assert "quota 2.00 cores" in fnd.summary and "3 requests waiting" in fnd.summary
-    assert launch_bound.detect(f) == []  # the host is late because its quota ran out: not a launch pattern
+    # the host is late because its quota ran out, not a launch pattern: launch-bound declares that it yields to
+    # engine-cpu-starved, whose signature shows here, and the pipeline drops the finding its detector makes
+    assert launch_bound.SUPPRESSED_BY == ("engine-cpu-starved",) and cpu_starved.signature(f, stats.spans(f))
+    assert [x.id for x in launch_bound.detect(f)] == ["launch-bound"]
     ids = {x.id for x in diagnose(w).findings}
     assert "engine-cpu-starved" in ids and "launch-bound" not in ids
+
+
+def test_a_throttled_engine_leaves_no_launch_bound_doubt_about_its_gpu():
+    """Utilization low while requests run and no kernel timeline: launch-bound doubts GPU 0 (an inconclusive naming
+    it). With the quota running out that doubt is answered (engine-cpu-starved) and dropped with the rest of the
+    judgement; with CPU to spare it stays, and so does an inconclusive for signals missing altogether."""
+    def launch(rep):
+        return [i for i in rep.inconclusive if i.id == "launch-bound"]
+    spare = diagnose(_window({**_serving(util=0.3), **_cpu(0.01)}))
+    (doubt,) = launch(spare)
+    assert doubt.subject == {"gpu": "0"} and "utilization is low" in doubt.reason
+    assert launch(diagnose(_window({**_serving(util=0.3), **_cpu(0.6)}))) == []
+    no_gpu = {k: v for k, v in _serving().items() if not k.startswith("fragscope_gpu")}
+    (lacking,) = launch(diagnose(_window({**no_gpu, **_cpu(0.6)})))
+    assert not lacking.subject and "fragscope_kernel_gap_seconds" in lacking.missing
 
 
 def test_launch_bound_with_cpu_to_spare_is_not_cpu_starved():

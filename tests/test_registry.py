@@ -155,7 +155,7 @@ def test_attach_dedupes_actions_and_reads_context():
 
 
 # --- layering: model/signals/units -> collectors -> detectors -> playbooks -> pipeline -> agent/cli/fleet
-LAYER = {"model": 0, "signals": 0, "units": 0, "ids": 0, "promql": 0, "kvbudget": 1, "collectors": 1, "probe": 1, "scenarios": 1,
+LAYER = {"model": 0, "signals": 0, "units": 0, "ids": 0, "promql": 0, "kvbudget": 1, "advice": 1, "collectors": 1, "probe": 1, "scenarios": 1,
          "sizing": 1, "detectors": 2, "playbooks": 3, "pipeline": 4, "report": 5, "agent": 6, "fleet": 6, "notebook": 6, "cli": 7, "mcp": 7, "gpus": 0,
          "timeline_model": 0, "trace_playbooks": 3, "trace_pipeline": 4, "snapshot_pipeline": 4}
 

@@ -13,9 +13,10 @@ from .. import ids
 from ..kvbudget import VLLM_BLOCK_SIZES, block_waste
 from ..kvbudget import expected_waste_ratio as expected_waste  # noqa: F401  (re-export for old importers)
 from ..kvbudget import recommend_block_size  # noqa: F401
-from ..model import Evidence, Finding, Inconclusive, Severity
+from ..model import Action, Evidence, Finding, Inconclusive, Playbook, Severity
 from ..promql import K, AlertRule, num, quote, sig as psig
 from ..signals import primary
+from ..units import finite_or_none as _f
 from .frame import Frame
 
 ID = ids.KV_BLOCK_SIZE_MISMATCH
@@ -108,3 +109,26 @@ def alert_rule(cfg: Config = Config()) -> AlertRule:
         "average sequence length.",
         "Partial last blocks waste KV memory: (block_size - 1) / (2 x avg_seq_len + block_size - 1).",
         {"waste_info": cfg.waste_info, "min_requests": float(cfg.min_requests)})
+
+
+# --- playbook: what to do about it; actions computed from a finding's context -------------------------------------
+def actions(ctx: dict, config: dict) -> list[str]:
+    rec = ctx.get("recommended_block_size")
+    if not rec:
+        return []
+    return [f"Set --block-size {rec} (now {ctx.get('block_size', '?'):.0f}); expected KV waste "
+            f"{(_f(ctx.get('waste')) or 0) * 100:.0f} % → {(_f(ctx.get('recommended_waste')) or 0) * 100:.0f} %."]
+
+
+PLAYBOOK = Playbook(
+    ID, "KV block size too large for the sequences",
+    "Partial last blocks waste KV memory: the pool holds fewer sequences than it could.",
+    ["Nothing urgent: plan a config change."],
+    [Action("Set --block-size to about half the average sequence length (a supported size).",
+            ["the attention backend supports that block size (FlashAttention needs multiples of 16)"],
+            ["prefix caching hit rates depend on block granularity: re-check them after the change"])],
+    ["more KV blocks in use per request at the same traffic; fewer preemptions at peaks"],
+    ["vLLM paper (Kwon et al., SOSP 2023), internal fragmentation of the last block: waste ≈ (block_size − 1) / (2 × avg_seq_len + block_size − 1)"])
+
+
+RUNS_ON_SHORT_WINDOWS = True  # judges the present itself: runs on windows of any length

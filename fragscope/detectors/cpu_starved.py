@@ -17,9 +17,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import ids
-from ..model import Evidence, Finding, Inconclusive, Severity
+from ..model import Action, Evidence, Finding, Inconclusive, Playbook, Severity
 from ..promql import K, PRESENT, RATE_RANGE, AlertRule, TriageCheck, num, sig as psig
 from ..signals import any_of, primary
+from ..units import finite_or_none as _f
 from . import common, stats
 from .frame import Frame
 from .host_common import gauge, increase, judged_span, runqueue_share, throttled_share
@@ -197,3 +198,67 @@ def triage_check(m=(), present: str = PRESENT, rate: str = RATE_RANGE, cfg: Conf
 
 # The fleet triage runs it (fragscope/fleet/triage.py; docs/fleet.md#triage).
 TRIAGE = TriageCheck("cpu_throttled_periods_ratio", "max_over_time", triage_check, "throttled_periods_ratio")
+
+
+
+# --- signature: what keeps the diagnoses it suppresses quiet (their SUPPRESSED_BY) -----------------------
+def signature(f: Frame, sp: stats.Spans, cfg: Config = Config()) -> bool:
+    """The container ran out of its CPU quota in at least ``throttled_share`` of its CFS periods over the judged
+    span: the host is late for want of CPU, whatever the GPU shows."""
+    thr = throttled_share(f)
+    return math.isfinite(thr) and thr >= cfg.throttled_share
+
+# --- playbook: what to do about it; actions computed from a finding's context -------------------------------------
+def actions(ctx: dict, config: dict) -> list[str]:
+    acts = []
+    share, quota = _f(ctx.get("throttled_ratio")), _f(ctx.get("quota_cores"))
+    lost = _f(ctx.get("throttled_seconds_per_second"))
+    if share is not None and share > 0 and quota is not None:
+        # each throttled period ran the quota out: at least the quota plus what the throttling took
+        need = quota + (lost or 0.0)
+        whole = max(1, math.ceil(need * 1.25))
+        acts.append(f"Raise the engine container's CPU limit from {quota:.2f} to at least {whole} cores "
+                    f"({share * 100:.0f} % of periods throttled, {lost or 0:.2f} s of CPU lost per second), or "
+                    "remove the limit and keep the request.")
+    elif share is not None and share > 0:
+        acts.append(f"Raise or remove the engine container's CPU limit ({share * 100:.0f} % of periods throttled).")
+    rq = _f(ctx.get("runqueue_ratio"))
+    if (share is None or share == 0) and rq is not None:
+        acts.append(f"The engine's threads wait for a CPU {rq * 100:.0f} % of their runnable time without a quota: "
+                    "give the pod dedicated cores (requests = limits, whole cores, static CPU manager) or move "
+                    "CPU-heavy neighbours off the node.")
+    return acts
+
+
+PLAYBOOK = Playbook(
+    ID, "Engine starved of CPU",
+    "The engine's container runs out of its CPU quota (or waits for a CPU): its scheduler, tokenizer and "
+    "kernel-launch loop stall every step, so requests queue, inter-token latency and TTFT rise and the "
+    "GPU idles between kernels, though nothing on the GPU is wrong.",
+    ["Raise or remove the container's CPU limit (kubectl edit / the chart's resources.limits.cpu) and "
+     "roll the pod; the throttled share should fall to ~0 at once.",
+     "If the limit cannot change now: route traffic away from this replica until it can."],
+    [Action("Give the engine whole cores: resources.requests.cpu = resources.limits.cpu as an integer, so "
+            "the kubelet's static CPU manager pins exclusive cores (Guaranteed QoS).",
+            ["the node's kubelet runs --cpu-manager-policy=static",
+             "the node has that many whole cores to spare"],
+            ["a best-effort or burstable pod shared with other workloads: pinning takes cores from them"]),
+     Action("Remove the CPU limit and keep a CPU request sized to the measured usage (CFS quota throttles "
+            "bursts even when the average is under the limit).",
+            ["the namespace has no LimitRange forcing a limit", "the node is not oversubscribed"],
+            ["multi-tenant nodes where a limit is a contract"]),
+     Action("Fewer CPU-hungry threads in the engine: set OMP_NUM_THREADS / torch threads to the cores the "
+            "container has (PyTorch sizes its pools from the host's CPU count, not the quota), and run "
+            "fewer API-server processes (vLLM --api-server-count, SGLang --tokenizer-worker-num) than cores.",
+            ["the threads counted by fragscope_process_threads far exceed the quota"],
+            ["tokenization-bound traffic (long prompts, high request rates) needs its tokenizer workers: "
+             "give it cores instead"])],
+    ["fragscope_container_cpu_throttled_periods_total rises by < 5 % of fragscope_container_cpu_periods_total",
+     "inter-token latency and TTFT back to their baseline; requests waiting back to ~0",
+     "GPU utilization back up at the same traffic"],
+    ["Linux kernel docs: scheduler/sched-bwc.rst (CFS bandwidth control)",
+     "Kubernetes docs: Control CPU Management Policies on the Node (static policy)",
+     "kubernetes-mixin CPUThrottlingHigh alert (> 25 % of periods throttled)"])
+
+
+RUNS_ON_SHORT_WINDOWS = True  # judges the present itself: runs on windows of any length

@@ -15,10 +15,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import ids
+from ..advice.fixes import EXPANDABLE_ONE_LINE, expandable_segments
+from ..advice.jobs import kind_of, KNOBS, restart, unknown_note
 from ..signals import primary
-from ..model import Evidence, Finding, Inconclusive, Severity
+from ..model import Action, Evidence, Finding, Inconclusive, Playbook, Severity
 from ..promql import KG, PRESENT, RATE_RANGE, AlertRule, TriageCheck, num, sig
-from ..units import fmt_bytes, fmt_pct
+from ..units import finite_or_none as _f, fmt_bytes, fmt_pct, GiB
 from . import common, stats
 from . import level as lv
 from .frame import Frame
@@ -390,3 +392,74 @@ def alert_rule(cfg: Config = Config()) -> AlertRule:
 def signature(f: Frame, sp: stats.Spans) -> bool:
     """The unusable share rising on any GPU."""
     return common.any_frag_rising(f, sp)
+
+
+# --- playbook: what to do about it; actions computed from a finding's context -------------------------------------
+def actions(ctx: dict, config: dict) -> list[str]:
+    kind = kind_of(ctx)
+    if kind not in (None, "vllm"):
+        # a log of another job: its own knobs, no vLLM flag and no rolling restart for a program that is not served
+        acts = [unknown_note()] if kind == "unknown" else []
+        acts.append(restart(kind))
+        mem = KNOBS[kind]["memory"]
+        if mem:
+            acts.append(f"Leave the allocator headroom outside the engine's pre-allocated memory: lower {mem} by "
+                        "about 5 % of the GPU.")
+        acts.append(EXPANDABLE_ONE_LINE)
+        return acts
+    acts: list[str] = []
+    gmu = _f(config.get("gpu_memory_utilization"))
+    sized = _f(ctx.get("sized_gpu_memory_utilization"))
+    slack = _f(ctx.get("slack_bytes"))
+    total = _f(ctx.get("gpu_memory_total_bytes"))
+    step = 0.05  # 0.9 -> 0.85 (5 % of the GPU) leaves the allocator headroom outside the KV pool
+    head = f" (~{step * total / GiB:.1f} GiB of this GPU)" if total else ""
+    waste = f"; the allocator now holds {slack / GiB:.1f} GiB it cannot use" if slack else ""
+    if sized is not None:
+        # the value fragscope size computes from the same log (one question, one answer): docs/sizing.md
+        acts.append(f"Restart now, then set --gpu-memory-utilization {sized:.2f}"
+                    + (f" (currently {gmu:.2f})" if gmu is not None else "")
+                    + ": the value `fragscope size --log` computes from this log's own figures" + f"{waste}.")
+    elif gmu is not None:
+        acts.append(f"Restart now, then set --gpu-memory-utilization {max(0.5, gmu - step):.2f} "
+                    f"(currently {gmu:.2f}) to leave {step:.2f} of the GPU{head} as allocator headroom{waste}.")
+    else:
+        acts.append(f"Restart now, then lower --gpu-memory-utilization by {step:.2f} (e.g. 0.90 → "
+                    f"{0.90 - step:.2f}); the value in force is not in this evidence (vllm:cache_config_info, "
+                    "or the engine's args line in its log).")
+    acts.append(EXPANDABLE_ONE_LINE)
+    acts.append("Schedule rolling restarts every 12–24 h until fragmentation stays flat.")
+    return acts
+
+
+PLAYBOOK = Playbook(
+    ID, "PyTorch allocator fragmentation",
+    "Memory the caching allocator holds is split into pieces too small for new requests; the engine "
+    "runs smaller batches, preempts and stalls on allocation retries while the GPU looks busy.",
+    ["Restart the engine (rolling, one replica at a time): fragmentation only clears when the "
+     "process releases its segments.",
+     "If a restart is impossible right now: drain traffic from this replica to healthy peers."],
+    [Action("Lower gpu_memory_utilization to leave the allocator headroom outside the KV pool "
+            "(0.9 → 0.85 typical).",
+            ["the KV pool can shrink by that share without hitting kv-cache-pressure "
+             "(check vllm:kv_cache_usage_perc peaks < 0.9)"],
+            ["the model's max_model_len only just fits: fewer KV blocks can make startup fail "
+             "(\"larger than the available KV cache memory\")"]),
+     expandable_segments(),
+     Action("Schedule restarts every 12–24 h until the durable fix is proven.",
+            ["more than one replica behind the load balancer"],
+            ["a single replica: each restart is an outage (~1–5 min model load)"]),
+     Action("If fragmentation persists: PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:<size> so large cached "
+            "blocks are never split by small requests (start at 512).",
+            ["inactive_split_bytes is a large share of reserved"],
+            ["it can cost throughput (more cudaMalloc calls); not with expandable_segments",
+             "ignored under backend:cudaMallocAsync"])],
+    ["fragscope_torch_fragmentation_ratio returns to its baseline (< 10 %) after the restart and stays "
+     "flat for 6 h",
+     "torch allocation retries stay at 0/min; preemptions back to ~0",
+     "tokens/s at the same traffic returns to the baseline; running batch back to its baseline"],
+    ["pytorch docs: notes/cuda.rst 'Optimizing memory usage with PYTORCH_CUDA_ALLOC_CONF'",
+     "pytorch/pytorch#29554 (fragmentation measure), #159564 (expandable segments and inactive_split)"])
+
+
+ALSO_FROM = ("snapshot", "log")

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import ids
-from ..model import Evidence, Finding, Inconclusive, Severity
+from ..model import Action, Evidence, Finding, Inconclusive, Playbook, Severity
 from ..promql import KG, PRESENT, RATE_RANGE, AlertRule, TriageCheck, num, sig as psig
 from ..signals import any_of
 from . import stats
@@ -243,3 +243,35 @@ def triage_check(m=(), present: str = PRESENT, rate: str = RATE_RANGE, cfg: Conf
 
 # The fleet triage runs it (fragscope/fleet/triage.py; docs/fleet.md#triage).
 TRIAGE = TriageCheck("gpu_fault", "max_over_time", triage_check, "fault")
+
+
+# --- playbook: what to do about it; actions computed from a finding's context -------------------------------------
+def actions(ctx: dict, config: dict) -> list[str]:
+    """The action of each fault the finding names (NVIDIA's Xid catalogue, the ECC and link rules above), once."""
+    return list(dict.fromkeys(ctx.get("actions") or []))
+
+
+PLAYBOOK = Playbook(
+    ID, "GPU hardware fault",
+    "The GPU reports a hardware fault (an Xid of a hardware class, uncorrectable ECC errors, a pending or "
+    "failed row remap, retired pages, a degraded or erroring PCIe / NVLink link). No engine setting fixes "
+    "it: the GPU needs a reset, the node a drain, or the board service.",
+    ["Drain the node (kubectl cordon + drain) so no new work lands on the faulty GPU.",
+     "Follow the action named in the finding (NVIDIA's Xid catalogue): reset the GPU (nvidia-smi -r, with no "
+     "process on it) or reboot the node; RMA on a failed row remap or a repeating fault."],
+    [Action("Reset the GPU to apply a pending row remap or page retirement, then run DCGM diagnostics "
+            "(dcgmi diag -r 2) before returning the node to service.",
+            ["no process uses the GPU (drained)"],
+            ["a failed remap or repeated uncorrectable errors: the board needs service, not a reset"]),
+     Action("Reseat the GPU (or its riser / cable) when its PCIe link trains below its maximum under load or "
+            "replays keep climbing; service it if the link degrades again.",
+            ["the node can be taken down"],
+            ["a link that trains down only at idle: power management, not a fault"])],
+    ["dcgmi diag -r 2 passes; Xid field back to 0 after the exporter restarts; ECC volatile counts 0 after "
+     "the reset", "the PCIe link at its maximum generation and width under load; replays flat"],
+    ["NVIDIA Xid catalogue: docs.nvidia.com/deploy/xid-errors (Resolution Bucket)",
+     "NVIDIA A100+ GPU memory error management: docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt",
+     "DCGM health watches (PCIe replay rate, NVLink errors, memory)"])
+
+
+RUNS_ON_SHORT_WINDOWS = True  # judges the present itself: runs on windows of any length

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import ids
-from ..model import Evidence, Finding, Inconclusive, Severity
+from ..model import Action, Evidence, Finding, Inconclusive, Playbook, Severity
 from ..promql import K, PRESENT, RATE_RANGE, AlertRule, TriageCheck, num, sig as psig
 from ..signals import any_of
-from ..units import fmt_bytes
+from ..units import finite_or_none as _f, fmt_bytes
 from . import stats
 from .frame import Frame
 from .host_common import gauge, increase, judged_span
@@ -170,3 +170,43 @@ def triage_check(m=(), present: str = PRESENT, rate: str = RATE_RANGE, cfg: Conf
 
 # The fleet triage runs it (fragscope/fleet/triage.py; docs/fleet.md#triage).
 TRIAGE = TriageCheck("container_working_set_of_limit_ratio", "max_over_time", triage_check, "working_set_of_limit_ratio")
+
+
+# --- playbook: what to do about it; actions computed from a finding's context -------------------------------------
+def actions(ctx: dict, config: dict) -> list[str]:
+    acts = []
+    ws, lim = _f(ctx.get("working_set_bytes")), _f(ctx.get("limit_bytes"))
+    if ws is not None and lim is not None and lim > 0:
+        acts.append(f"Raise the container's memory limit above {fmt_bytes(ws * 1.25)} (working set "
+                    f"{fmt_bytes(ws)} of {fmt_bytes(lim)}), or shrink what the engine holds in host memory.")
+    kills = _f(ctx.get("oom_kills"))
+    if kills:
+        acts.append(f"The kernel OOM-killed {kills:.0f} process(es): the restart was the kernel's, not CUDA's "
+                    "(kubectl describe pod shows OOMKilled).")
+    return acts
+
+
+PLAYBOOK = Playbook(
+    ID, "Host memory pressure",
+    "The engine's container is near its memory limit, the kernel's OOM killer ended a process in it, or the "
+    "host is short of memory and swapping: the engine dies without a CUDA error, or every step slows.",
+    ["If OOM kills happened: raise the container's memory limit and roll the pod; the engine will be killed "
+     "again at the same point otherwise."],
+    [Action("Shrink vLLM's CPU swap space: --swap-space (GiB per GPU of host memory kept for preempted "
+            "sequences; default 4) or 0 where preemption by recompute suffices.",
+            ["the engine is vLLM with --swap-space set above what the limit allows"],
+            ["workloads with many parallel samples (n > 1, beam search) rely on swapping"]),
+     Action("Turn off or shrink CPU offload (--cpu-offload-gb) and multimodal processor caches "
+            "(--mm-processor-cache-gb).",
+            ["those options are set"],
+            ["the model fits on the GPU only with offload: give the container memory instead"]),
+     Action("Raise the container's memory limit to the measured working set plus 25 %.",
+            ["the node has the memory"], ["nodes packed to their allocatable memory"])],
+    ["working set below 80 % of the limit at peak; no new OOM kills (container_oom_events_total flat)",
+     "no swap traffic on the host"],
+    ["Linux kernel docs: admin-guide/cgroup-v2.rst (memory.max, memory.events oom_kill)",
+     "Kubernetes docs: node-pressure eviction (working set)", "vLLM engine arguments: --swap-space, "
+     "--cpu-offload-gb"])
+
+
+RUNS_ON_SHORT_WINDOWS = True  # judges the present itself: runs on windows of any length

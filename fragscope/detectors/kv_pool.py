@@ -22,6 +22,7 @@ from ..promql import K, KG, PRESENT, RATE_RANGE, AlertRule, TriageCheck, num, qu
 from ..signals import any_of, primary, wanted_by_reason
 from ..sizing.arith import SizingConfig, pool_pressure
 from ..sizing.detect import detect_kv_pool_undersized
+from ..sizing.playbooks import KV_POOL_UNDERSIZED, kv_pool_undersized_actions
 from ..sizing.playbooks import KV_POOL_UNDERSIZED_ID as ID
 from ..sizing.runtime import runtime_from_frame
 from ..sizing.startup import accounting_from_cache_config
@@ -131,3 +132,12 @@ def alert_rule(cfg: SizingConfig = SizingConfig()) -> AlertRule:
         "kv_full where labelled) with memory left beyond the sizing margin at the GPU's peak.",
         {"full_kv_usage": cfg.full_kv_usage, "margin_ratio": cfg.margin_ratio, "min_step": cfg.min_step,
          "margin_min_bytes": cfg.margin_min_bytes})
+
+
+# --- playbook: what to do about it; actions computed from a finding's context -------------------------------------
+# The playbook and its actions live with the sizing arithmetic, which reports the same id from an engine's
+# start-up log (docs/sizing.md): one playbook whichever evidence found it.
+PLAYBOOK = KV_POOL_UNDERSIZED
+actions = kv_pool_undersized_actions
+ALSO_FROM = ("log",)
+RUNS_ON_SHORT_WINDOWS = True  # a level judgement: peaks over whatever window is given

@@ -15,9 +15,9 @@ import numpy as np
 
 from .. import ids
 from ..signals import any_of, primary, wanted_by_reason
-from ..model import Evidence, Finding, Inconclusive, Severity
+from ..model import Action, Evidence, Finding, Inconclusive, Playbook, Severity
 from ..promql import K, PRESENT, RATE_RANGE, AlertRule, TriageCheck, num, sig
-from ..units import fmt_pct
+from ..units import finite_or_none as _f, fmt_pct, MiB
 from . import common, stats
 from . import level as lv
 from .frame import Frame
@@ -272,3 +272,76 @@ def alert_rule(cfg: Config = Config()) -> AlertRule:
 def signature(f: Frame, sp: stats.Spans, cfg: Config = Config()) -> bool:
     """Preemptions at >= preempt_per_min in the recent window: the pool ran out (not plain load)."""
     return common.preemption_fact(f, sp, cfg.preempt_per_min).present
+
+
+# --- playbook: what to do about it; actions computed from a finding's context -------------------------------------
+def actions(ctx: dict, config: dict) -> list[str]:
+    acts: list[str] = []
+    if ctx.get("crash_line"):  # one preemption, then the run died: the crash is what to read (detectors/logs.py)
+        return [f"Read the crash at line {int(ctx['crash_line'])} (its traceback's last line names the error; diagnose "
+                "logs lists it when it is an OOM); one preemption needs no change of its own."]
+    gmu = _f(config.get("gpu_memory_utilization"))
+    running = _f(ctx.get("running"))
+    cap = _f(ctx.get("cap_sequences"))
+    u_need = _f(ctx.get("needed_gpu_memory_utilization"))
+    if cap:  # the log's own arithmetic (detectors/log_queue.py): what the pool holds at the observed length
+        acts.append(f"Cap {ctx.get('batch_flag') or '--max-num-seqs'} at {max(1, int(cap))} (what the pool holds at "
+                    "the observed length), or add replicas.")
+        if u_need is not None:
+            acts.append(f"Or grow the pool: --gpu-memory-utilization {u_need:.2f} holds the configured batch at that "
+                        "length, if NVML shows that memory free at peak (fragscope size --log FILE --recording REC).")
+        return acts
+    if running:
+        acts.append(f"Cap --max-num-seqs at ~{max(1, int(running * 0.8))} (80 % of the {running:.0f} sequences "
+                    f"running at the edge) or add replicas.")
+    peers = ctx.get("_peers") or {}
+    sized = {k: v for k, v in (peers.get("settings") or {}).items()
+             if k in ("--gpu-memory-utilization", "--kv-cache-memory-bytes")}
+    kvb = _f(config.get("kv_cache_memory_bytes"))
+    if sized:
+        # kv-pool-undersized measured the headroom: its value, not a rule of thumb (docs/sizing.md)
+        flag, (value, by) = next(iter(sized.items()))
+        was = f" (now {gmu:.2f})" if flag == "--gpu-memory-utilization" and gmu is not None else ""
+        acts.append(f"Give the KV pool the GPU's unused headroom: {flag} {value}{was}, the value {by} computed "
+                    "from the measured peaks.")
+    elif kvb:
+        # --kv-cache-memory-bytes overrides gpu_memory_utilization for the KV pool (vLLM >= 0.11)
+        acts.append(f"If NVML shows free memory and the allocator is healthy: raise --kv-cache-memory-bytes "
+                    f"{kvb / MiB:.0f} MiB → {kvb * 1.25 / MiB:.0f} MiB (it overrides "
+                    f"--gpu-memory-utilization for the KV pool).")
+    elif gmu is not None and gmu < 0.95:
+        acts.append(f"If NVML shows free memory and the allocator is healthy: raise --gpu-memory-utilization "
+                    f"{gmu:.2f} → {min(0.95, gmu + 0.03):.2f}.")
+    for c in ctx.get("cause", []) or []:
+        acts.append(f"Traffic changed ({c}): size the pool for it or route long requests elsewhere.")
+    return acts
+
+
+PLAYBOOK = Playbook(
+    ID, "KV-cache pressure and preemption storm",
+    "The KV block pool is full; the scheduler preempts running sequences to free blocks and redoes "
+    "their work, requests queue and TTFT's tail explodes.",
+    ["Shed or redirect load: route new requests to replicas with KV headroom.",
+     "Cap concurrency now: lower max_num_seqs (restart needed) or the gateway's concurrency limit."],
+    [Action("Cap max_num_seqs near the batch the pool can hold.",
+            ["the preemptions come from too many concurrent sequences"],
+            ["a throughput-optimised batch job: a lower cap reduces throughput"]),
+     Action("Give the KV cache more memory: raise gpu_memory_utilization (e.g. 0.90 → 0.92–0.95).",
+            ["NVML shows free memory outside vLLM's budget and no allocator fragmentation"],
+            ["allocator fragmentation or OOMs already seen: less headroom makes them worse",
+             "other processes share the GPU"]),
+     Action("Shorten max_model_len to what traffic needs (request length histograms), so fewer "
+            "blocks per sequence are reserved.",
+            ["p99 request length is well below max_model_len"],
+            ["clients legitimately send long contexts"]),
+     Action("Add replicas (scale out) or enable prefill/decode separation for long prompts.",
+            ["budget for more GPUs"], []),
+     Action("Use an FP8 KV cache (--kv-cache-dtype fp8) to double the tokens per GiB.",
+            ["a GPU and attention backend supporting FP8 KV"],
+            ["accuracy-sensitive workloads not yet validated with FP8 KV"])],
+    ["rate(vllm:num_preemptions_total[5m]) back to ~0",
+     "vllm:kv_cache_usage_perc peaks below ~0.9", "TTFT p99 back within ~2x of p50 trends"],
+    ["vLLM docs: 'Preemption' in optimization.md"])
+
+
+ALSO_FROM = ("log",)

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import ids
-from ..model import Evidence, Finding, Inconclusive, Severity
+from ..model import Action, Evidence, Finding, Inconclusive, Playbook, Severity
 from ..promql import KG, PRESENT, AlertRule, num, sig
+from ..units import finite_or_none as _f
 from . import common, stats
 from .frame import Frame
 
@@ -214,3 +215,36 @@ def alert_rule(cfg: Config = Config()) -> AlertRule:
         f"is absent), while the allocator's unusable share rose less than {cfg.gap_rise_max * 100:g} points.",
         "Steady growth of live allocations over the last hour, not fragmentation (docs/diagnoses.md#memory-leak).",
         {"growth_of_base": cfg.growth_of_base, "growth_of_total": cfg.growth_of_total, "gap_rise_max": cfg.gap_rise_max})
+
+
+# --- playbook: what to do about it; actions computed from a finding's context -------------------------------------
+def actions(ctx: dict, config: dict) -> list[str]:
+    h = _f(ctx.get("hours_to_full"))
+    if h is None:
+        return []
+    return [f"Restart within {max(0.0, h * 0.8):.1f} h (memory exhausted in ~{h:.1f} h at this rate); "
+            "take a memory snapshot first."]
+
+
+PLAYBOOK = Playbook(
+    ID, "GPU memory leak",
+    "Live allocations grow without bound, independent of traffic; the process will run out of memory.",
+    ["Restart the engine before it OOMs (rolling), and capture a memory snapshot first "
+     "(fragscope capture --kind snapshot) to find what holds the memory."],
+    [Action("Find the owner: record memory history (torch.cuda.memory._record_memory_history) and compare "
+            "two snapshots an hour apart (diagnose snapshot); look for growing allocation stacks.",
+            ["the engine runs under fragscope-probe or you can set env vars at start"],
+            ["memory history recording costs ~2 µs per allocation: keep max_entries bounded"]),
+     Action("Check request-scoped caches (LoRA adapters, prefix caches outside vLLM, logits processors, "
+            "custom outputs kept in Python lists).", [], []),
+     Action("Until fixed: scheduled restarts before the projected exhaustion time.",
+            ["more than one replica"], ["a single replica"])],
+    ["fragscope_torch_allocated_bytes flat (slope ~0) over hours at steady traffic",
+     "no torch OOMs"],
+    ["pytorch docs: torch_cuda_memory.html (memory snapshots)"])
+
+
+# A trend-only diagnosis: what a window too short for it says, and the least span that can show a leak.
+SHORT_WINDOW_REASON = ("a leak shows only as growth over time: give it at least 30 min of history "
+                       "(e.g. diagnose --agent URL --since 1h, or a recording of that length)")
+MIN_TREND_SPAN_S = 30 * 60.0

@@ -11,9 +11,9 @@ import numpy as np
 
 from .. import ids
 from ..signals import primary
-from ..model import Evidence, Finding, Inconclusive, Severity
+from ..model import Action, Evidence, Finding, Inconclusive, Playbook, Severity
 from ..promql import K, RATE_RANGE, AlertRule, num, sig
-from ..units import fmt_pct
+from ..units import finite_or_none as _f, fmt_pct
 from . import common, stats
 from . import level as lv
 from .frame import Frame
@@ -181,3 +181,31 @@ def alert_rule(cfg: Config = Config()) -> AlertRule:
         {"waiting_share": cfg.waiting_share, "kv_busy": cfg.kv_busy, "tput_at_peak": cfg.tput_at_peak,
          "preempt_trickle_per_min": cfg.preempt_trickle_per_min},
         shown={"waiting_share": f"quantile_over_time({num(round(1 - cfg.waiting_share, 12))},"})
+
+
+# --- playbook: what to do about it; actions computed from a finding's context -------------------------------------
+def actions(ctx: dict, config: dict) -> list[str]:
+    """"At its peak throughput" only where the window showed it (the change path checks throughput holds within
+    10 % of its best); the level path sees a queue, not whether throughput holds under it."""
+    tps = _f(ctx.get("tokens_per_s"))
+    if ctx.get("basis") == "level" or tps is None:
+        return ["Add a replica if this queue is the load you expect; the present alone shows the queue, not whether "
+                "throughput holds at its best under it (a window of 15 min or more shows it: diagnose --vllm URL "
+                "--duration 15m, or the agent's history)."]
+    return [f"Add a replica: this one holds its peak throughput ({tps:.0f} tok/s, within 10 % of its best in the "
+            "window) while requests queue."]
+
+
+PLAYBOOK = Playbook(
+    ID, "Capacity saturation (healthy but busy)",
+    "The server is doing all it can: queue and KV usage rose with traffic, throughput with them, no pathology.",
+    ["Scale out: add replicas (or let the autoscaler do it on vllm:num_requests_waiting)."],
+    [Action("Autoscale on queue depth (vllm:num_requests_waiting) or KV usage, not on GPU utilization.",
+            [], []),
+     Action("If latency SLOs matter more than throughput: cap max_num_seqs to bound the batch.",
+            [], ["throughput-oriented batch traffic"])],
+    ["requests waiting back to ~0 at the same traffic; TTFT p99 within SLO"], [])
+
+
+# A queue on a long window whose change path saw no saturation is not reported from the present alone.
+LEVEL_ON_LONG_WINDOWS = False

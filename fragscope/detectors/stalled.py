@@ -17,9 +17,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import ids
-from ..model import Evidence, Finding, Inconclusive, Severity
+from ..model import Action, Evidence, Finding, Inconclusive, Playbook, Severity
 from ..promql import K, PRESENT, RATE_RANGE, AlertRule, TriageCheck, sig as psig
 from ..signals import any_of
+from ..units import finite_or_none as _f
 from . import common, stats
 from .frame import Frame
 
@@ -167,3 +168,48 @@ def triage_check(m=(), present: str = PRESENT, rate: str = RATE_RANGE, cfg: Conf
 
 # The fleet triage runs it (fragscope/fleet/triage.py; docs/fleet.md#triage).
 TRIAGE = TriageCheck("requests_in_flight", "max_over_time", triage_check, "requests_in_flight")
+
+
+# --- playbook: what to do about it; actions computed from a finding's context -------------------------------------
+def actions(ctx: dict, config: dict) -> list[str]:
+    kind = ctx.get("kind")
+    s = _f(ctx.get("stalled_seconds")) or 0
+    acts = [f"Capture the stacks before restarting (the engine has made no progress for {s:.0f} s): "
+            "py-spy dump --pid <engine core pid> (and each worker's), or send SIGUSR1 where faulthandler is "
+            "registered."]
+    if kind == "collective":
+        acts.append("The GPUs spin with no progress: an NCCL collective waits for a rank that never joins. Restart "
+                    "with NCCL_DEBUG=INFO and TORCH_NCCL_ASYNC_ERROR_HANDLING=1 / TORCH_NCCL_TRACE_BUFFER_SIZE set "
+                    "so the next hang names the rank.")
+    elif kind == "host":
+        acts.append("The GPUs idle: the host side is stuck (a blocked or stopped process, a deadlocked thread). "
+                    "Check the processes' state (ps -o stat: T stopped, D blocked on I/O) before restarting.")
+    return acts
+
+
+PLAYBOOK = Playbook(
+    ID, "Engine stalled: requests in flight, no progress",
+    "Requests are running or waiting, yet the engine produces no token and finishes no request while its "
+    "API server still answers: the engine loop is blocked (an NCCL collective that never completes, or a "
+    "host-side hang). Readiness probes pass; every request in flight times out.",
+    ["Capture stacks first (py-spy dump --pid PID for the engine core and each worker), then restart the "
+     "engine (delete the pod): a hung collective does not recover by itself.",
+     "Take the replica out of the load balancer: it accepts requests it will not serve."],
+    [Action("Make the next hang diagnosable and bounded: NCCL_DEBUG=INFO (WARN in steady state), "
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING=1 and a collective timeout, so a lost rank fails the process "
+            "instead of hanging it.",
+            ["a multi-GPU (tensor- or pipeline-parallel) engine"],
+            ["NCCL_DEBUG=INFO logs every communicator: keep it off in steady state on busy nodes"]),
+     Action("Add a liveness check on progress, not on the HTTP port: fail it when requests run and "
+            "generation_tokens_total has not moved for a minute (this alert, or a probe script).",
+            ["the engine exports its counters"],
+            ["very long single prefills (hundreds of thousands of tokens) on slow GPUs can exceed a short "
+             "threshold: size it above the longest prefill"])],
+    ["generation_tokens_total rises again and requests finish after the restart",
+     "no new engine-stalled finding over the next hour"],
+    ["PyTorch docs: torch.distributed environment variables (TORCH_NCCL_ASYNC_ERROR_HANDLING, "
+     "TORCH_NCCL_TRACE_BUFFER_SIZE)", "NCCL docs: environment variables (NCCL_DEBUG)",
+     "py-spy: py-spy dump --pid"])
+
+
+RUNS_ON_SHORT_WINDOWS = True  # judges the present itself: runs on windows of any length

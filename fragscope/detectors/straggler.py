@@ -18,8 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import ids
-from ..model import Evidence, Finding, Inconclusive, Severity
+from ..model import Action, Evidence, Finding, Inconclusive, Playbook, Severity
 from ..promql import KG, K, PRESENT, RATE_RANGE, AlertRule, TriageCheck, num, sig as psig
+from ..units import finite_or_none as _f
 from . import common, stats
 from .frame import Frame
 from .host_common import judged_span, present_span
@@ -159,3 +160,38 @@ def triage_check(m=(), present: str = PRESENT, rate: str = RATE_RANGE, cfg: Conf
 
 # The fleet triage runs it (fragscope/fleet/triage.py; docs/fleet.md#triage).
 TRIAGE = TriageCheck("sm_clock_of_peer_median_ratio", "min_over_time", triage_check, "clock_of_peer_median_ratio")
+
+
+# --- playbook: what to do about it; actions computed from a finding's context -------------------------------------
+def actions(ctx: dict, config: dict) -> list[str]:
+    g = ctx.get("rank_gpu")
+    why = ctx.get("why") or []
+    gap = _f(ctx.get("clock_gap_ratio")) or 0
+    acts = [f"GPU {g} sets the pace of every step ({gap * 100:.0f} % slower clock): check it first "
+            f"(nvidia-smi -q -i {g} -d PERFORMANCE,CLOCK,TEMPERATURE,POWER)."]
+    if any("PCIe" in w for w in why):
+        acts.append(f"GPU {g}'s PCIe link is below its maximum: drain the node and reseat the GPU or its riser.")
+    if any("°C" in w or "thermal" in w for w in why):
+        acts.append(f"GPU {g} runs hotter than its peers: check its fans / airflow and the slot's cooling.")
+    return acts
+
+
+PLAYBOOK = Playbook(
+    ID, "One rank slower than its peers",
+    "In a multi-GPU engine one busy GPU runs slower than the others; every collective waits for it, so "
+    "the whole engine runs at that GPU's speed while the other ranks idle inside NCCL.",
+    ["Find why that GPU is slow (its clock reasons, temperature, PCIe link, power limit) before touching "
+     "the engine's settings.",
+     "If a spare node exists: move the engine off the node with the slow GPU."],
+    [Action("Fix the slow GPU's cause: cooling for a thermal slowdown, reseating for a degraded PCIe link, "
+            "resetting application clocks / power limits to the peers' values (nvidia-smi -rac, -pl).",
+            ["the cause is named in the finding"],
+            ["a power limit set on purpose (a power-capped rack): cap every GPU alike instead"]),
+     Action("Replace or service the GPU if it stays slower with the same clocks, temperature and link as its "
+            "peers.", ["the gap persists across reboots"], ["a single observation: confirm over hours first"])],
+    ["the GPUs' SM clocks within a few % of each other under load", "throughput up at the same traffic"],
+    ["HTA (Holistic Trace Analysis): comm/comp overlap and straggler analysis across ranks",
+     "NVIDIA nvidia-smi: clocks event reasons"])
+
+
+RUNS_ON_SHORT_WINDOWS = True  # judges the present itself: runs on windows of any length

@@ -14,10 +14,10 @@ import numpy as np
 
 from .. import ids
 from ..gpus import MAX_SM_CLOCK_MHZ, max_sm_clock_hertz
-from ..model import Evidence, Finding, Inconclusive, Severity
+from ..model import Action, Evidence, Finding, Inconclusive, Playbook, Severity
 from ..promql import KG, PRESENT, RATE_RANGE, AlertRule, TriageCheck, norm, num, quote, rx_escape, sig, variants
 from ..signals import SIGNALS
-from ..units import fmt_pct
+from ..units import finite_or_none as _f, fmt_pct
 from . import common, stats
 from . import level as lv
 from .frame import Frame
@@ -277,3 +277,26 @@ def signature(f: Frame, sp: stats.Spans, cfg: Config = Config()) -> bool:
             if c.known and c.baseline > 0 and 1 - c.recent / c.baseline >= cfg.clock_drop:
                 return True
     return False
+
+
+# --- playbook: what to do about it; actions computed from a finding's context -------------------------------------
+def actions(ctx: dict, config: dict) -> list[str]:
+    return [f"Reason {ctx.get('reason', 'unknown')}: see the matching durable fix; clocks are "
+            f"{(_f(ctx.get('clock_drop_ratio')) or 0) * 100:.0f} % down."]
+
+
+PLAYBOOK = Playbook(
+    ID, "GPU clock throttling",
+    "The GPU lowered its clocks for power or temperature; the same work runs slower.",
+    ["Check the node: fans, inlet temperature, power capping (nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER).",
+     "Move traffic away from this GPU/node if throughput matters more than capacity."],
+    [Action("Thermal: fix cooling (airflow, blanking panels, fan policy, datacenter inlet temperature).",
+            ["reason hw_thermal_slowdown / sw_thermal_slowdown or temperature >= ~83 °C"], []),
+     Action("Power: check the power limit (nvidia-smi -q -d POWER) against the board's default; raise it "
+            "if it was capped below default.",
+            ["reason sw_power_cap with a limit below the default TDP"],
+            ["facility power budget: the cap may be deliberate"]),
+     Action("hw_slowdown / hw_power_brake_slowdown: a hardware or PSU signal — drain the node and open a "
+            "hardware ticket.", ["reason hw_slowdown or hw_power_brake_slowdown"], [])],
+    ["SM clock back near its max under load; throttle reasons inactive; tokens/s back to baseline"],
+    ["NVML nvmlDeviceGetCurrentClocksEventReasons"])

@@ -1,5 +1,6 @@
 """Diagnoses and what to do about them: the registry (one declaration per diagnosis, registry.py),
-their playbooks (window.py, evidence.py), and attaching a built playbook to each finding.
+the window diagnoses (window.py: one line per module of fragscope.detectors, which holds its playbook),
+the deep-evidence ones (evidence.py), and attaching a built playbook to each finding.
 
 A playbook says what to do now, what fixes it for good (with values computed from the evidence and
 the engine's config), when *not* to apply each fix, and how to verify it worked. Ids are contracts
@@ -8,12 +9,12 @@ the engine's config), when *not* to apply each fix, and how to verify it worked.
 from __future__ import annotations
 
 from ..model import Action, Playbook, Report
-from . import evidence, host, window
-from .fixes import EXPANDABLE_CONTRA
+from . import evidence, window
+from ..advice.fixes import EXPANDABLE_CONTRA
 from .registry import Diagnosis, Registry, raw_names
 
 REGISTRY = Registry()
-for _d in window.DIAGNOSES + host.DIAGNOSES + evidence.DIAGNOSES:
+for _d in window.DIAGNOSES + evidence.DIAGNOSES:
     REGISTRY.add(_d)
 
 # id -> Playbook, derived from the registry (diagnose explain, docs checks).

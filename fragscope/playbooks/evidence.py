@@ -7,8 +7,8 @@ from ..detectors import batching, cpu_fallback
 from ..model import Action, Playbook
 from ..trace_playbooks import UNIFIED_MEMORY_THRASHING_PLAYBOOK
 from ..sizing.playbooks import STARTUP_OOM, startup_oom_actions
-from .fixes import expandable_segments
-from .jobs import KNOBS, kind_of, reduce_need, unknown_note
+from ..advice.fixes import expandable_segments
+from ..advice.jobs import KNOBS, kind_of, reduce_need, unknown_note
 from .registry import Diagnosis
 
 

@@ -86,21 +86,31 @@ class Diagnosis:
         return self.playbook.title
 
     @classmethod
-    def from_module(cls, mod: Any, playbook: Playbook, **kw: Any) -> "Diagnosis":
+    def from_module(cls, mod: Any, **kw: Any) -> "Diagnosis":
         """A window diagnosis as its module declares it (docs/diagnoses.md, "Adding a diagnosis"): ``ID``,
-        ``detect``, ``Config``, ``REQUIRES``, ``CORROBORATES`` and, where the module has them, ``level``,
-        ``alert_rule``, ``TRIAGE``, ``signature``, ``SUPPRESSED_BY`` and ``CAPTURE``. ``kw`` adds the rest (actions,
-        also_from, ...) or overrides."""
+        ``detect``, ``Config``, ``REQUIRES``, ``CORROBORATES``, ``PLAYBOOK`` and, where the module has them,
+        ``actions``, ``level``, ``alert_rule``, ``TRIAGE``, ``signature``, ``SUPPRESSED_BY``, ``CAPTURE``,
+        ``ALSO_FROM``, ``RUNS_ON_SHORT_WINDOWS``, ``LEVEL_ON_LONG_WINDOWS``, ``SHORT_WINDOW_REASON`` and ``MIN_TREND_SPAN_S``.
+        ``kw`` overrides. A module without a ``PLAYBOOK`` gets an empty one, which the registry test reports
+        with every other gap."""
         fields: dict[str, Any] = {"detect": mod.detect, "config": getattr(mod, "Config", None),
                                   "requires": tuple(getattr(mod, "REQUIRES", ())),
                                   "corroborates": tuple(getattr(mod, "CORROBORATES", ()))}
-        for attr, key in (("level", "level"), ("alert_rule", "alert"), ("TRIAGE", "triage"), ("signature", "signature"),
-                          ("SUPPRESSED_BY", "suppressed_by"), ("CAPTURE", "capture")):
+        for attr, key in MODULE_FIELDS:
             v = getattr(mod, attr, None)
-            if v is not None and not isinstance(v, type(mod)):  # a function or tuple, never a submodule
+            if v is not None and not isinstance(v, type(mod)):  # a function or value, never a submodule
                 fields[key] = v
         fields.update(kw)
+        playbook = getattr(mod, "PLAYBOOK", None) or Playbook(mod.ID, "", "", [], [], [])
         return cls(mod.ID, playbook, **fields)
+
+
+# What :meth:`Diagnosis.from_module` reads from a diagnosis module beyond its detector: (module name, field).
+MODULE_FIELDS = (("actions", "actions"), ("level", "level"), ("alert_rule", "alert"), ("TRIAGE", "triage"),
+                 ("signature", "signature"), ("SUPPRESSED_BY", "suppressed_by"), ("CAPTURE", "capture"),
+                 ("ALSO_FROM", "also_from"),
+                 ("RUNS_ON_SHORT_WINDOWS", "runs_on_short_windows"), ("LEVEL_ON_LONG_WINDOWS", "level_on_long_windows"),
+                 ("SHORT_WINDOW_REASON", "short_window_reason"), ("MIN_TREND_SPAN_S", "min_trend_span_s"))
 
 
 @dataclass

@@ -25,7 +25,7 @@ from ..detectors.snapshot import (
 )
 from ..detectors.snapshot_allocator import MiB, fmt_bytes
 from ..model import Action, Finding
-from .fixes import EXPANDABLE_CONTRA, EXPANDABLE_PRE
+from ..advice.fixes import EXPANDABLE_CONTRA, EXPANDABLE_PRE
 
 # PYTORCH_CUDA_ALLOC_CONF options: text = why it helps
 EXPANDABLE_SEGMENTS = Action(

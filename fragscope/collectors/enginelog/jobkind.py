@@ -52,7 +52,7 @@ def job_kind(markers: set[str] | frozenset[str], sources=()) -> str:
 
 # The knobs of each kind, so that advice names a setting of the program that produced the evidence (flag names are
 # each program's own: vLLM and SGLang --help, TGI's launcher arguments, TensorRT-LLM's KvCacheConfig /
-# trtllm-serve, Triton's config.pbtxt, ComfyUI's command line); read by playbooks/jobs.py and sizing.
+# trtllm-serve, Triton's config.pbtxt, ComfyUI's command line); read by advice/jobs.py and sizing.
 KNOBS: dict[str, dict] = {
     "vllm": {"name": "vLLM", "memory": "--gpu-memory-utilization", "serving": True,
              "load": "--max-num-seqs / --max-num-batched-tokens", "length": "--max-model-len"},
