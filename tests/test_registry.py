@@ -30,7 +30,7 @@ def registry_gaps(d: Diagnosis, registry=REGISTRY) -> list[str]:
         gaps.append(f"no constant for {d.id!r} in fragscope/ids.py")
     pb = d.playbook
     if not (pb.title and pb.meaning):
-        gaps.append("playbook: a title and its meaning")
+        gaps.append("playbook: a title and its meaning (PLAYBOOK in the diagnosis's module)")
     if not (pb.immediate and pb.durable and pb.verify and all(a.text for a in pb.durable)):
         gaps.append("playbook: what to do now, durable fixes (each with its text), how to verify")
     if PLAYBOOKS.get(d.id) is not pb:
@@ -73,6 +73,20 @@ def registry_gaps(d: Diagnosis, registry=REGISTRY) -> list[str]:
                     gaps.append(f"dashboards/rules/tests/{d.id}.yml must test {name} firing and silent")
         if d.id not in PATHOLOGIES:
             gaps.append(f"no scenario family for {d.id} (fragscope/scenarios/spec.py PATHOLOGIES, with confounders)")
+        if d.alert is not None:
+            name = d.alert().name
+            if f"| {name} | {d.id} |" not in (ROOT / "docs" / "dashboards.md").read_text(encoding="utf-8"):
+                gaps.append(f"{name} is not in the alert table of docs/dashboards.md (python -m fragscope.fleet.alerts "
+                            "--markdown, between its markers)")
+            if f"alert: {name}\n" not in (ROOT / "deploy" / "kubernetes" / "prometheus-operator.yaml").read_text(encoding="utf-8"):
+                gaps.append(f"{name} is not in deploy/kubernetes/prometheus-operator.yaml: python deploy/render.py")
+    if d.source == "window" and d.config is not None:
+        from fragscope.playbooks.registry import thresholds_markdown
+
+        table = (ROOT / "docs" / "diagnoses.md").read_text(encoding="utf-8")
+        if thresholds_markdown(registry) not in table and f"| `{d.id}` | `" not in table:
+            gaps.append("its Config is not in the threshold table of docs/diagnoses.md (python -m fragscope.playbooks, "
+                        "between its markers)")
     if d.source == "config" and d.id not in ARTEFACT_FAMILIES:
         gaps.append(f"no artefact family for {d.id} (fragscope.scenarios.ARTEFACT_FAMILIES)")
     if d.alerting and d.alert is not None and registry is REGISTRY:
@@ -97,6 +111,38 @@ def test_a_new_diagnosis_gets_every_gap_at_once():
                  "no Config", "no alert rule", "scenario family"):
         assert part in gaps, (part, gaps)
     assert len(registry_gaps(d)) >= 8
+
+
+def test_a_module_with_a_detector_only_gets_every_gap_at_once():
+    """Registered from a module that declares its id and detector only: every gap named, the playbook included."""
+    import types
+
+    mod = types.ModuleType("my_thing")
+    mod.ID, mod.detect = "x-my-thing", (lambda f: [])
+    d = Diagnosis.from_module(mod)
+    assert d.playbook.id == "x-my-thing" and d.actions({}, {}) == []
+    gaps = "\n".join(registry_gaps(d))
+    for part in ("fragscope/ids.py", "PLAYBOOK in the diagnosis's module", "durable fixes", "docs/diagnoses.md",
+                 "no Config", "no alert rule", "scenario family"):
+        assert part in gaps, (part, gaps)
+
+
+def test_a_module_declares_everything_the_registry_reads():
+    """Each window diagnosis's module holds what its registration carries: from_module copies it unchanged."""
+    import importlib
+
+    from fragscope.playbooks import window
+    from fragscope.playbooks.registry import MODULE_FIELDS
+
+    assert [d.id for d in REGISTRY.window()] == [importlib.import_module(f"fragscope.detectors.{m}").ID
+                                                 for m in window.MODULES]
+    for name in window.MODULES:
+        mod = importlib.import_module(f"fragscope.detectors.{name}")
+        d = REGISTRY[mod.ID]
+        assert d.playbook is mod.PLAYBOOK and d.detect is mod.detect and d.config is mod.Config, name
+        for attr, key in MODULE_FIELDS:
+            if hasattr(mod, attr):
+                assert getattr(d, key) == getattr(mod, attr), (name, attr)
 
 
 def test_config_diagnoses_and_artefact_families_match_the_registry():

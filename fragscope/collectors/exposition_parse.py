@@ -214,10 +214,9 @@ def parse_lines(lines: Iterable[str], default_ts: float | None = None, source: s
     ``max_lines_without_sample`` lines without a sample. ``line_cache`` (live scrapes only) learns each
     new series head for :meth:`LineCache.scrape`.
     """
-    p = Parsed()
+    p = Parsed()  # p.bad_lines counts the unparsable lines as they come
     family_types: dict[str, str] = {}
     cache: dict[str, tuple | None] = {}
-    bad = 0
     early_ok = 0
     lineno = 0
     # 0: not known yet; 1: recording (own timestamps); 2: scrapes without timestamps; 3: live scrape
@@ -268,9 +267,7 @@ def parse_lines(lines: Iterable[str], default_ts: float | None = None, source: s
                     entry[2].append(value)
                     samples += 1
                     if samples == points_cap:
-                        raise ParseError(f"{source}: {points_cap:,} points reached (line {lineno}): the cap on "
-                                         f"points per input; raise it with {ENV_MAX_POINTS}=N if the file is "
-                                         "genuine")
+                        raise points_reached(source, points_cap, lineno)
                     continue
         if not line or line == "\n":
             continue
@@ -284,20 +281,9 @@ def parse_lines(lines: Iterable[str], default_ts: float | None = None, source: s
         if mode != 1 and "&" in line:
             line = unescape_html(line)  # a paste copied from HTML source: &quot; &gt; &amp;
         if pending is not None:
-            joined = join_wrapped(pending, line)
-            if joined is not None:
-                line = joined
-                p.joined_lines += 1
-                pending = None
-            elif pieces < _MAX_PIECES and line[0] != "#" and not valid_sample(line):
-                pending = pending.rstrip("\r\n") + line.strip(" \t\r\n")  # a third piece, and so on
-                pieces += 1
+            line, pending, pieces = next_piece(p, line, pending, pending_no, pieces)
+            if line is None:
                 continue
-            else:
-                bad += 1
-                if p.first_bad is None:
-                    p.first_bad = f"line {pending_no}: incomplete sample: {pending.strip()[:80]!r}"
-                pending = None
         if mode != 1 and line[0] in "HT" and line.startswith(("HELP ", "TYPE ")):
             line = "# " + line  # a paste where markdown ate the "# " (a heading inside a quote)
         if line[0] == "#":
@@ -359,17 +345,7 @@ def parse_lines(lines: Iterable[str], default_ts: float | None = None, source: s
                     p.ignored_timestamps += 1
                 ts = 0.0  # set below, once the series is known
             elif has_ts:
-                ts = float(rest[1])
-                if ts > MS_THRESHOLD:
-                    if ts < US_THRESHOLD:
-                        ts /= 1000.0
-                    else:
-                        ts = big_timestamp(ts, p.ts_units)
-                elif ts >= 0.0:
-                    p.openmetrics_ts = True
-                else:
-                    raise ValueError("timestamp before 1970 or not a number")
-                p.saw_timestamps = True
+                ts = sample_time(p, rest[1])
             else:
                 if default_ts is None:
                     raise ParseError(f"{source}: line {lineno}: sample without a timestamp in a recording "
@@ -378,27 +354,8 @@ def parse_lines(lines: Iterable[str], default_ts: float | None = None, source: s
         except ParseError:
             raise
         except (ValueError, IndexError) as e:
-            if mode == 2 and last is not None and NUM_TAIL.match(line):
-                # a wrap cut the last sample's value: "...} 1.7740114" + "61287601e+09"
-                try:
-                    fixed = float(last[1] + line.strip())
-                except ValueError:
-                    pass
-                else:
-                    last[0][2][-1] = fixed
-                    p.joined_lines += 1
-                    last = None
-                    continue
-            if mode != 1 and (continues_comment or is_debris(line)):
-                p.junk_lines += 1
-                after_comment = cont_left if continues_comment else 0
-                continue
-            bad += 1
-            if p.first_bad is None:
-                p.first_bad = (f"line {lineno}: longer than {MAX_LINE_CHARS:,} characters, not a sample line"
-                               if line == OVERLONG else f"line {lineno}: {e}: {line.strip()[:80]!r}")
-            if early_ok == 0 and bad >= _EARLY_BAD_LIMIT:
-                raise ParseError(f"{source}: not Prometheus/OpenMetrics text ({p.first_bad})") from None
+            last, after_comment = refused_line(p, line, lineno, e, mode, last, continues_comment, cont_left,
+                                               early_ok, source)
             continue
         early_ok += 1
         since_sample = 0
@@ -413,8 +370,7 @@ def parse_lines(lines: Iterable[str], default_ts: float | None = None, source: s
         entry[2].append(value)
         samples += 1
         if samples == points_cap:
-            raise ParseError(f"{source}: {points_cap:,} points reached (line {lineno}): the cap on points per "
-                             f"input; raise it with {ENV_MAX_POINTS}=N if the file is genuine")
+            raise points_reached(source, points_cap, lineno)
     if pending is not None:  # the text ends inside a sample: a paste or a download cut short
         p.notes.append(f"the text ends inside a sample (line {pending_no}: {pending.strip()[:60]!r}): "
                        "cut short; that sample is not read")
@@ -422,10 +378,78 @@ def parse_lines(lines: Iterable[str], default_ts: float | None = None, source: s
     p.lines = lineno
     p.openmetrics_ts = p.openmetrics_ts or om_ts
     p.samples = samples
-    p.bad_lines = bad
     p.scrape_mode = mode == 2
     check_and_note(p, source)
     return p
+
+
+def points_reached(source: str, cap: int, lineno: int) -> ParseError:
+    """The error that stops a parse at its cap on points."""
+    return ParseError(f"{source}: {cap:,} points reached (line {lineno}): the cap on points per input; raise it "
+                      f"with {ENV_MAX_POINTS}=N if the file is genuine")
+
+
+def next_piece(p: Parsed, line: str, pending: str, pending_no: int, pieces: int) -> tuple[str | None, str | None, int]:
+    """The line after an incomplete sample (a paste wrapped by a browser or terminal): the two joined when they
+    make one sample; a further piece kept pending (up to _MAX_PIECES) while it is no sample of its own;
+    otherwise the pending text counts as an unparsable line and ``line`` is read by itself. Returns (the line to
+    read, or None when it was taken as a piece; what stays pending; the pieces so far)."""
+    joined = join_wrapped(pending, line)
+    if joined is not None:
+        p.joined_lines += 1
+        return joined, None, pieces
+    if pieces < _MAX_PIECES and line[0] != "#" and not valid_sample(line):
+        return None, pending.rstrip("\r\n") + line.strip(" \t\r\n"), pieces + 1  # a third piece, and so on
+    p.bad_lines += 1
+    if p.first_bad is None:
+        p.first_bad = f"line {pending_no}: incomplete sample: {pending.strip()[:80]!r}"
+    return line, None, pieces
+
+
+def sample_time(p: Parsed, text: str) -> float:
+    """A sample's own timestamp in seconds: OpenMetrics seconds as they are, Prometheus text's milliseconds
+    (and microseconds or nanoseconds, by magnitude: noted in ``p.ts_units``) converted; negative or not a
+    number is a ValueError."""
+    ts = float(text)
+    if ts > MS_THRESHOLD:
+        if ts < US_THRESHOLD:
+            ts /= 1000.0
+        else:
+            ts = big_timestamp(ts, p.ts_units)
+    elif ts >= 0.0:
+        p.openmetrics_ts = True
+    else:
+        raise ValueError("timestamp before 1970 or not a number")
+    p.saw_timestamps = True
+    return ts
+
+
+def refused_line(p: Parsed, line: str, lineno: int, err: Exception, mode: int, last: tuple | None,
+                 continues_comment: bool, cont_left: int, early_ok: int, source: str) -> tuple[tuple | None, int]:
+    """A line the sample parser refused (``err``). In scrapes it may finish the last sample's value that a wrap
+    cut ("...} 1.7740114" + "61287601e+09"); outside recordings it may be the rest of a wrapped # HELP line or
+    paste debris (counted as junk); otherwise it is an unparsable line, and the first lines all being so is a
+    ParseError (not metrics text). Returns the scrape's last sample (None once repaired) and the lines after
+    a comment that may still continue it."""
+    if mode == 2 and last is not None and NUM_TAIL.match(line):
+        try:
+            fixed = float(last[1] + line.strip())
+        except ValueError:
+            pass
+        else:
+            last[0][2][-1] = fixed
+            p.joined_lines += 1
+            return None, 0
+    if mode != 1 and (continues_comment or is_debris(line)):
+        p.junk_lines += 1
+        return last, (cont_left if continues_comment else 0)
+    p.bad_lines += 1
+    if p.first_bad is None:
+        p.first_bad = (f"line {lineno}: longer than {MAX_LINE_CHARS:,} characters, not a sample line"
+                       if line == OVERLONG else f"line {lineno}: {err}: {line.strip()[:80]!r}")
+    if early_ok == 0 and p.bad_lines >= _EARLY_BAD_LIMIT:
+        raise ParseError(f"{source}: not Prometheus/OpenMetrics text ({p.first_bad})") from None
+    return last, 0
 
 
 def read_eof(p: Parsed, seg: SegmentTracker | None) -> None:

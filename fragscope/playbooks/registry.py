@@ -50,8 +50,8 @@ class Diagnosis:
     # probe; "profile": a short engine profile), to show exactly where (docs/captures.md#triggers).
     capture: tuple[str, ...] = ()
     # Diagnoses whose signature in the window keeps this one quiet: the pipeline drops this diagnosis's change
-    # findings where one of them shows (each suppressor's ``signature``). Read by the pipeline, listed by
-    # ``diagnose explain`` and docs/diagnoses.md.
+    # findings, and the doubts it had about a GPU, where one of them shows (each suppressor's ``signature``).
+    # Read by the pipeline; the look-alike column of docs/diagnoses.md says it in words.
     suppressed_by: tuple[str, ...] = ()
     # This diagnosis's signature, for those it suppresses: (frame, spans) -> whether it shows in the window.
     signature: Callable[..., bool] | None = None
