@@ -86,13 +86,13 @@ class Diagnosis:
         return self.playbook.title
 
     @classmethod
-    def from_module(cls, mod: Any, **kw: Any) -> "Diagnosis":
+    def from_module(cls, mod: Any, playbook: Playbook | None = None, **kw: Any) -> "Diagnosis":
         """A window diagnosis as its module declares it (docs/diagnoses.md, "Adding a diagnosis"): ``ID``,
         ``detect``, ``Config``, ``REQUIRES``, ``CORROBORATES``, ``PLAYBOOK`` and, where the module has them,
         ``actions``, ``level``, ``alert_rule``, ``TRIAGE``, ``signature``, ``SUPPRESSED_BY``, ``CAPTURE``,
         ``ALSO_FROM``, ``RUNS_ON_SHORT_WINDOWS``, ``LEVEL_ON_LONG_WINDOWS``, ``SHORT_WINDOW_REASON`` and ``MIN_TREND_SPAN_S``.
-        ``kw`` overrides. A module without a ``PLAYBOOK`` gets an empty one, which the registry test reports
-        with every other gap."""
+        ``playbook`` and ``kw`` override. A module without a ``PLAYBOOK`` gets an empty one, which the registry
+        test reports with every other gap."""
         fields: dict[str, Any] = {"detect": mod.detect, "config": getattr(mod, "Config", None),
                                   "requires": tuple(getattr(mod, "REQUIRES", ())),
                                   "corroborates": tuple(getattr(mod, "CORROBORATES", ()))}
@@ -101,7 +101,7 @@ class Diagnosis:
             if v is not None and not isinstance(v, type(mod)):  # a function or value, never a submodule
                 fields[key] = v
         fields.update(kw)
-        playbook = getattr(mod, "PLAYBOOK", None) or Playbook(mod.ID, "", "", [], [], [])
+        playbook = playbook or getattr(mod, "PLAYBOOK", None) or Playbook(mod.ID, "", "", [], [], [])
         return cls(mod.ID, playbook, **fields)
 
 
