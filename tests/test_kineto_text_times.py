@@ -1,4 +1,4 @@
-"""The Kineto reader's bulk conversions give what its per-value ones give: ``_text_times`` is
+"""The Kineto reader's bulk conversions give what its per-value ones give: ``text_times`` is
 ``raw_value`` of each time text, ``_exact_ns`` is ``us_to_ns`` of each value (same int64 ns, same
 refusals), on random shapes, edge cases and the time texts of a trace written as Kineto writes them."""
 from __future__ import annotations
@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from fragscope.collectors import kineto, kineto_events
-from fragscope.collectors.kineto import _exact_ns, _text_times, _texts_ns, read_kineto, us_to_ns
+from fragscope.collectors.kineto import _exact_ns, read_kineto, us_to_ns
+from fragscope.collectors.kineto_times import text_times, texts_ns
 from fragscope.collectors.kineto_events import Dec, raw_value
 
 msgspec = kineto_events.msgspec
@@ -62,7 +63,7 @@ def test_exact_ns_bulk_equals_per_value_on_random_shapes():
             dur = [x + 0.0005 for x in range(n)]  # half-ns ties: half to even, both ways
         ref, got = _reference(ts, dur), _bulk(ts, dur)
         assert _same(ref, got), (ts[:3], dur[:3], ref, got)
-        hits += _texts_ns(ts) is not None
+        hits += texts_ns(ts) is not None
     assert hits > 50  # the bulk path itself was exercised, not only its fallback
 
 
@@ -84,7 +85,7 @@ def test_text_times_equal_raw_value():
              b"1.712195495505583e15", b'"1712195495505583.123"', b"[1]", b'{"a": 1}', b"null", b"12.5",
              b"1712195495505583.123456789", b"\"\\u00e9\""]
     raws = [msgspec.Raw(t) for t in texts]
-    got = _text_times(raws)
+    got = text_times(raws)
     assert len(got) == len(raws)
     for r, g in zip(raws, got):
         g = raw_value(g) if type(g) is msgspec.Raw else g
@@ -107,8 +108,8 @@ def test_epoch_text_trace_reads_the_same_with_and_without_bulk(tmp_path, monkeyp
     p = tmp_path / "epoch.json.gz"
     p.write_bytes(gzip.compress(json.dumps({"traceEvents": ev}).encode()))
     bulk = read_kineto(str(p))
-    monkeypatch.setattr(kineto, "_texts_ns", lambda vals: None)
-    monkeypatch.setattr(kineto, "_text_times", lambda raws: list(raws))
+    monkeypatch.setattr(kineto, "texts_ns", lambda vals: None)
+    monkeypatch.setattr(kineto, "text_times", lambda raws: list(raws))
     one_by_one = read_kineto(str(p))
     for f in ("op_start", "op_end", "call_start", "call_end", "op_launch"):
         assert np.array_equal(getattr(bulk, f), getattr(one_by_one, f)), f

@@ -14,7 +14,6 @@ from __future__ import annotations
 import decimal
 import gc
 import os
-import re
 from contextlib import contextmanager
 
 import numpy as np
@@ -23,6 +22,7 @@ from ..timeline_model import (KERNEL, MEMCPY, MEMSET, Timeline, TraceError, clas
                               workload_marker)
 from .kineto_events import (FLOAT_EXACT_US, TYPED, Dec, Fallback, NeedTextTimes, Raw, decode_trace, event_from_dict,
                             raw_value)
+from .kineto_times import text_times, texts_ns
 from .trace_io import DEFAULT_MAX_JSON_BYTES, read_json_bytes
 
 __all__ = ["read_kineto", "timeline_from_events", "Timeline", "TraceError"]
@@ -187,7 +187,7 @@ def _from_events(events: list, n_events: int, source: str, doc: dict) -> Timelin
     no_args = _NO_ARGS
     typed = bool(events) and type(events[0]) in TYPED
     # Times kept as JSON text (epoch µs with sub-µs digits): converted in one pass, in event order
-    next_text_time = iter(_text_times([e.ts for e in events if e.ph == "X" and type(e.ts) is Raw]
+    next_text_time = iter(text_times([e.ts for e in events if e.ph == "X" and type(e.ts) is Raw]
                                       if typed else ())).__next__
     for e in events:
         ph = e.ph
@@ -364,24 +364,6 @@ def _from_events(events: list, n_events: int, source: str, doc: dict) -> Timelin
         epoch_offset_ns=epoch, meta=meta, markers=marks, marker_examples=mark_names)
 
 
-_LARGE_DECIMAL = re.compile(r"-?[0-9]{15,}\.[0-9]+\Z")
-
-
-def _text_times(raws: list) -> list:
-    """``raw_value`` of each of ``raws`` (the JSON texts of times) where it is a large number's text with a
-    fraction (epoch µs with sub-µs digits: :class:`Dec`, what ``raw_value`` gives it), the Raw itself for
-    the caller's ``raw_value`` otherwise. One decode of the texts joined instead of one conversion per
-    event: 45k times of HTA's ns-resolution trace in about 0.6x the time."""
-    if not raws:
-        return []
-    # NUL never occurs in a JSON value's text, so the split gives the texts back one for one
-    texts = b"\x00".join(raws).decode("latin-1").split("\x00")
-    if len(texts) != len(raws):  # (cannot happen with valid JSON; the caller converts one by one)
-        return raws
-    large = _LARGE_DECIMAL.match
-    return [_Dec(t) if large(t) else r for t, r in zip(texts, raws)]
-
-
 def _flows(flow_ev: list) -> tuple[dict, dict]:
     """ac2g flow starts (id -> location of the launch call) and ends (location of the GPU op -> id)."""
     flows_s: dict = {}
@@ -457,7 +439,7 @@ def us_to_ns(v) -> int:
 
 def _exact_ns(ts: list, dur: list) -> tuple[np.ndarray, np.ndarray]:
     """start, end in int ns from µs values, exact for large numbers (epoch µs with sub-µs digits)."""
-    start = _texts_ns(ts)
+    start = texts_ns(ts)
     if start is None:
         start = np.fromiter((us_to_ns(v) for v in ts), dtype=np.int64, count=len(ts))
     if dur and set(map(type, dur)) == {float}:  # round(v * 1000) of each, as us_to_ns (half to even both)
@@ -465,43 +447,6 @@ def _exact_ns(ts: list, dur: list) -> tuple[np.ndarray, np.ndarray]:
     else:
         d = np.fromiter((us_to_ns(v) for v in dur), dtype=np.int64, count=len(dur))
     return start, start + d
-
-
-_DIGIT_BYTES = np.arange(ord("0"), ord("9") + 1, dtype=np.uint8)
-_NS_HI_MAX = ((1 << 62) - 999) // 1000  # integer µs whose ns (plus any fraction) stay within 2**62
-
-
-def _texts_ns(vals: list) -> np.ndarray | None:
-    """``us_to_ns`` of every value at once where all are large numbers' texts of one shape (the same
-    length, digits, one dot, 1-3 fraction digits: a trace's epoch µs with sub-µs digits), by arithmetic on
-    the digits; None otherwise (and where a value is out of range: ``us_to_ns`` says which)."""
-    n = len(vals)
-    if n == 0 or type(vals[0]) is not _Dec:
-        return None
-    width = len(vals[0])
-    dot = vals[0].find(".")
-    frac = width - dot - 1
-    if not 0 < dot < 19 or not 1 <= frac <= 3:
-        return None
-    if set(map(type, vals)) != {_Dec} or set(map(len, vals)) != {width}:
-        return None
-    try:
-        rows = np.frombuffer("".join(vals).encode("ascii"), dtype=np.uint8).reshape(n, width)
-    except UnicodeEncodeError:
-        return None
-    digits = np.delete(rows, dot, axis=1)
-    if not (rows[:, dot] == ord(".")).all() or not np.isin(digits, _DIGIT_BYTES).all():
-        return None
-    d = (digits - ord("0")).astype(np.int64)
-    hi = np.zeros(n, dtype=np.int64)
-    for k in range(dot):  # the integer µs, digit by digit (at most 18 digits: within int64)
-        hi = hi * 10 + d[:, k]
-    if (hi > _NS_HI_MAX).any():
-        return None
-    lo = np.zeros(n, dtype=np.int64)
-    for k in range(dot, dot + frac):
-        lo = lo * 10 + d[:, k]
-    return hi * 1000 + lo * 10 ** (3 - frac)
 
 
 def _to_ns(ts_us: np.ndarray, dur_us: np.ndarray, base_us: float) -> tuple[np.ndarray, np.ndarray]:
