@@ -302,16 +302,18 @@ def _read_pages(path: str, queries: list[Query]) -> list[Query]:
 
     def work(q: Query) -> None:
         try:
-            conn = connect(path)
             try:
-                cols, keep = q.pages
-                got = nsys_pages.read_table(conn, path, q.table, cols, keep)
-            finally:
-                conn.close()
+                conn = connect(path)
+                try:
+                    cols, keep = q.pages
+                    got = nsys_pages.read_table(conn, path, q.table, cols, keep)
+                finally:
+                    conn.close()
+            except (nsys_pages.Unsupported, sqlite3.Error, MemoryError, ValueError, IndexError, OverflowError,
+                    TypeError):
+                return  # (SQL reads this table: what is wrong with a broken file, it says in its own words)
             q.result = q.post(got) if q.post is not None else got
             done.append(q)
-        except nsys_pages.Unsupported:
-            pass
         except BaseException as e:  # noqa: BLE001 -- re-raised in the calling thread
             errors.append(e)
 
