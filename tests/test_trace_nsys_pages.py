@@ -174,3 +174,42 @@ def test_broken_pages_left_to_sql(tmp_path):
     p = _db(tmp_path / "t.sqlite", _rows(3000))
     p.write_bytes(p.read_bytes()[: 4096 * 20])
     _unsupported(p, [Column("x")])
+
+
+def test_mutated_exports_read_as_sql_reads_them(tmp_path):
+    """Bytes of an export's pages changed at random (seeded): the default reader gives the SQL reader's
+    Timeline, or the same one-line error (a differential check; a longer run of this: docs/trace.md)."""
+    import random
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_trace import make_nsys
+
+    from fragscope.timeline_model import TraceError
+
+    seed = make_nsys(tmp_path / "seed.sqlite", procs=(5,), n=40).read_bytes()
+    r = random.Random(5)
+    fields = ("op_start", "op_end", "op_device", "op_stream", "op_pid", "op_kind", "op_bytes", "op_launch",
+              "op_comm", "call_start", "call_end", "call_kind", "call_name")
+    p = tmp_path / "m.sqlite"
+    read_by_pages = 0
+    for _ in range(60):
+        raw = bytearray(seed)
+        for _ in range(r.randint(1, 3)):
+            raw[r.randrange(4096, len(raw))] = r.randrange(256)
+        p.write_bytes(bytes(raw))
+        out = []
+        for reader in ("auto", "stdlib"):
+            try:
+                out.append(read_nsys(str(p), reader=reader))
+            except TraceError as e:
+                out.append(str(e))
+        a, b = out
+        assert type(a) is type(b), (a, b)
+        if isinstance(a, str):
+            assert a == b
+            continue
+        read_by_pages += a.meta["reader"] == "pages"
+        for f in fields:
+            assert np.array_equal(getattr(a, f), getattr(b, f)), f
+    assert read_by_pages >= 5  # (most changes leave a readable file: the page reader read them)
