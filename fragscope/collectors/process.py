@@ -37,6 +37,10 @@ MEMORY_SIGNALS = ("fragscope_container_memory_working_set_bytes", "fragscope_con
 
 
 SCHEDSTAT_EVERY_S = 5.0  # how often the engine threads' run-queue delay is read
+# How often what changes slowly is read: the CPU quota and period, the memory limit, swap and the OOM
+# counters, the host's swap counters (/proc/vmstat). Their last values are sent every tick; a limit
+# changed shows within this time, an OOM kill is counted all the same.
+SLOW_EVERY_S = 5.0
 EMPTY_RESCAN_S = 5.0  # rescan period while no engine process is found (each scan: every /proc/PID)
 # How the engine process was identified (the ``identified_by`` label of fragscope_process_info)
 BY_SOCKET, BY_PROBE, BY_PIDS, BY_GUESS = "listening_socket", "probe", "pids", "name_guess"
@@ -254,6 +258,11 @@ class ProcessCollector:
         self._dirs_pid: int | None = None
         self._mem_log = LogOnce(log, "process memory cgroup")
         self._sched_at = -1e18
+        self._slow_at = -1e18  # the last read of the slow-changing files (SLOW_EVERY_S)
+        self._slow_due = True
+        self._mem_slow: dict = {}  # their last values: the memory limit, swap and OOM counters
+        self._host_slow: dict = {}  # the host's swap counters
+        self._names: dict[int, str] = {}  # each process's name, read every SLOW_EVERY_S
 
     def _matches(self, p: psutil.Process) -> bool:
         """An engine process: its name or command mentions a match word, case-insensitively
@@ -355,22 +364,40 @@ class ProcessCollector:
         sched_due = mono - self._sched_at >= SCHEDSTAT_EVERY_S
         if sched_due:
             self._sched_at = mono
+        self._slow_due = mono - self._slow_at >= SLOW_EVERY_S
+        if self._slow_due:
+            self._slow_at = mono
+        names = self._names
         for pid, p in self._procs.items():
             lab = make_labels({"pid": str(pid)})
             try:
-                with p.oneshot():
-                    ct = p.cpu_times()
-                    rss = p.memory_info().rss
-                    nth = p.num_threads()
-                    pname = p.name()
-            except psutil.NoSuchProcess:
+                # two files a tick (/proc/PID/stat, statm) instead of psutil's three (stat, statm, status): the
+                # same kernel figures; the name (psutil's, which completes a 15-character comm from the command
+                # line) every SLOW_EVERY_S
+                cpu_s, nth, rss = read_pid_stat(pid, self.proc_root)
+                pname = names.get(pid) if not self._slow_due else None
+                if pname is None:
+                    pname = names[pid] = p.name()
+            except (psutil.NoSuchProcess, FileNotFoundError, ProcessLookupError):
                 gone.append(pid)
                 continue
-            except psutil.AccessDenied:
+            except (psutil.AccessDenied, PermissionError):
                 res.missing.extend(Missing(n, lab, now, Reason.NO_PERMISSION, f"pid {pid}: access denied")
                                    for n in PROCESS_SIGNALS)
                 continue
-            res.samples.append(Sample("fragscope_process_cpu_seconds_total", lab, now, float(ct.user + ct.system)))
+            except (OSError, ValueError, IndexError):  # a /proc without stat as Linux writes it: psutil's way
+                try:
+                    with p.oneshot():
+                        ct = p.cpu_times()
+                        cpu_s, rss, nth, pname = ct.user + ct.system, p.memory_info().rss, p.num_threads(), p.name()
+                except psutil.NoSuchProcess:
+                    gone.append(pid)
+                    continue
+                except psutil.AccessDenied:
+                    res.missing.extend(Missing(n, lab, now, Reason.NO_PERMISSION, f"pid {pid}: access denied")
+                                       for n in PROCESS_SIGNALS)
+                    continue
+            res.samples.append(Sample("fragscope_process_cpu_seconds_total", lab, now, float(cpu_s)))
             res.samples.append(Sample("fragscope_process_resident_memory_bytes", lab, now, float(rss)))
             res.samples.append(Sample("fragscope_process_threads", lab, now, float(nth)))
             res.samples.append(Sample("fragscope_process_info", make_labels(
@@ -381,6 +408,7 @@ class ProcessCollector:
                     res.samples.append(Sample("fragscope_process_runqueue_wait_seconds_total", lab, now, ss["wait_s"]))
         for pid in gone:
             self._procs.pop(pid, None)
+            names.pop(pid, None)
         if not any(s.name == "fragscope_process_threads" for s in res.samples):
             if self._why_none:
                 msg = f"no engine process: {self._why_none}"
@@ -430,14 +458,16 @@ class ProcessCollector:
         static = self._cg_static
         if dirs is not None and dirs.cpu is not None:
             if static is None or static.get("dir") != dirs.cpu or mono - self._cg_at >= self.rescan_s:
+                self._cg_at = mono
+                self._slow_due = True
+            if self._slow_due or static is None or static.get("dir") != dirs.cpu:
+                # the quota with the counters every SLOW_EVERY_S (a quota set shows within it)
                 cg = {"version": dirs.cpu_version, "dir": dirs.cpu, **cg_files.read_cpu(dirs.cpu, dirs.cpu_version,
                                                                                       dirs.cpuacct)}
                 self._cg_static = {k: cg[k] for k in ("version", "dir", "quota_cores") if k in cg}
-                self._cg_at = mono
             else:
                 cg = dict(static)
-                cg.update({k: v for k, v in cg_files.read_cpu(dirs.cpu, dirs.cpu_version, dirs.cpuacct).items()
-                           if k != "quota_cores"})
+                cg.update(cg_files.read_cpu(dirs.cpu, dirs.cpu_version, dirs.cpuacct, limits=False))
         elif static is None or static.get("version") is None or mono - self._cg_at >= self.rescan_s:
             cg = read_cgroup_cpu(self.cgroup_root, self.proc_cgroup)
             self._cg_static = {k: cg[k] for k in ("version", "dir", "quota_cores") if k in cg}
@@ -476,7 +506,12 @@ class ProcessCollector:
     def _memory(self, now: float, res: CollectResult) -> None:
         """The engine cgroup's memory (usage, working set, limit, swap, OOM kills) and the host's."""
         put = lambda n, v: res.samples.append(Sample(n, (), now, float(v)))  # noqa: E731
-        host = cg_files.read_host_memory(self.proc_root)
+        slow = self._slow_due
+        host = cg_files.read_host_memory(self.proc_root, swap_counters=slow)
+        if slow:
+            self._host_slow = {k: host[k] for k in ("swap_in_bytes", "swap_out_bytes") if k in host}
+        else:
+            host.update(self._host_slow)
         for key, name in (("total_bytes", "fragscope_host_memory_total_bytes"),
                           ("available_bytes", "fragscope_host_memory_available_bytes"),
                           ("swap_in_bytes", "fragscope_host_swap_in_bytes_total"),
@@ -492,7 +527,13 @@ class ProcessCollector:
                                for n in MEMORY_SIGNALS)
             return
         self._mem_log.ok()
-        mem = cg_files.read_memory(dirs.memory, dirs.memory_version)
+        slow = slow or self._mem_slow.get("_dir") != dirs.memory
+        mem = cg_files.read_memory(dirs.memory, dirs.memory_version, slow=slow)
+        if slow:
+            self._mem_slow = {k: mem[k] for k in ("limit_bytes", "swap_bytes", "oom_kills", "oom_events") if k in mem}
+            self._mem_slow["_dir"] = dirs.memory
+        else:
+            mem.update((k, v) for k, v in self._mem_slow.items() if k != "_dir")
         for key, name in (("usage_bytes", "fragscope_container_memory_usage_bytes"),
                           ("working_set_bytes", "fragscope_container_memory_working_set_bytes"),
                           ("swap_bytes", "fragscope_container_memory_swap_bytes"),
@@ -506,6 +547,24 @@ class ProcessCollector:
                                            f"no memory limit set (cgroup v{dirs.memory_version}: unlimited)"))
             else:
                 put("fragscope_container_memory_limit_bytes", mem["limit_bytes"])
+
+
+CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def read_pid_stat(pid: int, proc_root: str = "/proc") -> tuple[float, int, int]:
+    """(CPU seconds, user + system; threads; resident bytes) of one process from ``/proc/PID/stat`` and
+    ``statm`` (proc(5): utime and stime in clock ticks are stat's fields 14 and 15, num_threads 20; the
+    command name, field 2, may hold spaces and parentheses: fields are counted after its last ")";
+    resident pages are statm's second field, which stat's rss field 24 can differ from by a few pages).
+    What psutil's cpu_times, num_threads and memory_info read from stat, status and statm."""
+    with open(f"{proc_root}/{pid}/stat", "rb") as fh:
+        data = fh.read()
+    with open(f"{proc_root}/{pid}/statm", "rb") as fh:
+        rss_pages = int(fh.read().split()[1])
+    f = data[data.rindex(b")") + 2:].split()
+    return (int(f[11]) + int(f[12])) / CLK_TCK, int(f[17]), rss_pages * PAGE_SIZE
 
 
 def _is_installer(argv) -> bool:
