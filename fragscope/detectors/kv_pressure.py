@@ -184,7 +184,61 @@ def filled_between_samples(preempt_per_min: float, kv_median: float, kv_p90: flo
 
 # --- KV pool at the edge ---------------------------------------------------------------------
 def level(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive:
-    """The present by itself: the pool at the edge while preempting (docs/diagnoses.md, level evidence)."""
+    """The present by itself: the pool at the edge while preempting (docs/diagnoses.md, level evidence).
+    A storm that began less than a minute ago after a calm stretch is judged on the latest samples alone
+    (``latest_storm``): the minute's p90 and rate still hold the calm samples."""
+    res = present_level(f, cfg)
+    if not isinstance(res, Inconclusive) and res and res[0].severity is Severity.CRITICAL:
+        return res
+    late = latest_storm(f, cfg) if lv.latest_is_shorter(f) else None
+    if late is None:
+        return res
+    if isinstance(res, Inconclusive) or not res or late.severity.rank > res[0].severity.rank:
+        return [late]
+    return res
+
+
+def latest_storm(f: Frame, cfg: Config = Config()) -> Finding | None:
+    """The latest 15 s (at least three samples) on their own, when they show a storm: the pool at the edge
+    (p90 >= kv_edge_preempting) while preempting at the storm rate (>= critical_preempt_per_min). vLLM
+    preempts only when a decoding sequence finds no free block, so hundreds of preemptions a minute prove
+    the pool is out whatever the minute before looked like; a lone preemption or a full pool alone is left
+    to the minute's rule. Critical with requests waiting, else a warning (the minute's rule's grading)."""
+    kv = f.engine.get("kv_cache_usage_ratio")
+    if kv is None:
+        return None
+    sp = lv.present_span(f, lv.LATEST_S)
+    if stats.finite(kv[stats.mask(f, sp)]).size < 3:
+        return None
+    pre = lv.engine_counter(f, "preemptions_total", lv.LATEST_S)
+    if not (math.isfinite(pre.rate_per_min) and pre.rate_per_min >= cfg.critical_preempt_per_min):
+        return None
+    kv_p90 = lv.present_value(f, kv, "p90", lv.LATEST_S)
+    if not (math.isfinite(kv_p90) and kv_p90 >= cfg.kv_edge_preempting):
+        return None
+    kv_med = lv.present_value(f, kv, "median", lv.LATEST_S)
+    wait = lv.present_value(f, f.engine.get("requests_waiting"), "median", lv.LATEST_S)
+    running = lv.present_value(f, f.engine.get("requests_running"), "median", lv.LATEST_S)
+    queued = math.isfinite(wait) and wait >= 1
+    secs = sp[1] - sp[0]
+    ev = [Evidence("kv_cache_usage_ratio", kv_p90, None, cfg.kv_edge_preempting, "ratio", sp,
+                   f"p90 of the last {secs:.0f} s (median {fmt_pct(kv_med)})", True),
+          Evidence("preemptions_per_minute", pre.rate_per_min, None, cfg.critical_preempt_per_min, "/min", sp,
+                   f"{pre.rate_per_min:.1f} preemptions/min over the last {secs:.0f} s", True)]
+    if math.isfinite(wait):
+        ev.append(Evidence("requests_waiting", wait, None, 1.0, "requests", sp, "queued now", queued))
+    conf = stats.confidence(2 + queued, base=0.45) * 0.9
+    summary = (f"KV cache {fmt_pct(kv_p90)} full and {pre.rate_per_min:.0f} preemptions/min in the last "
+               f"{secs:.0f} s" + (f"; {wait:.0f} requests waiting" if math.isfinite(wait) else "")
+               + (f"; {running:.0f} running" if math.isfinite(running) else "")
+               + " (a preemption storm that began within the last minute: the latest samples judged on their own).")
+    ctx = {"running": running if math.isfinite(running) else None, "basis": "level", "latest_s": secs}
+    return Finding(ID, Severity.CRITICAL if queued else Severity.WARNING, conf, summary, None, ev, [], {},
+                   context=ctx)
+
+
+def present_level(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive:
+    """The last minute (at least three samples), or the single scrape."""
     kv = f.engine.get("kv_cache_usage_ratio")
     if kv is None or not np.isfinite(kv).any():
         return Inconclusive(ID, [], "KV-cache usage not available")

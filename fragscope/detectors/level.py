@@ -25,16 +25,29 @@ from . import stats
 from .frame import Frame
 
 PRESENT_S = 60.0  # the present: the last minute (at least three samples)
+# The latest evidence: the last 15 s (at least three samples). After a calm stretch the minute's p90 and
+# rates still hold the calm samples for up to a minute; a rule may judge the latest samples on their own
+# when what they show is strong enough to stand alone (kv_pressure.level: a preemption storm).
+LATEST_S = 15.0
 
-def present_span(f: Frame) -> tuple[float, float]:
-    p = max(PRESENT_S, 3 * f.step)
+
+def present_span(f: Frame, span_s: float = PRESENT_S) -> tuple[float, float]:
+    p = max(span_s, (3 if span_s >= PRESENT_S else 2) * f.step)
     return (max(f.start, f.end - p), f.end)
 
 
-def present_value(f: Frame, x: np.ndarray | None, how: str = "median") -> float:
+def latest_is_shorter(f: Frame) -> bool:
+    """Whether the latest evidence is a span apart from the present: at most half of it (samples every 15 s
+    or more often) and the window reaches back before it. Slower scrapes hold three or four samples in
+    the present: nothing shorter is worth judging on its own."""
+    lat = max(LATEST_S, 2 * f.step)
+    return 2 * lat <= max(PRESENT_S, 3 * f.step) and present_span(f, LATEST_S)[0] > present_span(f)[0]
+
+
+def present_value(f: Frame, x: np.ndarray | None, how: str = "median", span_s: float = PRESENT_S) -> float:
     if x is None:
         return math.nan
-    v = stats.finite(x[stats.mask(f, present_span(f))])
+    v = stats.finite(x[stats.mask(f, present_span(f, span_s))])
     if not v.size:
         v = stats.finite(x[-3:])
     if not v.size:
@@ -69,9 +82,9 @@ class Counter:
         return math.isfinite(self.rate_per_min) or math.isfinite(self.lifetime)
 
 
-def _counter(f: Frame, cum: np.ndarray | None, lifetime: float) -> Counter:
+def _counter(f: Frame, cum: np.ndarray | None, lifetime: float, span_s: float = PRESENT_S) -> Counter:
     if f.rates_known:
-        return Counter(_rate_per_min(f, cum, present_span(f)), lifetime)
+        return Counter(_rate_per_min(f, cum, present_span(f, span_s)), lifetime)
     inc = math.nan
     if cum is not None and np.isfinite(cum).sum() >= 2:
         v = cum[np.isfinite(cum)]
@@ -79,8 +92,8 @@ def _counter(f: Frame, cum: np.ndarray | None, lifetime: float) -> Counter:
     return Counter(math.nan, lifetime, inc)
 
 
-def engine_counter(f: Frame, sig: str) -> Counter:
-    return _counter(f, f.engine_cum.get(sig), f.engine_total.get(sig, math.nan))
+def engine_counter(f: Frame, sig: str, span_s: float = PRESENT_S) -> Counter:
+    return _counter(f, f.engine_cum.get(sig), f.engine_total.get(sig, math.nan), span_s)
 
 
 def gpu_counter(f: Frame, g: str, sig: str) -> Counter:
