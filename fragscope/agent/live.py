@@ -135,12 +135,14 @@ def watch(collector: Any, duration_s: float, interval_s: float, *, source: str,
           judge: Callable[[Window], Report] | None = None,
           on_verdict: Callable[[Report, Progress, bool], None] | None = None,
           on_round: Callable[[Progress], None] | None = None,
-          first_after: int = 2, refine_s: float = 15.0,
+          first_after: int = 2, refine_s: float = 5.0,
           clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
           wall: Callable[[], float] = time.time) -> tuple[Window, Report, Progress]:
     """Sample ``collector`` every ``interval_s`` for ``duration_s``; judge after ``first_after``
-    good scrapes (the first verdict), then again at least every ``refine_s`` seconds, and once at
-    the end. Ctrl-C (KeyboardInterrupt) ends sampling early: the final verdict is still given.
+    good scrapes (the first verdict), then again after a new scrape once ``refine_s`` seconds have
+    passed (5 s: each scrape at the default interval, so a storm that starts after the first verdict
+    is named at the next scrape that shows it, not up to 15 s later), unless judging would take more
+    than a tenth of the time, and once at the end. Ctrl-C (KeyboardInterrupt) ends sampling early: the final verdict is still given.
     Raises LiveError when no scrape succeeded."""
     if judge is None:
         from ..pipeline import diagnose as judge  # noqa: N813
