@@ -77,3 +77,52 @@ def test_pid_stat_is_what_psutil_reads():
     assert abs(rss2 - rss) <= 1 << 20
     odd = psutil.Process(os.getppid())  # any process: a name with spaces or ")" is counted from the last ")"
     assert read_pid_stat(odd.pid)[1] == odd.num_threads()
+
+
+LISTENER = ("import socket, sys, time\n"
+            "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+            "s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen(8)\n"
+            "print(s.getsockname()[1], flush=True)\n"
+            "time.sleep(60)\n")
+
+
+def _listen(port: int):
+    import subprocess
+    import sys
+
+    p = subprocess.Popen([sys.executable, "-c", LISTENER, str(port)], stdout=subprocess.PIPE, text=True)
+    return p, int(p.stdout.readline())
+
+
+def test_socket_owner_kept_while_it_runs_a_restarted_engine_found_at_once(tmp_path, monkeypatch):
+    """The full listening-socket lookup (every process's fds) runs once; later rescans keep the owner while
+    the same process runs; an engine restarted on the same port is a new process, looked up at the next
+    rescan."""
+    from fragscope.collectors import process as proc
+
+    calls = []
+    real = proc.listening_owners
+    monkeypatch.setattr(proc, "listening_owners", lambda ports: calls.append(1) or real(ports))
+    eng, port = _listen(0)
+    eng2 = None
+    try:
+        c = ProcessCollector(endpoints=[f"http://127.0.0.1:{port}"], cgroup_root=str(tmp_path))
+        pids = lambda r: {dict(s.labels)["pid"] for s in r.samples if s.name == "fragscope_process_threads"}  # noqa: E731
+        assert str(eng.pid) in pids(c.collect(1.0)) and len(calls) == 1
+        c._last_scan -= c.rescan_s
+        assert str(eng.pid) in pids(c.collect(2.0)) and len(calls) == 1  # kept: no second full lookup
+        eng.kill()
+        eng.wait()
+        eng2, _ = _listen(port)
+        c._last_scan -= c.rescan_s
+        got = pids(c.collect(3.0))
+        assert str(eng2.pid) in got and str(eng.pid) not in got and len(calls) == 2
+        c._full_at -= proc.FULL_RESCAN_S  # and a full lookup every FULL_RESCAN_S all the same
+        c._last_scan -= c.rescan_s
+        c.collect(4.0)
+        assert len(calls) == 3
+    finally:
+        for p in (eng, eng2):
+            if p is not None:
+                p.kill()
+                p.wait()
