@@ -126,3 +126,64 @@ def test_same_samples_no_second_opinion():
     fr = build_frame(r.window_at(T + 10.0, source="test"))
     assert fr.step == 20.0 and not lv.latest_is_shorter(fr)
     assert lv.latest_is_shorter(build_frame(window(360.0, 2)))
+
+
+# --- the agent: the last 20 s judged on their own, every scrape as it came ----------------------------------
+def scrapes_1s(calm_s: float, storm_s: int) -> list[Sample]:
+    """1 s scrapes (the agent's default interval): calm, then from T + 1 a storm of 8 preemptions a second
+    with the KV values of STORM_KV in turn, 30 waiting."""
+    out = []
+    pre = 100.0
+    for i in range(-int(calm_s), storm_s + 1):
+        t = T + i
+        storm = i >= 1
+        if storm:
+            pre += 8.0
+        kv = (0.95, 0.90, 0.70, 0.92)[(i - 1) % 4] if storm else 0.25
+        for name, v in (("vllm:kv_cache_usage_perc", kv), ("vllm:num_preemptions_total", pre),
+                        ("vllm:num_requests_waiting", 30.0 if storm else 0.0),
+                        ("vllm:num_requests_running", 32.0 if storm else 4.0)):
+            out.append(Sample(name, LAB, float(t), v))
+    return out
+
+
+def test_ring_keeps_every_scrape_of_the_last_seconds():
+    from fragscope.agent.ring import RECENT_S
+
+    r = Ring(3 * 3600.0, STEP)
+    r.add(scrapes_1s(120.0, 0))
+    steps = r.window_at(T, source="t")
+    raw = r.recent_window(T, source="t", span=20.0)
+    k = next(k for k in raw.series if k.name == "vllm:kv_cache_usage_perc")
+    assert list(raw.series[k].ts) == [T - i for i in range(20, -1, -1)]  # 21 scrapes, 1 s apart
+    assert len(steps.series[k]) == 25  # one a 5 s step over 2 minutes
+    assert r.recent_window(T, source="t", span=3600.0).series[k].ts[0] >= T - RECENT_S  # no more than RECENT_S
+
+
+def test_agent_names_a_storm_from_the_last_scrapes_after_calm():
+    """6 calm minutes, then a storm from T + 1. At T + 4 the ring's 5 s steps hold one storm scrape (T + 4:
+    step [T, T + 5)); the full window shows nothing. The last 20 s, every scrape (T - 16 .. T + 4: 17 calm,
+    4 storm): KV sorted [.25 x 17, .70, .90, .92, .95], p90 at position 18: 0.90 >= 0.80; preemptions
+    100 -> 132 over 20 s = 96/min; waiting median 0 (4 of 21 scrapes): a warning, added with its playbook.
+    At T + 2 (2 storm scrapes, p90 .25 + .5 x .65 = 0.575 over the last 15 s), nothing."""
+    from fragscope.agent.loops import add_recent_findings, judge_recent
+    from fragscope.model import Report
+
+    r = Ring(3 * 3600.0, STEP)
+    r.add([s for s in scrapes_1s(360.0, 4) if s.ts <= T + 2])
+    assert judge_recent(r, T + 2) == []
+    r.add([s for s in scrapes_1s(360.0, 4) if s.ts > T + 2])
+    full = diagnose(r.window_at(T + 4, source="t"))
+    assert kv_finding(full) is None or kv_finding(full).severity.rank < 1
+    rep = Report(window=full.window, source="t", findings=list(full.findings))
+    add_recent_findings(rep, r, T + 4)
+    f = kv_finding(rep)
+    assert f is not None and f.severity.value == "warning" and f.basis == "level"
+    ev = {e.signal: e for e in f.evidence}
+    assert ev["kv_cache_usage_ratio"].observed == pytest.approx(0.90)
+    assert ev["preemptions_per_minute"].observed == pytest.approx(96.0)
+    assert f.playbook and f.playbook.get("actions")
+    # what the full window reports stands: the recent window adds nothing it already has at that severity
+    again = Report(window=rep.window, source="t", findings=list(rep.findings))
+    add_recent_findings(again, r, T + 4)
+    assert [x.id for x in again.findings] == [x.id for x in rep.findings]

@@ -137,6 +137,7 @@ def detect_once(agent: Any) -> None:
 
             report = diagnose(w)
         add_startup_findings(report, [obj for _, obj in agent._collectors])
+        add_recent_findings(report, st.ring, now)
         # a source that is down explains what the detectors could not judge (agent/health.py)
         explain_down(report, down_collectors(st.collectors.values()), now)
         if agent._capture is not None:
@@ -170,6 +171,45 @@ def detect_once(agent: Any) -> None:
 
 
 WATCH_SPAN_S = 120.0
+# The last 20 s judged on their own, every scrape as it came (Ring.recent_window), as a fresh look at the
+# engine would see the present: an agent that watched a calm stretch judges the last minute with the calm in
+# it, and at the ring's 5 s steps a storm's first scrapes fall between grid points (a real storm: flagged
+# 8.7 s after the first preemption by the agent that watched 4 calm minutes, 2.4 s by one started 10 s
+# before it).
+RECENT_SPAN_S = 20.0
+
+
+def judge_recent(ring: Any, now: float) -> list:
+    """Warning and critical findings of the ring's last RECENT_SPAN_S judged on their own by the level rules
+    (made for any window down to one scrape: docs/diagnoses.md, level evidence); the detectors that judge
+    short windows themselves (a stall's 15 s, a throttled share) keep the watch pass's 2 minutes."""
+    from ..pipeline import judge_present
+
+    w = ring.recent_window(now, source="fragscope agent (recent)", span=RECENT_SPAN_S, keep=watch_keeps)
+    return [f for f in judge_present(w) if f.severity.rank >= 1 and f.basis == "level"]
+
+
+def add_recent_findings(report: Any, ring: Any, now: float) -> None:
+    """Add to a judging round's report what the last RECENT_SPAN_S show by themselves that the full window
+    does not (a diagnosis it lacks, or at a higher severity), with its playbook: the present is judged on
+    its own, so a warm agent is not slower than a cold one. What the full window reports stands otherwise."""
+    try:
+        recent = judge_recent(ring, now)
+    except Exception as e:  # noqa: BLE001 - the full run's findings stand
+        log.debug("recent window not judged (%s)", one_line(e))
+        return
+    have: dict[str, int] = {}
+    for f in report.findings:
+        have[f.id] = max(have.get(f.id, -1), f.severity.rank)
+    add = [f for f in recent if f.severity.rank > have.get(f.id, -1)]
+    if not add:
+        return
+    from ..model import rank_findings
+    from ..playbooks import attach_playbooks
+
+    ids = {f.id for f in add}
+    report.findings = rank_findings([f for f in report.findings if f.id not in ids] + add)
+    attach_playbooks(report)
 
 
 @functools.lru_cache(maxsize=65536)
@@ -205,9 +245,10 @@ def watch_once(agent: Any) -> bool:
             st.detector.watch_runs += 1
             from ..pipeline import judge_present
 
-            w = st.ring.window_at(time.time(), source="fragscope agent (watch)", span=WATCH_SPAN_S,
-                                  keep=watch_keeps)
+            now = time.time()
+            w = st.ring.window_at(now, source="fragscope agent (watch)", span=WATCH_SPAN_S, keep=watch_keeps)
             quick = {(f.id, f.severity.value) for f in judge_present(w) if f.severity.rank >= 1}
+            quick |= {(f.id, f.severity.value) for f in judge_recent(st.ring, now)}
             agent._watch_seen = (ver, quick)
     except Exception:  # noqa: BLE001 - the full run reports detector errors
         return False

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections import deque
 from typing import Callable, Iterable
 
 import numpy as np
@@ -21,9 +22,13 @@ from ..model import Labels, Sample, Series, SeriesKey, Window
 from .budget import MAX_RING_POINTS, MAX_RING_SERIES
 from .store import series_type
 
-# One entry per series: [ts array, value array, n held, last step index, type, SeriesKey, last add() call]
-_TS, _VS, _N, _STEP, _TYPE, _KEY, _SEEN = range(7)
+# One entry per series: [ts array, value array, n held, last step index, type, SeriesKey, last add() call,
+# the raw samples of the last RECENT_S (deque of (ts, value))]
+_TS, _VS, _N, _STEP, _TYPE, _KEY, _SEEN, _RAW = range(8)
 _FIRST = 16  # points a new series' buffers hold before they first double
+# Every sample of the last RECENT_S is also kept as it came (1 s sampling: ~25 a series), beside the steps:
+# the present judged on its own (agent/loops.py judge_recent) sees each scrape, not the last one per step.
+RECENT_S = 25.0
 
 
 class Ring:
@@ -50,6 +55,7 @@ class Ring:
         step = self.step
         floor, isfinite = math.floor, math.isfinite
         accepted = 0
+        keep = RECENT_S
         with self._lock:
             self._calls += 1
             call = self._calls
@@ -70,21 +76,28 @@ class Ring:
                         self.dropped += 1
                         continue
                     e = d[key] = [np.empty(size), np.empty(size), 0, None, series_type(s.name),
-                                  SeriesKey(s.name, s.labels), call]
+                                  SeriesKey(s.name, s.labels), call, deque()]
                     self.allocated += size
                 else:
                     e[_SEEN] = call
                 n = e[_N]
                 if n:
                     last = e[_STEP]
+                    if b < last:  # older than the last step: the wall clock went back; keep the
+                        self.out_of_order += 1  # ring sorted (the agent shifts it once it sees the jump)
+                        continue
+                    raw = e[_RAW]
+                    if not raw or t > raw[-1][0]:
+                        raw.append((t, s.value))
+                        while raw[0][0] < t - keep:
+                            raw.popleft()
                     if b == last:  # same step: the last value wins
                         e[_TS][n - 1] = t
                         e[_VS][n - 1] = s.value
                         accepted += 1
                         continue
-                    if b < last:  # older than the last step: the wall clock went back; keep the
-                        self.out_of_order += 1  # ring sorted (the agent shifts it once it sees the jump)
-                        continue
+                else:
+                    e[_RAW].append((t, s.value))
                 ts, vs = e[_TS], e[_VS]
                 if n == ts.size:
                     if n < self.cap and self._room(call, min(self.cap, 2 * n) - n):
@@ -139,6 +152,7 @@ class Ring:
                 if n:
                     e[_TS][:n] += delta_s
                     e[_STEP] = math.floor(e[_TS][n - 1] / step)
+                e[_RAW] = deque((t + delta_s, v) for t, v in e[_RAW])
             self.version += 1
 
     def window_at(self, now: float, source: str, span: float | None = None,
@@ -154,7 +168,7 @@ class Ring:
         dropped = 0
         start, end = math.inf, -math.inf
         with self._lock:
-            for ts, vs, n, _, typ, key, _ in self._d.values():
+            for ts, vs, n, _, typ, key, _, _ in self._d.values():
                 if not n or (keep is not None and not keep(key)):
                     continue
                 i = int(np.searchsorted(ts[:n], lo)) if ts[0] < lo else 0
@@ -175,6 +189,29 @@ class Ring:
         if not out:
             start = end = math.nan
         return Window(out, start, end, source, dropped)
+
+    def recent_window(self, now: float, source: str, span: float = RECENT_S,
+                      keep: Callable[[SeriesKey], bool] | None = None) -> Window:
+        """Every sample of the last ``span`` seconds (at most RECENT_S) as it came, not one per step: the
+        present as a fresh look at the source would sample it."""
+        lo = now - min(span, RECENT_S)
+        out: dict[SeriesKey, Series] = {}
+        start, end = math.inf, -math.inf
+        with self._lock:
+            for e in self._d.values():
+                raw = e[_RAW]
+                if not raw or raw[-1][0] < lo or (keep is not None and not keep(e[_KEY])):
+                    continue
+                pts = [(t, v) for t, v in raw if t >= lo and math.isfinite(v)]
+                if not pts:
+                    continue
+                t = np.fromiter((p[0] for p in pts), float, len(pts))
+                v = np.fromiter((p[1] for p in pts), float, len(pts))
+                out[e[_KEY]] = Series(e[_KEY], t, v, e[_TYPE])
+                start, end = min(start, float(t[0])), max(end, float(t[-1]))
+        if not out:
+            start = end = math.nan
+        return Window(out, start, end, source)
 
     def __len__(self) -> int:
         return len(self._d)
