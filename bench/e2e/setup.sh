@@ -50,15 +50,17 @@ if [ ! -f "$VENV/.e2e-installed" ]; then
   touch "$VENV/.e2e-installed"
   say "installed in $((SECONDS - t0)) s ($(du -sh "$VENV" | cut -f1))"
 else
-  # keep the editable install pointing at this checkout
-  "$VENV/bin/python" -c 'import fragscope, sys; sys.exit(0 if fragscope.__file__.startswith(sys.argv[1]) else 1)' "$REPO" \
-    || "$VENV/bin/pip" install -q --no-deps -e "$REPO" >>"$E2E_DIR/install.log" 2>&1 || die "pip install -e $REPO"
   say "reusing $VENV"
 fi
+# fragscope from this checkout, whichever checkout the venv was installed from: PYTHONPATH comes before
+# the editable install's finder, so several checkouts can share the venv without reinstalling it
+export PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH}
 VPY=$VENV/bin/python
 FRAGSCOPE=$VENV/bin/fragscope
 DIAGNOSE=$VENV/bin/diagnose
 "$VPY" -c 'import vllm, fragscope; print("vllm", vllm.__version__, "| fragscope", fragscope.__version__, "from", fragscope.__file__)' 2>/dev/null | tail -1
+"$VPY" -c 'import fragscope, sys; sys.exit(0 if fragscope.__file__.startswith(sys.argv[1] + "/") else 1)' "$REPO" \
+  || die "fragscope in $VENV does not resolve to $REPO"
 
 # --- 2. tiny model, offline ---------------------------------------------------------------------
 if [ ! -f "$MODEL_DIR/model.safetensors" ]; then
