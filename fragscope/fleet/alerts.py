@@ -1,6 +1,7 @@
 """dashboards/rules/fragscope-alerts.yml, generated: one alert per window diagnosis from the same Config as
-its detector (each diagnosis module's ``alert_rule``), the recording rules the dashboards and users query,
-and the alerts on the agent's own output. ``python -m fragscope.fleet.alerts > dashboards/rules/fragscope-alerts.yml``;
+its detector (each diagnosis module's ``alert_rule``), the signal reads several of those alerts repeat as
+recording rules of their group (:func:`signal_recordings`, docs/dashboards.md#recorded-signal-reads-fragscopediagnoses),
+the recording rules the dashboards and users query, and the alerts on the agent's own output. ``python -m fragscope.fleet.alerts > dashboards/rules/fragscope-alerts.yml``;
 tests check the committed file equals :func:`alerts_yaml` (docs/dashboards.md#alerts).
 """
 from __future__ import annotations
