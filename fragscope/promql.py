@@ -91,9 +91,25 @@ _RECORDABLE_FN = {"avg_over_time({})": "avg", "max_over_time({})": "max", "min_o
                   "rate({})": "rate", "increase({})": "increase", "deriv({})": "deriv"}
 
 
-def recorded_name(use: SignalUse) -> str | None:
+def shared(name: str, expr: str) -> str:
+    """A sub-expression one rule reads several times (or several rules read), aggregated so that it carries
+    no metric name: a rule file may record it once as ``name`` (inside :func:`reading_recorded` this answers
+    with the recorded series); elsewhere it is ``expr`` itself."""
+    use = (name, expr)
+    seen, recorded = _SEEN.get(), _RECORDED.get()
+    if seen is not None:
+        seen.append(use)
+    if recorded and use in recorded:
+        return f"({recorded[use]})"
+    return f"({expr})"
+
+
+def recorded_name(use) -> str | None:
     """The recording rule's name for a signal read (``fragscope:<signal>:<op>_<range>``, with the extra matchers
-    and suffix), None where the read cannot be recorded as it is (an instant selector, an offset, ...)."""
+    and suffix) or a :func:`shared` sub-expression (its own name), None where the read cannot be recorded as
+    it is (an instant selector, an offset, ...)."""
+    if len(use) == 2:
+        return use[0]
     sig_id, fn, rng, extra, suffix = use
     m = re.fullmatch(r"quantile_over_time\((0\.\d+), \{\}\)", fn)
     op = f"p{round(float(m.group(1)) * 100):d}" if m else _RECORDABLE_FN.get(fn)

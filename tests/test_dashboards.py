@@ -226,32 +226,33 @@ def test_promtool_test_rules_catches_a_broken_rule(tmp_path):
 
 
 def test_repeated_signal_reads_are_recorded_once():
-    """The signal reads several alerts repeat are recording rules of the alerts' own group, placed before every
-    alert, each the very expression it stands for; the alerts read the recorded series and never the raw read."""
+    """The signal reads and shared sub-expressions the alerts repeat are recording rules of the alerts' own
+    group, placed before every alert, each the very expression it stands for; the alerts read the recorded
+    series and never the raw read."""
     from fragscope.fleet import alerts
-    from fragscope.promql import sig
 
     recorded = alerts.signal_recordings()
     assert len(recorded) >= 4 and len(set(recorded.values())) == len(recorded)
+    assert {u[0] for u in recorded if len(u) == 2} <= set(alerts.SHARED_DOC)
     groups = _rules()["groups"]
     (group,) = [g for g in groups if g["name"] == "fragscope.diagnoses"]
     kinds = ["record" if "record" in r else "alert" for r in group["rules"]]
     assert kinds == sorted(kinds, reverse=True), "recording rules first"
     records = {r["record"]: r["expr"] for r in group["rules"] if "record" in r}
-    assert records == {name: sig(*use) for use, name in recorded.items()}
+    assert records == {name: alerts.recording_expr(use) for use, name in recorded.items()}
     other_names = {r.get("record") for g in groups if g is not group for r in g["rules"]}
     assert not other_names & set(records)
     exprs = [r["expr"] for r in group["rules"] if "alert" in r]
     for use, name in recorded.items():
-        readers = [e for e in exprs if f"({name})" in e]
-        assert len(readers) >= 2, (name, len(readers))
-        assert not any(sig(*use) in e for e in exprs), name
+        assert sum(e.count(f"({name})") for e in exprs) >= 2, name
+        assert not any(alerts.recording_expr(use) in e for e in exprs), name
     # the rule file's alerts are the modules' alerts with those reads replaced, nothing else
     for d in REGISTRY.window():
         raw, rec = d.alert(), alerts.as_recorded(d.alert)
         back = rec.expr
-        for use, name in recorded.items():
-            back = back.replace(f"({name})", sig(*use))
+        for _ in recorded:  # shared sub-expressions hold recorded reads: undo until nothing changes
+            for use, name in recorded.items():
+                back = back.replace(f"({name})", f"({use[1]})" if len(use) == 2 else alerts.recording_expr(use))
         assert back == raw.expr and (rec.for_, rec.severity, rec.thresholds) == (raw.for_, raw.severity, raw.thresholds)
 
 
@@ -262,9 +263,8 @@ def test_recorded_reads_give_the_same_vectors(tmp_path):
     it (reading the recorded series) yields exactly the vector of the module's raw expression."""
     yaml = _yaml()
     from fragscope.fleet import alerts
-    from fragscope.promql import sig
 
-    group = {"name": "eq", "rules": [{"record": name, "expr": sig(*use)}
+    group = {"name": "eq", "rules": [{"record": name, "expr": alerts.recording_expr(use)}
                                      for use, name in alerts.signal_recordings().items()]}
     pairs = []
     for i, d in enumerate(r for r in REGISTRY.window() if r.alerting and r.alert is not None):

@@ -14,7 +14,7 @@ from ..kvbudget import VLLM_BLOCK_SIZES, block_waste
 from ..kvbudget import expected_waste_ratio as expected_waste  # noqa: F401  (re-export for old importers)
 from ..kvbudget import recommend_block_size  # noqa: F401
 from ..model import Action, Evidence, Finding, Inconclusive, Playbook, Severity
-from ..promql import K, AlertRule, num, quote, sig as psig
+from ..promql import K, AlertRule, num, quote, shared, sig as psig
 from ..signals import primary
 from ..units import finite_or_none as _f
 from .frame import Frame
@@ -86,9 +86,10 @@ def alert_rule(cfg: Config = Config()) -> AlertRule:
     ``recommend_block_size``), as the detector asks."""
     w = ALERT_WINDOW
     # the configured size, as a value: every size an engine may report, not only those recommended
-    block = "max by (" + K + ") (" + " or ".join(
+    # (read four times below: the rule file records it once, promql.shared)
+    block = shared("fragscope:kv_block_size_tokens:max", "max by (" + K + ") (" + " or ".join(
         f"{psig('cache_config_info', '{}', None, extra='block_size=' + quote(str(b)))} * {b}"
-        for b in CONFIGURED_BLOCK_SIZES) + ")"
+        for b in CONFIGURED_BLOCK_SIZES) + ")")
 
     def inc(s: str, suffix: str) -> str:
         return f"sum by ({K}) {psig(s, 'increase({})', w, suffix=suffix)}"
