@@ -190,6 +190,29 @@ def test_a_throttled_engine_leaves_no_launch_bound_doubt_about_its_gpu():
     assert not lacking.subject and "fragscope_kernel_gap_seconds" in lacking.missing
 
 
+def _cpu_lifted(lifted_at: int, n=25, step=5.0, periods_stop=False):
+    """Every CFS period throttled until step ``lifted_at``, none after (the quota lifted); with
+    ``periods_stop`` no period is counted after it either (cgroup v1 with cfs_quota_us -1)."""
+    per = 10.0 * step
+    return {"fragscope_container_cpu_periods_total": ({}, lambda i: per * (min(i, lifted_at) if periods_stop else i)),
+            "fragscope_container_cpu_throttled_periods_total": ({}, lambda i: per * min(i, lifted_at)),
+            "fragscope_container_cpu_quota_cores": ({}, [0.2] * n)}
+
+
+@pytest.mark.parametrize("periods_stop", [False, True])
+@pytest.mark.parametrize("lifted_s, fires", [(5, True), (10, True), (15, False), (20, False), (40, False)])
+def test_cpu_starved_clears_once_the_newest_periods_are_unthrottled(lifted_s, fires, periods_stop):
+    """Quota lifted ``lifted_s`` before the end of the window: the minute still reads >= 25 % throttled
+    (until 45 s; with the period count stopped, until the lift leaves the minute), but once the newest
+    15 s ran unthrottled (or counted no period) the present is not starved."""
+    w = _window({**_serving(waiting=2), **_cpu_lifted(24 - lifted_s // 5, periods_stop=periods_stop)})
+    f = build_frame(w)
+    from fragscope.detectors.host_common import judged_span, throttled_share
+
+    assert throttled_share(f, judged_span(f)) >= cpu_starved.Config().throttled_share or lifted_s >= 45
+    assert (cpu_starved.detect(f) != []) is fires
+
+
 def test_launch_bound_with_cpu_to_spare_is_not_cpu_starved():
     w = _window({**_serving(), **_cpu(0.01),
                  "fragscope_kernel_gap_seconds": ({"gpu": "0", "quantile": "0.5"}, [400e-6] * 25),

@@ -45,6 +45,11 @@ class Config:
     work_share: float = 0.5  # requests running (or waiting) for most of the judged span
     latency_rise: float = 1.3  # inter-token latency / TTFT >= 1.3x its baseline
     util_low: float = 0.60  # the GPU idles while work waits (launch-bound's bar)
+    # A quota lifted shows at once in the newest CFS periods: when the latest clear_window_s (150 periods
+    # of 100 ms; at least two scrape steps) were throttled in under cleared_share of their periods, or
+    # counted no period (bandwidth control off), the present is not starved, whatever the minute says.
+    clear_window_s: float = 15.0
+    cleared_share: float = 0.05
 
 
 def _work(f: Frame, span) -> float:
@@ -54,6 +59,23 @@ def _work(f: Frame, span) -> float:
         return math.nan
     tot = np.nan_to_num(run) + (np.nan_to_num(wait) if wait is not None else 0.0)
     return stats.share_true(f, tot >= 1, span, np.isfinite(run))
+
+
+def latest_unthrottled(f: Frame, span, cfg: Config = Config()) -> bool:
+    """The quota no longer bites now: in the newest clear_window_s of ``span`` (at least two scrape steps)
+    under cleared_share of the CFS periods were throttled, or no period elapsed at all (the kernel counts
+    periods only while bandwidth control is on: a quota lifted to -1 / "max" stops the count)."""
+    w = max(cfg.clear_window_s, 2 * f.step)
+    if span[1] - span[0] <= w:
+        return False
+    latest = (span[1] - w, span[1])
+    per, _ = increase(f, "container_cpu_periods_total", latest)
+    if not math.isfinite(per):
+        return False
+    if per <= 0:  # the raw counter, not the grid, must confirm it: two scrapes without a new period
+        return f.flat_samples.get("container_cpu_periods_total", 0) >= 2
+    now = throttled_share(f, latest)
+    return math.isfinite(now) and now < cfg.cleared_share
 
 
 def detect(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive:
@@ -74,6 +96,8 @@ def detect(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive:
     if not math.isfinite(work) or work < cfg.work_share:
         return []  # an idle engine throttled (model loading, warm-up) does not starve serving
     throttled = math.isfinite(share) and share >= cfg.throttled_share
+    if throttled and latest_unthrottled(f, span, cfg):
+        throttled = False
     queued_cpu = math.isfinite(rq) and rq >= cfg.runqueue_share
     if not throttled and not queued_cpu:
         return []
