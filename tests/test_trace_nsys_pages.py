@@ -213,3 +213,21 @@ def test_mutated_exports_read_as_sql_reads_them(tmp_path):
         for f in fields:
             assert np.array_equal(getattr(a, f), getattr(b, f)), f
     assert read_by_pages >= 5  # (most changes leave a readable file: the page reader read them)
+
+
+def test_a_file_that_cannot_be_mapped_is_read_by_sql(tmp_path, monkeypatch):
+    import mmap
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_trace import make_nsys
+
+    p = make_nsys(tmp_path / "r.sqlite", procs=(5,))
+    ref = read_nsys(str(p), reader="stdlib")
+
+    def no_map(*a, **k):
+        raise OSError(19, "No such device")
+
+    monkeypatch.setattr(mmap, "mmap", no_map)
+    tl = read_nsys(str(p))
+    assert tl.meta["reader"] == "stdlib" and np.array_equal(tl.op_start, ref.op_start)

@@ -309,8 +309,8 @@ def _read_pages(path: str, queries: list[Query]) -> list[Query]:
                     got = nsys_pages.read_table(conn, path, q.table, cols, keep)
                 finally:
                     conn.close()
-            except (nsys_pages.Unsupported, sqlite3.Error, MemoryError, ValueError, IndexError, OverflowError,
-                    TypeError):
+            except (nsys_pages.Unsupported, sqlite3.Error, OSError, MemoryError, ValueError, IndexError,
+                    OverflowError, TypeError):
                 return  # (SQL reads this table: what is wrong with a broken file, it says in its own words)
             q.result = q.post(got) if q.post is not None else got
             done.append(q)

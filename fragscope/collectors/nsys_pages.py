@@ -86,7 +86,11 @@ def _read_table(conn: sqlite3.Connection, path: str, table: str, cols: list[Colu
             if st.st_size < 512:
                 raise Unsupported("file too small")
             # (MAP_POPULATE: the file's pages mapped in one call, not one page fault at a time)
-            mm = mmap.mmap(fd, 0, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0), prot=mmap.PROT_READ)
+            try:
+                mm = mmap.mmap(fd, 0, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
+                               prot=mmap.PROT_READ)
+            except (OSError, ValueError) as e:  # (a file system that cannot map files)
+                raise Unsupported(f"cannot map the file: {e}") from None
         finally:
             os.close(fd)
         try:
