@@ -179,9 +179,11 @@ def bench_kineto(hta_python: str | None, tmp: Path, ns_path: Path, reps_whole: i
             line += (f"  HTA {hta_w * 1e3:8.1f} ms [{st}]  ratio {hta_w / ours_w:5.1f}x "
                      f"(target 8x: {'met' if hta_w >= 8 * ours_w else 'not met'})")
         print(line, flush=True)
-    # what no Python CLI can go under: an interpreter that imports numpy and exits
+    # what no Python CLI can go under: an interpreter that imports numpy and exits (and one that imports nothing)
     floor, _ = _whole([sys.executable, "-c", "import numpy"], reps_whole)
-    print(f"   floor: python -c 'import numpy' {floor * 1e3:8.1f} ms (best of {reps_whole})")
+    bare, _ = _whole([sys.executable, "-c", "pass"], reps_whole)
+    print(f"   floor: python -c 'import numpy' {floor * 1e3:8.1f} ms, python -c pass {bare * 1e3:6.1f} ms "
+          f"(best of {reps_whole})")
     print(f"   load average after: {os.getloadavg()[0]:.2f}")
 
 

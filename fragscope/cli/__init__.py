@@ -1,7 +1,8 @@
 """Command line: ``diagnose`` (on-call) and ``fragscope`` (agent, record, kv-budget, capture...).
 
-Each area owns one module that registers its commands here; modules are a few lines of library
-calls each. Only this package imports click.
+Each area owns one module that registers its commands here (``register``), imported when one of its
+commands runs (DIAGNOSE_COMMANDS / FRAGSCOPE_COMMANDS name it); modules are a few lines of library calls
+each. Only this package imports click.
 """
 from __future__ import annotations
 
