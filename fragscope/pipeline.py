@@ -106,6 +106,20 @@ def judge_present(window: Window) -> list[Finding]:
     return rank_findings(_merge_gpus(report.findings))
 
 
+def judge_level(window: Window) -> list[Finding]:
+    """The level rules alone (each diagnosis's present-state rule, ``level``) over ``window``, merged across
+    GPUs, without the detectors that judge short windows themselves: the agent asks this of its last 20 s
+    every few seconds (agent/loops.py judge_recent)."""
+    if not len(window) or not math.isfinite(window.start):
+        return []
+    report = Report(window=(window.start, window.end), source=window.source)
+    frame = build_frame(window)
+    for d in REGISTRY.window():
+        if d.level is not None:
+            _run_one(report, d, frame, fn=d.level, basis="level")
+    return rank_findings(_merge_gpus(report.findings))
+
+
 def _run_all(report: Report, frame: Frame, short: bool = False) -> None:
     span = frame.end - frame.start
     for d in REGISTRY.window():

@@ -175,12 +175,11 @@ def test_watch_pass_skips_when_no_sample_arrived(monkeypatch):
     ring = _storm_ring()
     agent = types.SimpleNamespace(state=types.SimpleNamespace(ring=ring, report=Report(window=(0.0, 1.0)),
                                                               detector=DetectorHealth()))
-    # a look judges two windows: the last 2 minutes and the last 20 s on their own (loops.judge_recent)
-    assert loops.watch_once(agent) is True and len(calls) == 2
-    assert loops.watch_once(agent) is True and len(calls) == 2  # nothing new: the last look stands
+    assert loops.watch_once(agent) is True and len(calls) == 1
+    assert loops.watch_once(agent) is True and len(calls) == 1  # nothing new: the last look stands
     ring.add([Sample("vllm:kv_cache_usage_perc", make_labels({"model_name": "m", "engine": "0"}),
                      time.time(), 0.99)])
-    assert loops.watch_once(agent) is True and len(calls) == 4
+    assert loops.watch_once(agent) is True and len(calls) == 2
 
 
 def _cgroup(root, quota: str, throttled_usec: int) -> None:
