@@ -357,7 +357,9 @@ def _plain_floor(p: Path, reader: str, reps: int, env: dict) -> float:
     walls, cpus = [], []
     for _ in range(reps):
         r0, t = os.times(), time.perf_counter()
-        subprocess.run([sys.executable, "-c", PLAIN, str(p), reader, json.dumps(sent)], check=True, env=env, cwd=ROOT)
+        # (numpy's large arrays on small pages, as `diagnose trace` asks for them: the same memory work)
+        subprocess.run([sys.executable, "-c", PLAIN, str(p), reader, json.dumps(sent)], check=True,
+                       env=dict(env, NUMPY_MADVISE_HUGEPAGE="0"), cwd=ROOT)
         walls.append(time.perf_counter() - t)
         r1 = os.times()
         cpus.append((r1.children_user - r0.children_user) + (r1.children_system - r0.children_system))
