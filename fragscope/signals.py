@@ -242,6 +242,10 @@ SIGNALS: dict[str, Signal] = {s.id: s for s in [
            "engine threads' time runnable but waiting for a CPU (/proc/PID/task/*/schedstat), summed over pids"),
     Signal("process_cpu_seconds_total", "counter", "process", "seconds",
            (_s("fragscope_process_cpu_seconds_total"),), "engine processes' user + system CPU, summed over pids"),
+    Signal("process_stopped_processes", "gauge", "process", "processes",
+           (_s("fragscope_process_stopped_processes"),),
+           "engine processes in state T or t (/proc/PID/stat: stopped by a signal or a debugger), summed over "
+           "pids; absent when /proc is unreadable"),
     Signal("process_resident_memory_bytes", "gauge", "process", "bytes",
            (_s("fragscope_process_resident_memory_bytes"),), "engine processes' RSS, summed over pids"),
     Signal("container_memory_working_set_bytes", "gauge", "container", "bytes",

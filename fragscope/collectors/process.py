@@ -29,7 +29,11 @@ from .logonce import LogOnce
 log = logging.getLogger(__name__)
 
 PROCESS_SIGNALS = ("fragscope_process_cpu_seconds_total", "fragscope_process_resident_memory_bytes",
-                   "fragscope_process_threads")
+                   "fragscope_process_threads", "fragscope_process_stopped_processes")
+# /proc/PID/stat states of a process that does not run until someone resumes it (proc(5)): T stopped by a
+# signal (SIGSTOP, SIGTSTP, SIGTTIN/SIGTTOU), t stopped by a debugger (ptrace). D (uninterruptible sleep,
+# usually disk or NFS I/O) and Z (zombie) are not: D ends by itself, Z has already exited.
+STOPPED_STATES = ("T", "t")
 CONTAINER_SIGNALS = ("fragscope_container_cpu_quota_cores", "fragscope_container_cpu_throttled_seconds_total",
                      "fragscope_container_cpu_throttled_periods_total")
 MEMORY_SIGNALS = ("fragscope_container_memory_working_set_bytes", "fragscope_container_memory_limit_bytes",
@@ -390,7 +394,7 @@ class ProcessCollector:
                 # two files a tick (/proc/PID/stat, statm) instead of psutil's three (stat, statm, status): the
                 # same kernel figures; the name (psutil's, which completes a 15-character comm from the command
                 # line) every SLOW_EVERY_S
-                cpu_s, nth, rss = read_pid_stat(pid, self.proc_root)
+                cpu_s, nth, rss, state = read_pid_stat_state(pid, self.proc_root)
                 pname = names.get(pid) if not self._slow_due else None
                 if pname is None:
                     pname = names[pid] = p.name()
@@ -406,6 +410,8 @@ class ProcessCollector:
                     with p.oneshot():
                         ct = p.cpu_times()
                         cpu_s, rss, nth, pname = ct.user + ct.system, p.memory_info().rss, p.num_threads(), p.name()
+                        st = p.status()
+                    state = "T" if st == psutil.STATUS_STOPPED else "t" if st == psutil.STATUS_TRACING_STOP else "?"
                 except psutil.NoSuchProcess:
                     gone.append(pid)
                     continue
@@ -416,6 +422,11 @@ class ProcessCollector:
             res.samples.append(Sample("fragscope_process_cpu_seconds_total", lab, now, float(cpu_s)))
             res.samples.append(Sample("fragscope_process_resident_memory_bytes", lab, now, float(rss)))
             res.samples.append(Sample("fragscope_process_threads", lab, now, float(nth)))
+            # 1 when this process is stopped (T/t), 0 otherwise: summed over pids, the number stopped. The
+            # name travels with it so that a finding names the process, not only its pid
+            res.samples.append(Sample("fragscope_process_stopped_processes",
+                                      make_labels({"pid": str(pid), "name": pname}), now,
+                                      1.0 if state in STOPPED_STATES else 0.0))
             res.samples.append(Sample("fragscope_process_info", make_labels(
                 {"pid": str(pid), "name": pname, "identified_by": self.identified_by or BY_GUESS}), now, 1.0))
             if sched_due:
@@ -570,17 +581,24 @@ PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 def read_pid_stat(pid: int, proc_root: str = "/proc") -> tuple[float, int, int]:
+    """(CPU seconds, threads, resident bytes) of one process: :func:`read_pid_stat_state` without the state."""
+    return read_pid_stat_state(pid, proc_root)[:3]
+
+
+def read_pid_stat_state(pid: int, proc_root: str = "/proc") -> tuple[float, int, int, str]:
     """(CPU seconds, user + system; threads; resident bytes) of one process from ``/proc/PID/stat`` and
     ``statm`` (proc(5): utime and stime in clock ticks are stat's fields 14 and 15, num_threads 20; the
     command name, field 2, may hold spaces and parentheses: fields are counted after its last ")";
     resident pages are statm's second field, which stat's rss field 24 can differ from by a few pages).
-    What psutil's cpu_times, num_threads and memory_info read from stat, status and statm."""
+    What psutil's cpu_times, num_threads and memory_info read from stat, status and statm. The fourth item
+    is the state letter, stat's field 3 (R running, S sleeping, D disk sleep, T stopped, t tracing stop, Z
+    zombie, ...)."""
     with open(f"{proc_root}/{pid}/stat", "rb") as fh:
         data = fh.read()
     with open(f"{proc_root}/{pid}/statm", "rb") as fh:
         rss_pages = int(fh.read().split()[1])
     f = data[data.rindex(b")") + 2:].split()
-    return (int(f[11]) + int(f[12])) / CLK_TCK, int(f[17]), rss_pages * PAGE_SIZE
+    return (int(f[11]) + int(f[12])) / CLK_TCK, int(f[17]), rss_pages * PAGE_SIZE, f[0].decode("ascii", "replace")
 
 
 def _running(p: psutil.Process) -> bool:

@@ -43,6 +43,8 @@ _ENGINE_AGG = {
     "host_memory_available_bytes": "min",
     "host_memory_total_bytes": "max",
 }
+# per-process gauges kept raw, per pid, beside their engine-wide sum (Frame.process_raw)
+PER_PROCESS_RAW = ("process_stopped_processes",)
 _GPU_AGG = {  # several pids or exporters on one GPU
     "torch_allocated_bytes": "sum",
     "torch_reserved_bytes": "sum",
@@ -79,6 +81,23 @@ def _last_change(series: list[Series]) -> tuple[float, int]:
             t = float(s.ts[idx[-1] + 1])
             best = t if not math.isfinite(best) else max(best, t)
     return best, (flat if flat is not None else 0)
+
+
+def _per_pid(series: list[Series], scale: float) -> dict[str, tuple[str, np.ndarray, np.ndarray]]:
+    """pid -> (its newest name, raw times, raw values): a pid's series under several names (a process that
+    renamed itself) merged in time order."""
+    by: dict[str, list[Series]] = {}
+    for s in series:
+        labels = dict(s.key.labels)
+        by.setdefault(labels.get("pid", ""), []).append(s)
+    out = {}
+    for pid, ss in by.items():
+        ts = np.concatenate([np.asarray(s.ts, dtype=np.float64) for s in ss])
+        vs = np.concatenate([np.asarray(s.values, dtype=np.float64) for s in ss]) * scale
+        order = np.argsort(ts, kind="stable")
+        newest = max((s for s in ss if len(s)), key=lambda s: float(s.ts[-1]), default=ss[0])
+        out[pid] = (dict(newest.key.labels).get("name", ""), ts[order], vs[order])
+    return out
 
 
 def build_frame(window: Window) -> Frame:
@@ -134,6 +153,8 @@ def build_frame(window: Window) -> Frame:
                     lo, v = gauge_span(s, grid, lookback)
                     agg.add(lo, v * scale)
                 f.engine[sig_id] = agg.result()
+                if sig_id in PER_PROCESS_RAW:
+                    f.process_raw[sig_id] = _per_pid(series, scale)
             continue
         if sig.scope != GPU_SCOPE:  # signals.py refuses other scopes at import: never filed under a GPU by default
             raise ValueError(f"signal {sig_id}: scope {sig.scope!r} has no place in the frame")

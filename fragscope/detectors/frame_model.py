@@ -42,6 +42,9 @@ class Frame:
     last_seen: dict[str, float] = field(default_factory=dict)
     last_change: dict[str, float] = field(default_factory=dict)  # counter id -> newest raw sample that moved
     flat_samples: dict[str, int] = field(default_factory=dict)  # counter id -> scrapes since its last move
+    # signal id -> pid -> (process name, raw sample times, raw values), for the per-process signals a detector
+    # names a process by (frame.PER_PROCESS_RAW): the engine-wide sum in ``engine`` cannot say which
+    process_raw: dict[str, dict[str, tuple[str, np.ndarray, np.ndarray]]] = field(default_factory=dict)
     rates_known: bool = True  # False: scrapes without timestamps and no known interval: counts, not rates  # hist_avg taken from lifetime totals (one scrape)
 
     @property

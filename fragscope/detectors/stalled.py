@@ -8,6 +8,13 @@ spin in the NCCL kernel at 100 % utilization), or a host-side hang (a stuck Pyth
 blocked process: the GPUs idle at 0 %). The readiness probe still passes (the API server answers), so
 this is the incident a pod's health checks miss. Told apart from saturation: a saturated engine
 generates tokens at its capacity; a stalled one generates none.
+
+A stopped engine process is a stall by itself, whatever the request gauges say: in vLLM V1 the scheduler's
+gauges (running, waiting) are published by the engine core process, so a core stopped between requests
+(SIGSTOP, a debugger) freezes them at 0 in flight while the requests sent since queue, unseen, in the API
+server. The process collector reads each engine process's state (/proc/PID/stat, proc(5)): T (stopped
+by a signal) or t (stopped by a debugger) in every sample over ``stopped_s`` fires, critical, naming the
+process; D (uninterruptible sleep, a disk wait) does not.
 """
 from __future__ import annotations
 
@@ -27,7 +34,8 @@ from .frame import Frame
 ID = ids.ENGINE_STALLED
 REQUIRES = ("requests_running", "generation_tokens_total")
 CORROBORATES = ("requests_waiting", "prompt_tokens_total", "request_success_total", "gpu_utilization_ratio",
-                "process_cpu_seconds_total")
+                "process_cpu_seconds_total", "process_stopped_processes")
+STOPPED = "process_stopped_processes"
 PROGRESS = ("generation_tokens_total", "prompt_tokens_total", "request_success_total")
 
 
@@ -43,9 +51,67 @@ class Config:
     util_idle: float = 0.10  # GPUs idle with no progress: the host side hangs
     cpu_idle: float = 0.02  # the engine processes used < 2 % of a core: stopped or blocked, not spinning
     flat_scrapes: int = 2  # scrapes of the token counter since it last moved
+    # An engine process stopped (state T or t) in every sample over at least this long, two samples at least:
+    # the tools that stop a live process to read it let it go within a second (py-spy dump suspends it for
+    # the milliseconds its stacks take to read; gdb's `gcore` for the seconds a core dump takes to write, a
+    # few GB/s of memory), so a stop seen in two samples 5 s apart was not a profiler's. Shorter than
+    # stall_s: a stop is named before the token counter could say anything (and it says nothing when the
+    # engine was idle at the stop, its gauges frozen at 0 in flight).
+    stopped_s: float = 5.0
+    stopped_samples: int = 2
+
+
+def _stopped(f: Frame, cfg: Config) -> Finding | None:
+    """The engine processes stopped (T/t) in every sample of their newest ``stopped_s`` or more, the newest
+    sample within a scrape interval of the present; None when none is (or the state is not collected)."""
+    raw = f.process_raw.get(STOPPED)
+    if not raw:
+        return None
+    now = max(f.end, f.last_seen.get(STOPPED, -math.inf))
+    fresh = now - max(f.step, f.scrape_interval) * 1.5
+    hits = []  # (stopped since, last sample, samples, pid, name)
+    for pid, (name, ts, vs) in raw.items():
+        if ts.size == 0 or ts[-1] < fresh or not vs[-1] >= 0.5:
+            continue  # a process gone (no newer sample) or running now
+        run = np.flatnonzero(~(vs >= 0.5))
+        first = int(run[-1]) + 1 if run.size else 0
+        n = ts.size - first
+        since = float(ts[first])
+        if n >= cfg.stopped_samples and float(ts[-1]) - since >= cfg.stopped_s:
+            hits.append((since, float(ts[-1]), n, pid, name))
+    if not hits:
+        return None
+    hits.sort()
+    since = hits[0][0]
+    stopped_s = now - since
+    who = ", ".join(f"pid {pid}" + (f" ({name})" if name else "") for _, _, _, pid, name in hits)
+    ev = [Evidence(STOPPED, float(len(hits)), None, 1.0, "processes", (s0, s1),
+                   f"pid {pid}{f' ({name})' if name else ''} in state T or t in all {n} samples over "
+                   f"{s1 - s0:.0f} s: stopped by a signal (SIGSTOP/SIGTSTP) or a debugger", True)
+          for s0, s1, n, pid, name in hits]
+    gauges = ""
+    run_g = f.engine.get("requests_running")
+    if run_g is not None and np.isfinite(run_g).any():
+        r = float(run_g[np.flatnonzero(np.isfinite(run_g))[-1]])
+        wait = f.engine.get("requests_waiting")
+        w = float(wait[np.flatnonzero(np.isfinite(wait))[-1]]) if wait is not None and np.isfinite(wait).any() \
+            else math.nan
+        ev.append(Evidence("requests_running", r, None, None, "requests", (since, now),
+                           "as the engine last published it: a stopped engine core publishes nothing new", True))
+        gauges = (f"; the engine's gauges read {r:.0f} running" + (f", {w:.0f} waiting" if math.isfinite(w) else "")
+                  + ", frozen while it is stopped (requests sent since wait unseen)")
+    summary = (f"Engine process {who} stopped (state T: SIGSTOP/SIGTSTP or a debugger) for at least "
+               f"{stopped_s:.0f} s (since {common.fmt_time(since)}): it serves nothing until resumed" + gauges + ".")
+    ctx = {"stalled_seconds": stopped_s, "kind": "stopped", "since": since,
+           "pids": [pid for _, _, _, pid, _ in hits]}
+    return Finding(ID, Severity.CRITICAL, stats.confidence(3, base=0.45), summary, since, ev,
+                   [], {}, context=ctx)
 
 
 def detect(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive:
+    stopped = _stopped(f, cfg)
+    if stopped is not None:
+        return [stopped]  # whatever the request gauges say: a stopped core freezes them
     if not f.has_engine("requests_running"):
         return Inconclusive(ID, [any_of("requests_running")], "requests in flight not exported")
     cums = {s: f.engine_cum[s] for s in PROGRESS if s in f.engine_cum}
@@ -174,6 +240,14 @@ TRIAGE = TriageCheck("requests_in_flight", "max_over_time", triage_check, "reque
 def actions(ctx: dict, config: dict) -> list[str]:
     kind = ctx.get("kind")
     s = _f(ctx.get("stalled_seconds")) or 0
+    if kind == "stopped":
+        pids = " ".join(str(p) for p in ctx.get("pids") or ()) or "<pid>"
+        return [f"Find who stopped it (stopped for {s:.0f} s): ps -o pid,ppid,stat,lstart,cmd -p {pids} (stat T: a "
+                "signal, t: a debugger); grep TracerPid /proc/<pid>/status names an attached debugger (detach "
+                "it); a SIGSTOP or SIGTSTP came from a person, a job-control shell (Ctrl-Z) or a tool.",
+                f"Resume it: kill -CONT {pids}. Requests queued while it was stopped are served, or have timed out.",
+                "If it is slow or stuck once resumed: py-spy dump --pid <pid> for its stacks (after resuming: a "
+                "stopped process shows only where it was stopped)."]
     acts = [f"Capture the stacks before restarting (the engine has made no progress for {s:.0f} s): "
             "py-spy dump --pid <engine core pid> (and each worker's), or send SIGUSR1 where faulthandler is "
             "registered."]
