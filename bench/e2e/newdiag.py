@@ -123,6 +123,7 @@ def main() -> int:
     ap.add_argument("--phase-s", type=float, default=60.0, help="longest wait for one detection")
     ap.add_argument("--quiet-s", type=float, default=40.0)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--only", choices=("stall",), default=None, help="run one phase after the start-up")
     a = ap.parse_args()
     os.makedirs(a.run, exist_ok=True)
     env = dict(os.environ, VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", HF_HUB_OFFLINE="1",
@@ -194,34 +195,35 @@ def main() -> int:
         pids = tree(vllm.pid)
         core = next((p for p in pids if "EngineCore" in comm(p) or "EngineCore" in cmdline(p)), None)
         res["processes"] = {str(p): comm(p) for p in pids}
-        # quiet: the same load, no quota
-        t = time.monotonic()
-        false = []
-        while time.monotonic() - t < a.quiet_s:
-            f = findings()
-            if "engine-cpu-starved" in f:
-                false.append(f["engine-cpu-starved"]["summary"])
-            time.sleep(2)
-        res["quiet"] = {"watched_s": a.quiet_s, "engine_cpu_starved_seen": len(false), "examples": false[:2]}
-        # quota
-        cg = Cg("cpu")
-        cgs.append(cg)
-        if cg.version == 1:
-            cg.w("cpu.cfs_period_us", "100000")
-            cg.w("cpu.cfs_quota_us", str(int(a.quota_cores * 100000)))
-        else:
-            cg.w("cpu.max", f"{int(a.quota_cores * 100000)} 100000")
-        cg.move(tree(vllm.pid))
-        took, f = wait(lambda f: "engine-cpu-starved" in f, a.phase_s)
-        res["quota"] = {"quota_cores": a.quota_cores, "seconds_to_finding": took,
-                        "summary": f.get("engine-cpu-starved", {}).get("summary"),
-                        "launch_bound_too": "launch-bound" in f}
-        if cg.version == 1:
-            cg.w("cpu.cfs_quota_us", "-1")
-        else:
-            cg.w("cpu.max", "max 100000")
-        took, _ = wait(lambda f: "engine-cpu-starved" not in f, 2.5 * a.phase_s)  # the present is a minute long
-        res["quota"]["seconds_to_clear_after_lifting"] = took
+        if a.only is None:  # --only stall: the stall alone
+            # quiet: the same load, no quota
+            t = time.monotonic()
+            false = []
+            while time.monotonic() - t < a.quiet_s:
+                f = findings()
+                if "engine-cpu-starved" in f:
+                    false.append(f["engine-cpu-starved"]["summary"])
+                time.sleep(2)
+            res["quiet"] = {"watched_s": a.quiet_s, "engine_cpu_starved_seen": len(false), "examples": false[:2]}
+            # quota
+            cg = Cg("cpu")
+            cgs.append(cg)
+            if cg.version == 1:
+                cg.w("cpu.cfs_period_us", "100000")
+                cg.w("cpu.cfs_quota_us", str(int(a.quota_cores * 100000)))
+            else:
+                cg.w("cpu.max", f"{int(a.quota_cores * 100000)} 100000")
+            cg.move(tree(vllm.pid))
+            took, f = wait(lambda f: "engine-cpu-starved" in f, a.phase_s)
+            res["quota"] = {"quota_cores": a.quota_cores, "seconds_to_finding": took,
+                            "summary": f.get("engine-cpu-starved", {}).get("summary"),
+                            "launch_bound_too": "launch-bound" in f}
+            if cg.version == 1:
+                cg.w("cpu.cfs_quota_us", "-1")
+            else:
+                cg.w("cpu.max", "max 100000")
+            took, _ = wait(lambda f: "engine-cpu-starved" not in f, 2.5 * a.phase_s)  # the present is a minute long
+            res["quota"]["seconds_to_clear_after_lifting"] = took
         # stall
         if core is None:
             res["stall"] = {"error": "no EngineCore process found", "processes": res["processes"]}
@@ -235,13 +237,14 @@ def main() -> int:
                 os.kill(core, signal.SIGCONT)
             took, _ = wait(lambda f: "engine-stalled" not in f, a.phase_s)
             res["stall"]["seconds_to_clear_after_sigcont"] = took
-        # memory
-        usage = int(cm.r("memory.usage_in_bytes" if cm.version == 1 else "memory.current"))
-        limit = int(usage / 0.93) // 4096 * 4096
-        cm.w("memory.limit_in_bytes" if cm.version == 1 else "memory.max", str(limit))
-        took, f = wait(lambda f: "host-memory-pressure" in f, a.phase_s)
-        res["memory"] = {"usage_bytes_at_start": usage, "limit_bytes": limit, "seconds_to_finding": took,
-                         "summary": f.get("host-memory-pressure", {}).get("summary")}
+        if a.only is None:
+            # memory
+            usage = int(cm.r("memory.usage_in_bytes" if cm.version == 1 else "memory.current"))
+            limit = int(usage / 0.93) // 4096 * 4096
+            cm.w("memory.limit_in_bytes" if cm.version == 1 else "memory.max", str(limit))
+            took, f = wait(lambda f: "host-memory-pressure" in f, a.phase_s)
+            res["memory"] = {"usage_bytes_at_start": usage, "limit_bytes": limit, "seconds_to_finding": took,
+                             "summary": f.get("host-memory-pressure", {}).get("summary")}
     finally:
         for p in reversed(procs):
             try:
@@ -275,6 +278,8 @@ def main() -> int:
         if a.out:
             with open(a.out, "w") as fh:
                 fh.write(text + "\n")
+    if a.only == "stall":
+        return 0 if res.get("stall", {}).get("seconds_to_finding") is not None else 1
     ok = (res.get("quiet", {}).get("engine_cpu_starved_seen") == 0
           and res.get("quota", {}).get("seconds_to_finding") is not None
           and res.get("stall", {}).get("seconds_to_finding") is not None
