@@ -8,7 +8,8 @@ from __future__ import annotations
 import os
 
 from .collectors.kineto_ranks import read_rank_trace
-from .collectors.trace_io import DEFAULT_MAX_JSON_BYTES, open_regular
+from .collectors.trace_format import read_head
+from .collectors.trace_io import DEFAULT_MAX_JSON_BYTES
 from .detectors.rank_trace import ID, Config, analyse, judge
 from .model import Action, Finding, Playbook
 from .timeline_model import TraceError
@@ -84,11 +85,7 @@ def analyse_rank_files(paths: list[str], cfg: Config = Config(),
                          "or more ranks (a directory of them, or several files)")
     ranks = []
     for p in files:
-        try:
-            with open_regular(p) as fh:
-                head = fh.read(16)
-        except OSError as e:
-            raise TraceError(f"cannot read {p}: {e.strerror or e}") from None
+        head = read_head(p)
         if head.startswith(b"SQLite format 3\x00"):
             raise TraceError(f"cannot read {p}: per-rank analysis reads PyTorch profiler JSON traces, not "
                              "Nsight Systems exports")

@@ -6,15 +6,21 @@ from ..timeline_model import Timeline, TraceError
 from .trace_io import DEFAULT_MAX_JSON_BYTES, open_regular
 
 
+
+def read_head(path: str, n: int = 16) -> bytes:
+    """The first ``n`` bytes of a regular file (what tells an nsys SQLite export from a Kineto trace);
+    TraceError with one line naming the file when it cannot be read."""
+    try:
+        with open_regular(path) as f:
+            return f.read(n)
+    except OSError as e:
+        raise TraceError(f"cannot read {path}: {e.strerror or e}") from None
+
 def read_trace(path: str, max_json_bytes: int = DEFAULT_MAX_JSON_BYTES) -> Timeline:
     """Read a kernel timeline, detecting the format by content: Nsight Systems SQLite export, or
     Kineto JSON (plain or gzip, at most ``max_json_bytes`` of JSON text). Regular files only (a FIFO is
     refused, not waited on). Raises TraceError with one line naming the file and the problem."""
-    try:
-        with open_regular(path) as f:
-            head = f.read(16)
-    except OSError as e:
-        raise TraceError(f"cannot read {path}: {e.strerror or e}") from None
+    head = read_head(path)
     if head.startswith(b"SQLite format 3\x00"):
         from .nsys import read_nsys
 
