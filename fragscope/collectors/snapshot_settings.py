@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+from ..units import finite_or_none
 from .snapshot_load import i64, label
 
 
@@ -48,20 +49,13 @@ def allocator_settings_summary(snap) -> dict:
         "backend": parsed.get("backend", "native") if isinstance(conf, str) else None,
         "expandable_segments": None if exp is None else bool(exp),
         "max_split_size_bytes": mss_bytes,  # None: unlimited or unknown (see "known")
-        "garbage_collection_threshold": _finite_float(gct),
+        "garbage_collection_threshold": finite_or_none(gct),
         "roundup_power2_divisions": _divisions(raw.get("roundup_power2_divisions")),
     }
 
 
 _MAX_CONF_CHARS = 4096
 
-
-def _finite_float(v) -> float | None:
-    try:
-        f = float(v)
-    except (TypeError, ValueError, OverflowError):
-        return None
-    return f if math.isfinite(f) else None
 
 
 def _divisions(v):
@@ -75,7 +69,7 @@ def _divisions(v):
 
 def _mb(v: str) -> int | None:
     """``max_split_size_mb`` value -> bytes; None for unlimited/unreadable (inf, nan, negative, > 2**62)."""
-    f = _finite_float(v)
+    f = finite_or_none(v)
     if f is None or f < 0 or f * 1024 * 1024 >= 2.0**62:
         return None
     return int(f * 1024 * 1024)
