@@ -72,23 +72,32 @@ def trace_cmd(file, fmt: str, fail_on: str, html: str | None = None, max_json_by
 def analyse_trace(file: str, max_json_bytes: int | None = None):
     """(analysis, findings, report) of a kernel timeline FILE: what ``diagnose trace`` prints."""
     from ..collectors.trace_io import DEFAULT_MAX_JSON_BYTES
-    from ..model import Inconclusive
-    from ..timeline_model import TraceError
     from ..trace_pipeline import analyse_trace_file
 
-    try:
-        analysis, findings = analyse_trace_file(file, max_json_bytes=max_json_bytes or DEFAULT_MAX_JSON_BYTES)
-    except TraceError as e:
-        fail(str(e))
-    except MemoryError:
-        fail(f"cannot read {file}: out of memory")
-    w = analysis["window"]
-    report = Report(window=(w["start"] or float("nan"), w["end"] or float("nan")), findings=findings,
-                    inconclusive=[Inconclusive(**i) for i in analysis["inconclusive"]], source=file)
+    analysis, findings, report = trace_report(
+        lambda: analyse_trace_file(file, max_json_bytes=max_json_bytes or DEFAULT_MAX_JSON_BYTES), file, file)
     if findings:  # the registry of every diagnosis is imported only when a verdict needs its playbook
         from ..playbooks import attach_playbooks
 
         attach_playbooks(report)  # timeline verdicts leave the detector without a playbook
+    return analysis, findings, report
+
+
+def trace_report(analyse, source: str, first_path: str):
+    """(analysis, findings, report) from ``analyse()``, a trace analysis returning (analysis, findings); its
+    TraceError, or running out of memory on ``first_path``, is the command's one-line error (exit 2)."""
+    from ..model import Inconclusive
+    from ..timeline_model import TraceError
+
+    try:
+        analysis, findings = analyse()
+    except TraceError as e:
+        fail(str(e))
+    except MemoryError:
+        fail(f"cannot read {first_path}: out of memory")
+    w = analysis["window"]
+    report = Report(window=(w["start"] or float("nan"), w["end"] or float("nan")), findings=findings,
+                    inconclusive=[Inconclusive(**i) for i in analysis["inconclusive"]], source=source)
     return analysis, findings, report
 
 

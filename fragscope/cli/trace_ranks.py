@@ -6,31 +6,22 @@ import sys
 
 import click
 
-from ..model import Inconclusive, Report, rank_findings
 from .common import dumps_json, fail
 from .render import fmt_value, render_human, report_exit_code
+from .trace_cmd import trace_json, trace_report
 
 
 def ranks_cmd(paths: list[str], fmt: str, fail_on: str, html: str | None, max_json_bytes: int | None) -> int:
     from ..collectors.trace_io import DEFAULT_MAX_JSON_BYTES
     from ..ranks_pipeline import analyse_rank_files
-    from ..timeline_model import TraceError
 
     if html:
         fail("--html: the per-rank analysis (several traces) has no HTML report; use --format json")
-    try:
-        a, findings = analyse_rank_files(paths, max_json_bytes=max_json_bytes or DEFAULT_MAX_JSON_BYTES)
-    except TraceError as e:
-        fail(str(e))
-    except MemoryError:
-        fail(f"cannot read {paths[0]}: out of memory")
-    w = a["window"]
-    report = Report(window=(w["start"] or float("nan"), w["end"] or float("nan")), findings=findings,
-                    inconclusive=[Inconclusive(**i) for i in a["inconclusive"]], source=", ".join(paths))
+    a, findings, report = trace_report(
+        lambda: analyse_rank_files(paths, max_json_bytes=max_json_bytes or DEFAULT_MAX_JSON_BYTES),
+        ", ".join(paths), paths[0])
     if fmt == "json":
-        out = dict(a)
-        out["findings"] = [f.to_dict() for f in rank_findings(findings)]
-        sys.stdout.write(dumps_json(out) + "\n")
+        sys.stdout.write(dumps_json(trace_json(a, findings)) + "\n")
     else:
         _print_ranks(a)
         render_human(report, sys.stdout)
