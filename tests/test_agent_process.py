@@ -96,9 +96,16 @@ class Agent:
         with open(self.log.name) as fh:
             return fh.read()
 
-    def stop(self, sig=signal.SIGTERM) -> int:
+    def stop(self, sig=signal.SIGTERM, timeout: float = 20.0) -> int:
         self.p.send_signal(sig)
-        rc = self.p.wait(timeout=20)
+        try:
+            rc = self.p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            self.p.wait(timeout=10)
+            self.log.flush()
+            tail = open(self.log.name, errors="replace").read()[-1500:]
+            raise AssertionError(f"agent did not exit within {timeout:g} s of signal {sig}; log tail:\n{tail}")
         self.log.close()
         return rc
 

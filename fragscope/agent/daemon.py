@@ -232,7 +232,9 @@ class Agent:
             self.close()
             raise
         try:
-            while not self._stop.wait(30.0):  # a signal interrupts the wait (its handler sets the event)
+            # A signal normally interrupts the wait (its handler sets the event); the 1 s bound keeps the
+            # exit prompt where a preloaded libc wrapper (libfaketime's timed waits) restarts the wait instead.
+            while not self._stop.wait(1.0):
                 pass
         finally:
             self.close()
