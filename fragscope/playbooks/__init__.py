@@ -13,18 +13,24 @@ from . import evidence, window
 from ..advice.fixes import EXPANDABLE_CONTRA
 from .registry import Diagnosis, Registry, raw_names
 
-REGISTRY = Registry()
-for _d in window.DIAGNOSES + evidence.DIAGNOSES:
-    REGISTRY.add(_d)
+# The window diagnoses in run order, then the deep-evidence ones. Declared modules load when a listing needs
+# them all, or one by one when a finding's playbook is looked up by its id (Registry.get).
+REGISTRY = Registry(sources=window.SOURCES + evidence.SOURCES)
 
-# id -> Playbook, derived from the registry (diagnose explain, docs checks).
-PLAYBOOKS: dict[str, Playbook] = {d.id: d.playbook for d in REGISTRY}
+
+def __getattr__(name: str):
+    if name == "PLAYBOOKS":  # id -> Playbook, derived from the registry (diagnose explain, docs checks)
+        playbooks = {d.id: d.playbook for d in REGISTRY}
+        globals()["PLAYBOOKS"] = playbooks
+        return playbooks
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def register(d: Diagnosis) -> Diagnosis:
     """Register a diagnosis declared outside this package (e.g. by an engine adapter)."""
     REGISTRY.add(d)
-    PLAYBOOKS[d.id] = d.playbook
+    if "PLAYBOOKS" in globals():
+        globals()["PLAYBOOKS"][d.id] = d.playbook
     return d
 
 

@@ -3,13 +3,10 @@ playbooks, registered without a window detector (docs/snapshot.md, docs/trace.md
 from __future__ import annotations
 
 from .. import ids
-from ..detectors import batching, cpu_fallback
 from ..model import Action, Playbook
 from ..trace_playbooks import UNIFIED_MEMORY_THRASHING_PLAYBOOK
-from ..sizing.playbooks import STARTUP_OOM, startup_oom_actions
 from ..advice.fixes import expandable_segments
-from ..advice.jobs import KNOBS, kind_of, reduce_need, unknown_note
-from .registry import Diagnosis
+from .registry import Diagnosis, Source
 
 
 def _deep(source: str, pb: Playbook, **kw) -> Diagnosis:
@@ -18,6 +15,8 @@ def _deep(source: str, pb: Playbook, **kw) -> Diagnosis:
 
 def _oom_capacity_actions(ctx: dict, config: dict) -> list[str]:
     """The knobs of the job that ran out of memory (none named when the finding does not say which job)."""
+    from ..advice.jobs import KNOBS, kind_of, reduce_need, unknown_note
+
     kind = kind_of(ctx)
     if kind is None:
         return []
@@ -30,6 +29,8 @@ def _oom_capacity_actions(ctx: dict, config: dict) -> list[str]:
 
 
 def _oom_outside_actions(ctx: dict, config: dict) -> list[str]:
+    from ..advice.jobs import KNOBS, kind_of, unknown_note
+
     kind = kind_of(ctx)
     if kind is None:
         return []
@@ -55,7 +56,7 @@ def _admission_actions(ctx: dict, config: dict) -> list[str]:
             "the batch is at the cap, raise it; if nothing moves for minutes, the scheduler is stuck: restart."]
 
 
-DIAGNOSES = [
+_DEEP = [
     _deep("snapshot", Playbook(
         ids.OOM_CAPACITY, "Out of memory: plain capacity",
         "The allocator had no free memory worth the name: the workload needs more than the GPU holds.",
@@ -137,11 +138,31 @@ DIAGNOSES = [
         [Action("See allocator-fragmentation's fixes (headroom, expandable_segments).", [],
                 list(expandable_segments().contraindications))],
         ["no cudaMalloc/cudaFree between warm-up and the end of the trace"], [])),
+]
+
+
+def _startup_oom() -> list[Diagnosis]:
     # sizing from the engine's own start-up accounting (docs/sizing.md); kv-pool-undersized is a window
     # diagnosis (playbooks/window.py) that the log reports too
-    Diagnosis(ids.STARTUP_OOM, STARTUP_OOM, source="log", alerting=False, actions=startup_oom_actions),
-    _deep("trace", UNIFIED_MEMORY_THRASHING_PLAYBOOK),
-    # ONNX Runtime profiling JSON (a Chrome trace of node runs): docs/engines.md
-    _deep("trace", cpu_fallback.PLAYBOOK, actions=cpu_fallback.actions, also_from=("log",)),
-    _deep("config", batching.PLAYBOOK, actions=batching.actions),  # Triton config.pbtxt + its counters
-]
+    from ..sizing.playbooks import STARTUP_OOM, startup_oom_actions
+
+    return [Diagnosis(ids.STARTUP_OOM, STARTUP_OOM, source="log", alerting=False, actions=startup_oom_actions)]
+
+
+def _cpu_fallback() -> list[Diagnosis]:
+    from ..detectors import cpu_fallback  # ONNX Runtime profiling JSON (a Chrome trace of node runs): docs/engines.md
+
+    return [_deep("trace", cpu_fallback.PLAYBOOK, actions=cpu_fallback.actions, also_from=("log",))]
+
+
+def _batching() -> list[Diagnosis]:
+    from ..detectors import batching  # Triton config.pbtxt + its counters
+
+    return [_deep("config", batching.PLAYBOOK, actions=batching.actions)]
+
+
+# Declaration order (the registry's); the ones declared here load without importing a detector or the sizing
+# arithmetic ("local": tried first by a lookup by id), the others import the module that declares them.
+SOURCES = (Source("evidence", lambda: _DEEP, local=True), Source("sizing", _startup_oom),
+           Source("evidence_trace", lambda: [_deep("trace", UNIFIED_MEMORY_THRASHING_PLAYBOOK)], local=True),
+           Source("cpu_fallback", _cpu_fallback), Source("batching", _batching))

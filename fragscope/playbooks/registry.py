@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..model import Finding, Inconclusive, Playbook
-from ..signals import SIGNALS
 
 SOURCES = ("window", "snapshot", "trace", "log", "config")
 CAPTURE_KINDS = ("snapshot", "profile")  # the agent's captures (agent/capture.py KINDS)  # config: a model config + counters (Triton)
@@ -76,6 +75,8 @@ class Diagnosis:
             raise ValueError(f"{self.id}: playbook id {self.playbook.id!r} differs")
         if self.source == "window" and self.detect is None:
             raise ValueError(f"{self.id}: a window diagnosis needs a detector")
+        if self.requires or self.corroborates:
+            from ..signals import SIGNALS  # (the signal table only where a diagnosis names signals)
         for req in self.requires + self.corroborates:
             for alt in req.split("|"):
                 if alt not in SIGNALS:
@@ -113,30 +114,86 @@ MODULE_FIELDS = (("actions", "actions"), ("level", "level"), ("alert_rule", "ale
                  ("SHORT_WINDOW_REASON", "short_window_reason"), ("MIN_TREND_SPAN_S", "min_trend_span_s"))
 
 
+@dataclass(frozen=True)
+class Source:
+    """Where some diagnoses are declared: ``load()`` returns them (importing their module). ``name`` is the
+    module's name (a lookup by id tries the source named like the id first); ``local``: declared in this
+    package without importing detectors, so a lookup tries it before the others."""
+    name: str
+    load: Callable[[], "list[Diagnosis]"]
+    local: bool = False
+
+
 @dataclass
 class Registry:
+    """Every diagnosis, in declaration order: the ``sources`` in order, then those ``add``ed.
+
+    Iterating (and every listing) loads all sources; a lookup by id (``get``, ``in``, ``[]``) loads one
+    source at a time until the id is found (the one named like the id first, then the local ones, then
+    the rest in order), so ``diagnose trace`` resolves its few verdicts without importing every window
+    detector with its dependencies."""
     _items: dict[str, Diagnosis] = field(default_factory=dict)
+    sources: tuple[Source, ...] = ()
+    _parts: dict[int, list[Diagnosis]] = field(default_factory=dict)  # loaded sources
+    _added: dict[str, Diagnosis] = field(default_factory=dict)
+    _complete: bool = False
 
     def add(self, d: Diagnosis) -> Diagnosis:
-        if d.id in self._items:
+        if d.id in self._items:  # (a source not loaded yet that declares it too: raised when it loads)
             raise ValueError(f"diagnosis {d.id!r} registered twice")
+        self._added[d.id] = d
         self._items[d.id] = d
         return d
 
+    def _load(self, i: int) -> None:
+        if i in self._parts:
+            return
+        part = list(self.sources[i].load())
+        for d in part:
+            if d.id in self._items:
+                raise ValueError(f"diagnosis {d.id!r} registered twice")
+            self._items[d.id] = d
+        self._parts[i] = part
+
+    def _all(self) -> "Registry":
+        if not self._complete:
+            for i in range(len(self.sources)):
+                self._load(i)
+            # declaration order: the sources in order, then the diagnoses added
+            self._items = {d.id: d for i in range(len(self.sources)) for d in self._parts[i]}
+            self._items.update(self._added)
+            self._complete = True
+        return self
+
     def get(self, did: str) -> Diagnosis | None:
+        d = self._items.get(did)
+        if d is not None or self._complete:
+            return d
+        key = did.replace("-", "_") if isinstance(did, str) else ""
+        order = sorted((i for i in range(len(self.sources)) if i not in self._parts),
+                       key=lambda i: (self.sources[i].name not in key, not self.sources[i].local, i))
+        for i in order:
+            self._load(i)
+            d = self._items.get(did)
+            if d is not None:
+                return d
+        self._all()
         return self._items.get(did)
 
     def __getitem__(self, did: str) -> Diagnosis:
-        return self._items[did]
+        d = self.get(did)
+        if d is None:
+            raise KeyError(did)
+        return d
 
     def __contains__(self, did: object) -> bool:
-        return did in self._items
+        return isinstance(did, str) and self.get(did) is not None
 
     def __iter__(self):
-        return iter(self._items.values())
+        return iter(self._all()._items.values())
 
     def __len__(self) -> int:
-        return len(self._items)
+        return len(self._all()._items)
 
     def ids(self, source: str | None = None) -> tuple[str, ...]:
         return tuple(d.id for d in self if source is None or d.source == source)
@@ -151,6 +208,8 @@ class Registry:
 
 def raw_names(signal_id: str) -> list[str]:
     """The raw metric names a canonical signal is read from (signals.py), for "missing" lists."""
+    from ..signals import SIGNALS
+
     return [s.metric for s in SIGNALS[signal_id].sources]
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from importlib import import_module
 
-from .registry import Diagnosis
+from .registry import Diagnosis, Source
 
 MODULES = (  # fragscope/detectors/<name>.py (or a package <name>/)
     "fragmentation",
@@ -28,6 +28,13 @@ MODULES = (  # fragscope/detectors/<name>.py (or a package <name>/)
     "host_memory",
 )
 
-DIAGNOSES = [Diagnosis.from_module(import_module(f"..detectors.{name}", __package__)) for name in MODULES]
 
-__all__ = ["DIAGNOSES", "MODULES"]
+
+def _declared(name: str):
+    return lambda: [Diagnosis.from_module(import_module(f"..detectors.{name}", __package__))]
+
+
+# One source per module: a lookup by id imports the one module that declares it (registry.Registry).
+SOURCES = tuple(Source(name, _declared(name)) for name in MODULES)
+
+__all__ = ["MODULES", "SOURCES"]
