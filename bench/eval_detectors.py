@@ -1050,7 +1050,7 @@ def main() -> int:
             continue
         r = rows[fam]
         fp_n = sum(r["fp"].values())
-        others = ", ".join(f"{k}:{v}" for k, v in sorted(r["fp"].items(), key=lambda x: -x[1])) or "-"
+        others = ", ".join(f"{k}:{v}" for k, v in sorted(r["fp"].items(), key=lambda x: (-x[1], x[0]))) or "-"
         tag = f" [{grp}]" if grp else ""
         hit = f"{r['hit']:>4d}" if exp else "   -"
         extra = f" (+ inconclusive: {r['inconcl']})" if fam == "frag-no-probe" else ""
@@ -1169,7 +1169,7 @@ def _print_cold(rows, fails) -> None:
     print("-" * len(hdr))
     for (fam, view), r in sorted(rows.items(), key=lambda kv: ([f[0] for f in FAMILIES].index(kv[0][0]),
                                                               [v[0] for v in COLD_VIEWS].index(kv[0][1]))):
-        others = ", ".join(f"{k[3:]}:{v}" for k, v in r.items() if k.startswith("fp:")) or "-"
+        others = ", ".join(f"{k[3:]}:{v}" for k, v in sorted(r.items()) if k.startswith("fp:")) or "-"
         print(f"{fam:26s} {view:11s} {r['n']:>3d} {r['expect']:>8d} {r['hit']:>5d} {r['inconclusive']:>7d} "
               f"{r['fp_warn']:>5d}  {others}")
     print(f"cold misses ({len(fails)}), first 20:")
