@@ -9,9 +9,10 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Iterable, Iterator, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Iterable, Iterator, Mapping, Protocol, Sequence
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 Labels = tuple[tuple[str, str], ...]  # sorted (name, value) pairs
 
@@ -113,6 +114,8 @@ class Series:
         return int(self.ts.size)
 
     def between(self, start: float, end: float) -> "Series":
+        import numpy as np  # (not at module level: the data model is imported where numpy is not, diagnose trace)
+
         lo, hi = np.searchsorted(self.ts, [start, end], side="left")
         hi = np.searchsorted(self.ts, end, side="right")
         return Series(self.key, self.ts[lo:hi], self.values[lo:hi], self.type)
@@ -124,6 +127,8 @@ def clean_series(key: SeriesKey, ts: Sequence[float] | np.ndarray, values: Seque
 
     Returns the series and the number of points dropped (reported, never silent).
     """
+    import numpy as np
+
     t = np.asarray(ts, dtype=np.float64)
     v = np.asarray(values, dtype=np.float64)
     n0 = t.size

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 # GPU op kinds (Timeline.op_kind)
 KERNEL, MEMCPY, MEMSET = 0, 1, 2
@@ -32,8 +34,8 @@ UM_CAUSES = {0: "unknown", 1: "user_prefetch", 2: "page_fault", 3: "speculative_
 MARK_BACKWARD, MARK_OPTIMIZER, MARK_SERVING = "backward_ops", "optimizer_steps", "serving_engine_ops"
 
 
-def _empty(dtype=np.int64) -> np.ndarray:
-    return np.zeros(0, dtype=dtype)
+def _empty() -> list:
+    return []  # (no unified-memory rows: read only where um_start is not None, which a reader sets with them)
 
 
 class TraceError(ValueError):
@@ -43,6 +45,9 @@ class TraceError(ValueError):
 @dataclass(slots=True)
 class Timeline:
     """Columnar kernel timeline. Times are integer nanoseconds on the trace's own clock.
+
+    Columns are numpy arrays, or :class:`fragscope.vec.Vec` for a small Kineto trace (all of one kind:
+    ``fragscope.vec.xp_of`` gives the operations for them).
 
     ``op_*`` arrays describe GPU operations (kernels, copies, sets), ``call_*`` arrays host API calls;
     ``op_launch[i]`` is the index of the call that launched op ``i`` (-1: unknown).
@@ -76,8 +81,8 @@ class Timeline:
     um_end: np.ndarray | None = None  # int64 ns
     um_device: np.ndarray = field(default_factory=_empty)  # int64
     um_bytes: np.ndarray = field(default_factory=_empty)  # int64, -1 unknown
-    um_copy_kind: np.ndarray = field(default_factory=lambda: _empty(np.int8))  # COPY_UVM_*
-    um_cause: np.ndarray = field(default_factory=lambda: _empty(np.int8))  # UM_CAUSES key, -1 unknown
+    um_copy_kind: np.ndarray = field(default_factory=_empty)  # int8, COPY_UVM_*
+    um_cause: np.ndarray = field(default_factory=_empty)  # int8, UM_CAUSES key, -1 unknown
     # Workload markers: {MARK_*: count} and up to three example names per marker (what was seen).
     markers: dict = field(default_factory=dict)
     marker_examples: dict = field(default_factory=dict)

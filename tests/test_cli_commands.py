@@ -81,23 +81,58 @@ def _bad(modules: set[str], never: set[str]) -> list[str]:
     return sorted(m for m in modules if any(m == n or m.startswith(n + ".") for n in never))
 
 
+# What a trace diagnosis never needs: the window diagnoses' detectors (and what they import), the sizing
+# arithmetic, the log parsers, the metrics pipeline.
+WINDOW_DETECTORS = {f"fragscope.detectors.{m}" for m in
+                    ("fragmentation", "kv_pressure", "memory_leak", "throttling", "launch_bound", "saturation",
+                     "block_size", "kv_pool", "cpu_starved", "stalled", "straggler", "gpu_fault", "host_memory",
+                     "frame", "batching", "cpu_fallback")}
+NOT_FOR_A_TRACE = WINDOW_DETECTORS | {"fragscope.agent", "fragscope.sizing", "fragscope.pipeline", "fragscope.signals",
+                                      "fragscope.collectors.exposition", "fragscope.collectors.nsys",
+                                      "fragscope.collectors.enginelog", "fragscope.advice.jobs"}
+
+
+def test_window_detector_list_is_the_registrys():
+    from fragscope.playbooks import window
+
+    assert {f"fragscope.detectors.{m}" for m in window.MODULES} <= WINDOW_DETECTORS
+
+
 def test_diagnose_trace_imports_only_the_trace_path():
     rc, mods = _modules_after(["trace", os.path.join(DATA, "trace", "hta_timeline_sampled_rank0.json.gz"),
                                "--format", "json"])
     assert rc == 0  # no finding in this trace: no playbook is built, so the registry stays unloaded
-    never = NEVER | (OTHER_COMMANDS - {"fragscope.cli.trace_cmd"}) | {
-        "fragscope.agent", "fragscope.sizing", "fragscope.pipeline", "fragscope.playbooks",
-        "fragscope.collectors.exposition", "fragscope.collectors.nsys", "fragscope.collectors.enginelog"}
+    never = NEVER | (OTHER_COMMANDS - {"fragscope.cli.trace_cmd"}) | NOT_FOR_A_TRACE | {"fragscope.playbooks"}
     assert _bad(mods, never) == []
     assert "fragscope.cli.trace_cmd" in mods and "fragscope.collectors.kineto" in mods
+    assert "numpy" not in mods  # a small trace: read and analysed in Python lists (fragscope.vec)
 
 
-def test_diagnose_trace_with_a_finding_still_skips_the_other_commands():
-    rc, mods = _modules_after(["trace", os.path.join(DATA, "trace", "hta_alexnet_critical_path.json.gz"),
-                               "--format", "json", "--fail-on", "never"])
-    assert rc == 0 and "fragscope.playbooks" in mods  # its verdict's playbook comes from the registry
-    never = NEVER | (OTHER_COMMANDS - {"fragscope.cli.trace_cmd"}) | {"fragscope.agent", "fragscope.pipeline"}
-    assert _bad(mods, never) == []
+def test_diagnose_trace_with_a_finding_loads_only_its_playbook():
+    for name in ("hta_alexnet_critical_path.json.gz", "hta_step_based_gpu_user_annotation.json.gz"):
+        rc, mods = _modules_after(["trace", os.path.join(DATA, "trace", name), "--format", "json", "--fail-on",
+                                   "never"])
+        assert rc == 0 and "fragscope.playbooks" in mods, name  # allocator-stalls: its playbook from the registry
+        never = NEVER | (OTHER_COMMANDS - {"fragscope.cli.trace_cmd"}) | NOT_FOR_A_TRACE
+        assert _bad(mods, never) == [], name
+        assert "numpy" not in mods, name
+
+
+def test_a_large_trace_takes_numpy(tmp_path):
+    """Above the size bar the columns are numpy arrays (the same figures: tests/test_trace_vectors.py)."""
+    from fragscope import vec
+
+    n = vec.NUMPY_MIN_ROWS // 2 + 1
+    ev = []
+    for i in range(n):
+        ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 10 * i,
+                   "dur": 2, "args": {"correlation": i + 1}})
+        ev.append({"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 10 * i + 3, "dur": 4,
+                   "args": {"correlation": i + 1, "device": 0, "stream": 7}})
+    p = tmp_path / "big.json"
+    p.write_text(json.dumps({"traceEvents": ev}))
+    rc, mods = _modules_after(["trace", str(p), "--format", "json", "--fail-on", "never"])
+    assert rc == 0 and "numpy" in mods
 
 
 def test_diagnose_file_imports_no_http_agent_or_other_commands():

@@ -96,7 +96,9 @@ def test_text_times_equal_raw_value():
 
 def test_epoch_text_trace_reads_the_same_with_and_without_bulk(tmp_path, monkeypatch):
     """A trace with epoch-µs times with ns digits (as PyTorch writes them): the Timeline with the bulk
-    conversions equals the one with the per-value conversions, to the nanosecond."""
+    conversions equals the one with the per-value conversions, to the nanosecond (numpy columns: the bulk
+    conversion is theirs; a small trace's Python columns convert each value, tests/test_trace_vectors.py)."""
+    monkeypatch.setenv("FRAGSCOPE_TRACE_ARRAYS", "numpy")
     rng = random.Random(5)
     t0, ev = 1712195495505583.0, []
     for i in range(300):

@@ -12,11 +12,13 @@ import math
 import os
 import re
 import sys
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from ..model import Report, Severity, rank_findings
 from ..report.fmt import fmt_ts, fmt_value  # noqa: F401  (re-exported: trace, snapshot, logs, fleet use them)
+
+if TYPE_CHECKING:
+    import numpy as np
 
 # what a verdict rests on (model.Finding.basis), when it is not a change against the window's baseline
 _BASIS = {"level": "judged on the present level", "snapshot": "from a memory snapshot", "trace": "from a trace",
@@ -87,6 +89,8 @@ def _fmt_window(w) -> str:
 def sparkline(values: np.ndarray, width: int = SPARK_WIDTH, mark_at: int | None = None) -> str:
     """Unicode sparkline of ``values`` in ``width`` cells (mean per cell, scaled min..max of the
     values); a cell without data is a space; ``mark_at`` inserts ``│`` before that cell (the onset)."""
+    import numpy as np  # (here: diagnose trace renders without numpy)
+
     v = np.asarray(values, float)
     if v.size == 0 or not np.isfinite(v).any():
         return ""
@@ -118,6 +122,8 @@ def _spark_range(frame, onset: float | None) -> tuple[int, int, int | None]:
     n = t.size
     if onset is None or not math.isfinite(onset) or not (t[0] < onset <= t[-1]):
         return 0, n, None
+    import numpy as np
+
     i_on = int(np.searchsorted(t, onset))
     after = n - i_on
     lo = max(0, i_on - after)

@@ -24,6 +24,9 @@ def small_pages() -> None:
     2 M kernels spends 0.35 s less CPU (bench/bench_trace.py)."""
     if "NUMPY_MADVISE_HUGEPAGE" in os.environ:
         return
+    if "numpy" not in sys.modules:  # numpy's import reads the variable (numpy/__init__.py), if a large trace
+        os.environ["NUMPY_MADVISE_HUGEPAGE"] = "0"  # imports it: a small one is read without numpy
+        return
     try:
         from numpy._core.multiarray import _set_madvise_hugepage  # numpy >= 2
     except ImportError:

@@ -15,15 +15,18 @@ import decimal
 import gc
 import os
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
-import numpy as np
-
+from .. import vec
 from ..timeline_model import (KERNEL, MEMCPY, MEMSET, Timeline, TraceError, classify_api, copy_kind_from_name,
                               workload_marker)
 from .kineto_events import (FLOAT_EXACT_US, TYPED, Dec, Fallback, NeedTextTimes, Raw, decode_trace, event_from_dict,
                             raw_value)
 from .kineto_times import text_times, texts_ns
 from .trace_io import DEFAULT_MAX_JSON_BYTES, read_json_bytes
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["read_kineto", "timeline_from_events", "Timeline", "TraceError"]
 
@@ -290,10 +293,16 @@ def _from_events(events: list, n_events: int, source: str, doc: dict) -> Timelin
         raise TraceError(f"cannot read {source}: no GPU activity (no kernel, memcpy or memset events{_cats_seen(events)})"
                          "; profile with ProfilerActivity.CUDA")
 
+    # The columns: numpy arrays, or for a small trace Python lists behind the same operations (fragscope.vec):
+    # the same values, without numpy's import.
+    if vec.numpy_for(len(o_ts) + len(c_ts)):
+        import numpy as np
+    else:
+        np = vec
     if exact:
-        op_start, op_end = _exact_ns(o_ts, o_dur)
-        call_start, call_end = _exact_ns(c_ts, c_dur)
-        step_s, step_e = _exact_ns([s[0] for s in steps], [s[1] for s in steps])
+        op_start, op_end = _exact_ns(o_ts, o_dur, np)
+        call_start, call_end = _exact_ns(c_ts, c_dur, np)
+        step_s, step_e = _exact_ns([s[0] for s in steps], [s[1] for s in steps], np)
     else:
         # µs floats -> int ns. Subtract an integer µs base first (the products stay small and exact).
         ts_a = np.asarray(o_ts, dtype=np.float64)
@@ -437,9 +446,12 @@ def us_to_ns(v) -> int:
     return round(v * 1000)
 
 
-def _exact_ns(ts: list, dur: list) -> tuple[np.ndarray, np.ndarray]:
-    """start, end in int ns from µs values, exact for large numbers (epoch µs with sub-µs digits)."""
-    start = texts_ns(ts)
+def _exact_ns(ts: list, dur: list, np=None) -> tuple[np.ndarray, np.ndarray]:
+    """start, end in int ns from µs values, exact for large numbers (epoch µs with sub-µs digits); ``np`` the
+    columns' namespace (numpy, the default, or fragscope.vec)."""
+    if np is None:
+        import numpy as np
+    start = texts_ns(ts) if np is not vec else None  # (a numpy shortcut giving us_to_ns's values)
     if start is None:
         start = np.fromiter((us_to_ns(v) for v in ts), dtype=np.int64, count=len(ts))
     if dur and set(map(type, dur)) == {float}:  # round(v * 1000) of each, as us_to_ns (half to even both)
@@ -450,7 +462,8 @@ def _exact_ns(ts: list, dur: list) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _to_ns(ts_us: np.ndarray, dur_us: np.ndarray, base_us: float) -> tuple[np.ndarray, np.ndarray]:
-    base_ns = np.int64(int(base_us) * 1000)
+    np = vec.xp_of(ts_us)
+    base_ns = int(base_us) * 1000
     rel = ts_us - base_us
     start = np.rint(rel * 1000.0).astype(np.int64) + base_ns
     end = np.rint((rel + dur_us) * 1000.0).astype(np.int64) + base_ns
@@ -459,6 +472,7 @@ def _to_ns(ts_us: np.ndarray, dur_us: np.ndarray, base_us: float) -> tuple[np.nd
 
 def link_by_key(op_key: np.ndarray, call_key: np.ndarray) -> np.ndarray:
     """Index of the call with the same key for each op (-1: none; keys < 0 never match)."""
+    np = vec.xp_of(op_key)
     out = np.full(op_key.size, -1, dtype=np.int64)
     if not call_key.size or not op_key.size:
         return out

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import re
 
-import numpy as np
-
 from .kineto_events import Dec
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["text_times", "texts_ns"]
 
@@ -34,7 +36,6 @@ def text_times(raws: list) -> list:
     return [Dec(t) if large(t) else r for t, r in zip(texts, raws)]
 
 
-_DIGIT_BYTES = np.arange(ord("0"), ord("9") + 1, dtype=np.uint8)
 _NS_HI_MAX = ((1 << 62) - 999) // 1000  # integer µs whose ns (plus any fraction) stay within 2**62
 
 
@@ -45,6 +46,8 @@ def texts_ns(vals: list) -> np.ndarray | None:
     n = len(vals)
     if n == 0 or type(vals[0]) is not Dec:
         return None
+    import numpy as np
+
     width = len(vals[0])
     dot = vals[0].find(".")
     frac = width - dot - 1
@@ -57,7 +60,7 @@ def texts_ns(vals: list) -> np.ndarray | None:
     except UnicodeEncodeError:
         return None
     digits = np.delete(rows, dot, axis=1)
-    if not (rows[:, dot] == ord(".")).all() or not np.isin(digits, _DIGIT_BYTES).all():
+    if not (rows[:, dot] == ord(".")).all() or not np.isin(digits, np.arange(ord("0"), ord("9") + 1, dtype=np.uint8)).all():
         return None
     d = (digits - ord("0")).astype(np.int64)
     hi = np.zeros(n, dtype=np.int64)

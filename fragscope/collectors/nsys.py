@@ -262,7 +262,9 @@ def _split_migrations(parts: list[list[np.ndarray]], kinds: list[int]) -> dict:
     """Unified-memory migrations (copyKind 11-13) out of the memcpy table's columns (in ``parts``, in
     place): they are the driver moving managed pages, not GPU work the program launched. Returns the
     Timeline's um_* fields."""
-    out = {"um_start": np.zeros(0, dtype=np.int64), "um_end": np.zeros(0, dtype=np.int64)}
+    out = {"um_start": np.zeros(0, dtype=np.int64), "um_end": np.zeros(0, dtype=np.int64),
+           "um_device": np.zeros(0, dtype=np.int64), "um_bytes": np.zeros(0, dtype=np.int64),
+           "um_copy_kind": np.zeros(0, dtype=np.int8), "um_cause": np.zeros(0, dtype=np.int8)}
     for i, k in enumerate(kinds):
         if k != MEMCPY:
             continue

@@ -13,7 +13,7 @@ three: :func:`fragscope.trace_pipeline.analyse_trace_file`.
 """
 from __future__ import annotations
 
-import numpy as np
+from typing import TYPE_CHECKING
 
 from ..timeline_model import (COPY_HTOD, COPY_UVM_DTOD, COPY_UVM_DTOH, COPY_UVM_HTOD, FREE, GRAPH_LAUNCH, KERNEL,
                               LAUNCH, MALLOC, MARK_BACKWARD, MARK_OPTIMIZER, MARK_SERVING, MEMCPY_ASYNC, MEMCPY_SYNC,
@@ -22,6 +22,10 @@ from .timeline_config import ALLOCATOR_STALLS, LAUNCH_BOUND, SYNC_BOUND, Config
 from .timeline_samples import trace_samples
 from .timeline_streams import THREAD_MIN_OPS, Device, merged_spans, quantiles_of_ns, sec
 from .timeline_verdicts import judge
+from ..vec import xp_of
+
+if TYPE_CHECKING:  # (columns are numpy arrays or fragscope.vec.Vec: each function takes the operations from xp_of)
+    import numpy as np
 
 __all__ = ["analyse", "judge", "trace_samples", "Config", "LAUNCH_BOUND", "SYNC_BOUND", "ALLOCATOR_STALLS",
            "merged_spans", "quantiles_of_ns"]
@@ -120,6 +124,7 @@ def _unified_memory(tl: Timeline, w0: int, w1: int, notes: list[str]) -> dict | 
     """Unified-memory page migrations (None: the format cannot record them, e.g. Kineto)."""
     if tl.um_start is None:
         return None
+    np = xp_of(tl.um_start)
     n = int(tl.um_start.size)
     dur = tl.um_end - tl.um_start
     t0 = min(w0, int(tl.um_start.min())) if n else w0
@@ -155,6 +160,7 @@ def _selection(tl: Timeline, cfg: Config, notes: list[str]) -> tuple[np.ndarray 
     rule: ops launched before the last step (often cut short when the profiler stops)."""
     if not (cfg.exclude_last_step and len(tl.steps) >= 2):
         return None, "all GPU ops"
+    np = xp_of(tl.op_start)
     launch = tl.op_launch
     linked = launch >= 0
     cutoff = max(s for s, _ in tl.steps)
@@ -169,6 +175,7 @@ def _selection(tl: Timeline, cfg: Config, notes: list[str]) -> tuple[np.ndarray 
 
 def _device_work(tl: Timeline, sel: np.ndarray | None, cfg: Config) -> list[tuple[int, np.ndarray | None, Device]]:
     """One (device, its op indices in start order or None for all ops in order, Device) per device."""
+    np = xp_of(tl.op_start)
     start = tl.op_start
     dev_all = tl.op_device if sel is None else tl.op_device[sel]
     dmin, dmax = (int(dev_all.min()), int(dev_all.max())) if dev_all.size else (0, -1)
@@ -196,6 +203,7 @@ def _device_work(tl: Timeline, sel: np.ndarray | None, cfg: Config) -> list[tupl
 def _launch_columns(tl: Timeline, sel: np.ndarray | None, cfg: Config) -> tuple[np.ndarray, ...]:
     """Per op: its launch call's start (int64 min when not linked), whether it is the first op of its
     launch, its launch delay (ns, clipped at 0), whether it can be a short kernel and whether it is one."""
+    np = xp_of(tl.op_start)
     start, end, launch = tl.op_start, tl.op_end, tl.op_launch
     c_start, c_end, c_kind = tl.call_start, tl.call_end, tl.call_kind
     n_total = tl.n_ops
@@ -243,6 +251,7 @@ def _launch_columns(tl: Timeline, sel: np.ndarray | None, cfg: Config) -> tuple[
 
 def _first_of_launch(is_lk: np.ndarray, launch: np.ndarray, start: np.ndarray, n_calls: int) -> np.ndarray:
     """Among the launched ops ``is_lk``, the first (by start) of each launch call."""
+    np = xp_of(launch)
     if launch.size < 2 or bool((launch[1:] > launch[:-1]).all()):
         return is_lk  # every call launched one op at most (then so did the launch calls)
     first_of_launch = np.zeros(launch.size, dtype=bool)
@@ -268,6 +277,7 @@ def _syncing_calls(tl: Timeline, cfg: Config) -> tuple[np.ndarray, np.ndarray, n
     """Synchronizing host calls: sync APIs, synchronous copies/sets (H2D <= 64 KB ignored, as nsys), and
     async copies from/to pageable memory (they silently become synchronous). Returns the mask, the small
     H2D and pageable-async masks, and (count, starts, running max end) of the syncing calls by start."""
+    np = xp_of(tl.op_start)
     c_start, c_end, c_kind, launch = tl.call_start, tl.call_end, tl.call_kind, tl.op_launch
     small_h2d = np.zeros(c_start.size, dtype=bool)
     pageable_async = np.zeros(c_start.size, dtype=bool)
@@ -303,6 +313,7 @@ def _syncing_calls(tl: Timeline, cfg: Config) -> tuple[np.ndarray, np.ndarray, n
 
 def _host_fields(tl: Timeline, cfg: Config, w0: int, w1: int, first_call: int | None, syncing: np.ndarray,
                  small_h2d: np.ndarray, pageable_async: np.ndarray, sel: np.ndarray | None) -> dict:
+    np = xp_of(tl.op_start)
     cs, ce, ck = tl.call_start, tl.call_end, tl.call_kind
     # host window: from the first launch of an analysed op (launches precede their ops) to the last op end
     h0 = min(w0, first_call) if first_call is not None else w0

@@ -2,12 +2,17 @@
 launch statistics, from one device's op columns in start order. Pure (numpy only; threads, no I/O)."""
 from __future__ import annotations
 
+import math
 import threading
+from typing import TYPE_CHECKING
 
-import numpy as np
-
+from .. import vec
 from ..timeline_model import KERNEL, MEMCPY, MEMCPY_ASYNC, MEMCPY_SYNC, MEMSET, SYNC
+from ..vec import xp_of
 from .timeline_config import Config
+
+if TYPE_CHECKING:  # (columns are numpy arrays or fragscope.vec.Vec: each function takes the operations from xp_of)
+    import numpy as np
 
 
 def quantiles_of_ns(values_ns: np.ndarray, qs=(50, 90, 99), zeros: int = 0) -> dict | None:
@@ -23,27 +28,28 @@ def quantiles_of_ns(values_ns: np.ndarray, qs=(50, 90, 99), zeros: int = 0) -> d
     if n == 0:
         return None
     values_ns.sort()
-    # numpy.lib._function_base_impl._quantile, method "linear" (alpha = beta = 1)
-    virtual = (n - 1) * np.true_divide(list(qs), 100)
-    prev = np.floor(virtual)
-    nxt = prev + 1
-    above = virtual >= n - 1
-    prev[above] = -1
-    nxt[above] = -1
-    prev_i, next_i = prev.astype(np.intp), nxt.astype(np.intp)
-    gamma = np.asarray(virtual - prev_i, dtype=virtual.dtype)
+    # numpy.lib._function_base_impl._quantile, method "linear" (alpha = beta = 1), one quantile at a time in
+    # Python floats: the same IEEE operations on the same operands as numpy's vectorised form
+    m = values_ns.size
 
-    def at(i: np.ndarray) -> np.ndarray:  # values of the whole sorted sample (zeros first) at indices i
-        i = np.where(i < 0, i + n, i)
-        if values_ns.size == 0:
-            return np.zeros(i.size, dtype=np.int64)
-        return np.where(i < zeros, 0, values_ns[np.maximum(i - zeros, 0)])
+    def at(i: int) -> int:  # the value of the whole sorted sample (zeros first) at index i
+        if i < 0:
+            i += n
+        return 0 if m == 0 or i < zeros else int(values_ns[i - zeros])
 
-    a, b = at(prev_i), at(next_i)
-    diff_b_a = b - a
-    vals = np.add(a, diff_b_a * gamma)
-    np.subtract(b, diff_b_a * (1 - gamma), out=vals, where=gamma >= 0.5, casting="unsafe", dtype=np.float64)
-    return {f"p{q}": float(v) / 1e9 for q, v in zip(qs, vals)}
+    out = {}
+    for q in qs:
+        virtual = (n - 1) * (q / 100)
+        prev_i = int(math.floor(virtual))
+        next_i = prev_i + 1
+        if virtual >= n - 1:
+            prev_i = next_i = -1
+        gamma = virtual - prev_i
+        a, b = at(prev_i), at(next_i)
+        diff_b_a = b - a
+        v = b - diff_b_a * (1 - gamma) if gamma >= 0.5 else a + diff_b_a * gamma
+        out[f"p{q}"] = float(v) / 1e9
+    return out
 
 
 def sec(ns) -> float:
@@ -131,7 +137,7 @@ class Device:
 
     def _fields(self) -> None:
         """The device's own figures but its launch and wait ones (after set_launch)."""
-        m, cfg = self.m, self.cfg
+        m, cfg, np = self.m, self.cfg, xp_of(self.s)
         n_sync, sync_starts, sync_cmend = self.sync
         # Which gaps follow a synchronizing call? (before _interval_fields sorts the gap lengths)
         sync_gap = 0
@@ -154,6 +160,7 @@ class Device:
         the streams, largest first, then the extra task."""
         with self.lock:
             if self.tasks is None:
+                np = xp_of(self.s)
                 sizes = np.diff(self.bounds)
                 self.tasks = [-1] + np.argsort(-sizes, kind="stable").tolist() + ([-2] if self.extra else [])
         while not self.errors:
@@ -203,7 +210,7 @@ class Device:
             self.thread.join()
         if self.errors:
             raise self.errors[0]
-        streams, waits = [], np.zeros(3, dtype=np.float64)
+        streams, waits = [], xp_of(self.s).zeros(3, dtype="float64")
         for k in range(len(self.bounds) - 1):
             st, w = self.out[k]
             waits += w
@@ -220,10 +227,11 @@ def _group(key: np.ndarray) -> tuple[np.ndarray | None, list[int]]:
     """Stable grouping by key, groups in ascending key order: (order or None for identity, bounds)."""
     if key.size == 0:
         return None, [0]
+    np = xp_of(key)
     kmin, kmax = int(key.min()), int(key.max())
     if kmin == kmax:
         return None, [0, int(key.size)]
-    if kmax - kmin < 1 << 16:  # stream ids are small: a radix sort on 16-bit codes
+    if kmax - kmin < 1 << 16 and np is not vec:  # stream ids are small: a radix sort on 16-bit codes
         codes = np.subtract(key, kmin, out=np.empty(key.size, dtype=np.uint16), casting="unsafe")
         order = np.argsort(codes, kind="stable")
         sc = codes[order]
@@ -243,6 +251,7 @@ def merged_spans(s: np.ndarray, e: np.ndarray, gap_starts: bool = False) -> dict
 
     ``gap_lengths``: the positive gaps in time order (``gap_starts``, when asked, where each begins);
     the other ``n_gaps - gap_lengths.size`` gaps are 0."""
+    np = xp_of(s)
     if s.size == 0:
         return {"span_ns": 0, "busy_ns": 0, "idle_ns": 0, "gap_lengths": s, "gap_starts": s, "n_gaps": 0, "n": 0}
     cm = np.maximum.accumulate(e)
@@ -271,7 +280,7 @@ def _interval_fields(m: dict, cfg: Config) -> dict:
         "idle_ratio": (m["idle_ns"] / span) if span > 0 else None,
     }
     lengths = m["gap_lengths"]
-    long_gaps = int(np.count_nonzero(lengths >= cfg.long_gap_s * 1e9))
+    long_gaps = int(xp_of(lengths).count_nonzero(lengths >= cfg.long_gap_s * 1e9))
     gq = quantiles_of_ns(lengths, zeros=m["n_gaps"] - lengths.size)  # sorts the positive gaps in place
     if gq is not None:
         gq["max"] = sec(lengths[-1] if lengths.size else 0)
@@ -286,6 +295,7 @@ def _idle_breakdown(s: np.ndarray, e: np.ndarray, ls: np.ndarray, kw_ns: float) 
     gap = start - previous op's end; host wait if this op's launch call started after the previous op
     ended (the CPU was late); else kernel wait if gap < cutoff; else other. Sums of integer ns, exact
     (the float sums they replace were exact too below 2**53 ns, 104 days)."""
+    np = xp_of(s)
     if s.size < 2:
         return np.zeros(3)
     prev_end = e[:-1]
@@ -312,6 +322,7 @@ def _launch_fields(first: np.ndarray, delay: np.ndarray, short_ok: np.ndarray, i
                    cfg: Config) -> dict:
     """Launch figures over one group of ops (arrays aligned with each other; ``is_short`` implies
     ``short_ok``)."""
+    np = xp_of(delay)
     d = delay[first]
     n_out = int(np.count_nonzero(d > cfg.launch_delay_cutoff_s * 1e9))
     lq = quantiles_of_ns(d, (50, 99))
@@ -325,6 +336,7 @@ def _launch_fields(first: np.ndarray, delay: np.ndarray, short_ok: np.ndarray, i
 
 
 def _op_counts(kinds: np.ndarray) -> dict:
+    np = xp_of(kinds)
     return {"kernel": int(np.count_nonzero(kinds == KERNEL)), "memcpy": int(np.count_nonzero(kinds == MEMCPY)),
             "memset": int(np.count_nonzero(kinds == MEMSET))}
 
