@@ -32,6 +32,7 @@ OOM_MEMORY_CAP = "oom-memory-cap"
 KV_CAPACITY_GAP = "kv-capacity-gap"
 ADMISSION_CAPPED = "admission-capped"
 STARTUP_OOM = "startup-oom"
+ENGINE_DIED = "engine-died"
 
 # --- deep evidence: traces ----------------------------------------------------------------------------
 SYNC_BOUND = "sync-bound"

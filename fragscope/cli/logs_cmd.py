@@ -196,6 +196,13 @@ def _print_summary(s: dict, out, startup_seen: bool = False) -> None:
           f"{fmt_value(o['reserved_unallocated_bytes'], 'bytes')}, held outside PyTorch "
           f"{fmt_value(o.get('held_outside_pytorch_bytes'), 'bytes')} → {o['verdict']}"
           + (f" ({o['judged_by']})" if o.get("judged_by") else "") + "\n")
+    crash = s.get("crash")
+    if crash:
+        t = crash["collective_timeouts"]
+        what = (f"collective timeout ({len(t)} rank/collective(s), first {t[0]['op']} #{t[0]['seq']})" if t else
+                f"{crash['engine_dead_count']} EngineDeadError / failed-task line(s)" if crash["engine_dead_count"]
+                else f"{len(crash['workers_died'])} worker(s) died")
+        w(f"  Engine died: line {crash['first_line']}; {what}; cause {crash['cause']}\n")
     st = s["stats"]
     if st["count"]:
         parts = []

@@ -14,6 +14,7 @@ from ..collectors.enginelog.events import GIB, LogEvent
 from ..collectors.enginelog.jobkind import job_kind
 from ..collectors.enginelog.state import LogState
 from ..model import Evidence, Finding, Severity
+from .log_crash import crash_findings, crash_summary
 from .log_oom import oom_findings
 from .log_queue import admission_capped_finding, full_pool_queue_finding
 from .log_oom import oom_summary as _oom_summary
@@ -470,6 +471,7 @@ def analyse_log(events: Iterable[LogEvent], kv_budget_estimate=None, expected_kv
         "stats": stats_summary(evs),
         "startup_failures": [e.to_dict() for e in evs if e.kind in ("startup_memory_shortfall", "kv_insufficient")],
         "kv_check": check,
+        "crash": crash_summary(evs),
         "notes": [],
     }
     if pre["count"] is None and any(e.kind == "stats" and e.source == "vllm-v1" for e in evs):
@@ -488,6 +490,7 @@ def analyse_log(events: Iterable[LogEvent], kv_budget_estimate=None, expected_kv
         findings.append(capped)
     findings += oom_findings(ooms, cfg)
     findings += _kv_gap_findings(evs, check, cfg)
+    findings += crash_findings(summary["crash"], summary["job_kind"])
     for x in findings:
         x.context.setdefault("job_kind", summary["job_kind"])
     return summary, findings

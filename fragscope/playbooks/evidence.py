@@ -56,6 +56,31 @@ def _admission_actions(ctx: dict, config: dict) -> list[str]:
             "the batch is at the cap, raise it; if nothing moves for minutes, the scheduler is stuck: restart."]
 
 
+def _engine_died_actions(ctx: dict, config: dict) -> list[str]:
+    """What the log's cause asks for (detectors/log_crash.py puts it in the finding's context)."""
+    from ..advice.jobs import KNOBS, kind_of
+
+    kind = kind_of(ctx)
+    name = KNOBS[kind]["name"] if kind and KNOBS[kind]["serving"] else "the server"
+    acts = [f"Restart {name}: a process group that timed out, or a dead engine core, does not recover in place."]
+    if ctx.get("cause") == "collective-timeout":
+        op, seq = ctx.get("op") or "the collective", ctx.get("seq")
+        if ctx.get("early"):
+            acts.append(f"{op} #{seq} never completed: test the GPUs' communication before serving again, with "
+                        "NCCL_DEBUG=INFO and vLLM's sanity-check script (its troubleshooting guide, \"Incorrect "
+                        "hardware/driver\"); check peer-to-peer between the GPUs (nvidia-smi topo -m) and, in a "
+                        "container, the shared memory NCCL needs (docker --ipc=host or --shm-size, a memory-backed "
+                        "emptyDir on /dev/shm in Kubernetes).")
+        else:
+            acts.append(f"{seq - 1:,} collectives had completed: find the rank that stopped first in the other ranks' "
+                        "logs (its first error: an out-of-memory error, a traceback) and GPU errors over the same "
+                        "minutes (Xid in dmesg, ECC, NVLink: diagnose on a DCGM or nvidia-smi -q capture).")
+    elif ctx.get("cause") == "unknown":
+        acts.append("Read the engine core's (or worker's) lines before the first EngineDeadError and run diagnose logs "
+                    "on the whole log: the cause (an out-of-memory error, a CUDA error, an assertion) is printed there.")
+    return acts
+
+
 _DEEP = [
     _deep("snapshot", Playbook(
         ids.OOM_CAPACITY, "Out of memory: plain capacity",
@@ -138,6 +163,31 @@ _DEEP = [
         [Action("See allocator-fragmentation's fixes (headroom, expandable_segments).", [],
                 list(expandable_segments().contraindications))],
         ["no cudaMalloc/cudaFree between warm-up and the end of the trace"], [])),
+    _deep("log", Playbook(
+        ids.ENGINE_DIED, "The engine process died",
+        "The serving engine's process (vLLM's engine core or a worker) exited: requests in flight failed and new ones "
+        "fail until a restart. The log names why where it can: a collective (NCCL all-reduce, all-gather) that "
+        "waited past its timeout, after which PyTorch's watchdog aborts the process; an out-of-memory error (its own "
+        "finding); or nothing, when the engine core's own error is not in the lines given.",
+        ["Restart the server (its /health fails once the engine is dead: let the orchestrator replace the pod)."],
+        [Action("Collective timeout after the group had worked: find the rank that stopped first (the other ranks' "
+                "logs, GPU errors over the same minutes) and fix that rank's cause.",
+                ["the watchdog's collective number is past the first few"],
+                ["raising the timeout (torch.distributed's default for NCCL is 10 min in current releases, 30 min "
+                 "in older ones) only delays the crash when a rank is gone"]),
+         Action("Collective timeout at the group's first collectives: make the GPUs able to talk (peer-to-peer, "
+                "shared memory in containers, the network between nodes), checked with NCCL_DEBUG=INFO and vLLM's "
+                "sanity-check script.",
+                ["the watchdog's collective number is among the first few"],
+                ["NCCL_P2P_DISABLE=1 works around broken peer-to-peer but slows every all-reduce: only where "
+                 "peer-to-peer is shown broken"]),
+         Action("Engine dead with no cause in the log: collect the engine core's lines before the first "
+                "EngineDeadError and diagnose them.", [], [])],
+        ["the server answers /health and serves traffic; no watchdog timeout or EngineDeadError in the log since the "
+         "restart"],
+        ["https://docs.vllm.ai/en/latest/usage/troubleshooting/",
+         "https://docs.pytorch.org/docs/stable/distributed.html#torch.distributed.init_process_group"]),
+        actions=_engine_died_actions),
 ]
 
 

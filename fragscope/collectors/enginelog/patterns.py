@@ -362,6 +362,42 @@ def _config(m, msg):
     return (f, "") if f else None
 
 
+# --- the engine dying ---------------------------------------------------------------------------
+# PyTorch ProcessGroupNCCL's watchdog: "[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=2,
+# OpType=ALLREDUCE, NumelIn=…, NumelOut=…, Timeout(ms)=600000) ran for 600059 milliseconds before timing out." It then
+# takes the process down (SIGABRT). Printed twice per rank (the watchdog and its thread's exit): folded by the detector.
+_NCCL_TIMEOUT = re.compile(r"Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(\d{1,16}), OpType=(\w{1,40})")
+_NCCL_RANK = re.compile(r"\[(?:PG [^\]]{0,60} )?Rank (\d{1,6})\]")
+_NCCL_LIMIT = re.compile(r"Timeout\(ms\)=(\d{1,12})\)")
+_NCCL_RAN = re.compile(r"ran for (\d{1,12}) milliseconds")
+
+
+def _nccl_timeout(m, msg):
+    f: Fields = {"seq": to_int(m.group(1)), "op": m.group(2)}
+    r = _NCCL_RANK.search(msg, 0, m.start())
+    if r is not None:
+        f["rank"] = to_int(r.group(1))
+    _opt(f, "timeout_seconds", _NCCL_LIMIT, msg, lambda x: to_int(x) / 1000.0)
+    _opt(f, "ran_seconds", _NCCL_RAN, msg, lambda x: to_int(x) / 1000.0)
+    return f, ""
+
+
+# vLLM: the API server's "EngineDeadError: EngineCore encountered an issue" (V1), "Engine background task failed"
+# (V0 AsyncLLMEngine), and the multiprocessing executor's "Worker VllmWorkerProcess pid 1159 died, exit code: -6"
+# (a negative code is the signal that ended it)
+# and PyTorch's watchdog saying it aborts the process after a collective's timeout
+_ENGINE_DEAD = re.compile(r"EngineDeadError|Engine background task failed|taking the entire process down|"
+                          r"Worker (\S{1,80}) pid (\d{1,10}) died, exit code: (-?\d{1,4})")
+_DEAD_WHAT = {"EngineDeadError": "engine-dead", "Engine background task failed": "background-task-failed",
+              "taking the entire process down": "watchdog-abort"}
+
+
+def _engine_dead(m, msg):
+    if m.group(3) is not None:
+        return {"what": "worker-died", "worker_pid": to_int(m.group(2)), "exit_code": int(m.group(3))}, ""
+    return {"what": _DEAD_WHAT[m.group(0)]}, ""
+
+
 RULES: tuple[Rule, ...] = (
     Rule("preemption", ("cumulative_preemption",), _PREEMPT, _preempt, "vllm-v0"),
     Rule("retraction", ("Retract requests",), _RETRACT, _retract, "sglang"),
@@ -381,6 +417,10 @@ RULES: tuple[Rule, ...] = (
     Rule("memory_profile", ("profiling", "model weights take", "KV Cache is", "non_torch_memory"), _PROFILE_ANY,
          _profile, "vllm-v0"),
     Rule("config", ("block_size=", "gpu_memory_utilization="), _CONFIG_ANY, _config, "vllm"),
+    Rule("collective_timeout", ("collective operation timeout",), _NCCL_TIMEOUT, _nccl_timeout, "torch"),
+    Rule("engine_dead", ("entire process down",), _ENGINE_DEAD, _engine_dead, "torch"),  # PyTorch's own words
+    Rule("engine_dead", ("EngineDeadError", "Engine background task failed", "died, exit code"), _ENGINE_DEAD,
+         _engine_dead, "vllm"),
 )
 # one C-level scan for every gate at once: most lines (request logs, tracebacks) stop here
 _ALL_GATES = re.compile("|".join(re.escape(g) for g in sorted({g for r in RULES for g in r.gates})))

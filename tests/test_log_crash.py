@@ -1,0 +1,108 @@
+"""The engine dying, read from real logs pasted into public bug reports (tests/data/README_logs.md, "The engine
+dying"): what a careful reader concludes from each file, worked out by hand in the comments, asserted on
+``diagnose logs``'s report and summary."""
+from __future__ import annotations
+
+import pathlib
+
+from fragscope import ids
+from fragscope.cli.logs_cmd import analyse_log_file
+from fragscope.collectors.enginelog.parser import LogParser
+from fragscope.detectors.log_crash import crash_summary
+from fragscope.model import Severity
+
+DATA = pathlib.Path(__file__).parent / "data" / "logs"
+
+
+def _run(name: str):
+    report, summary, _ = analyse_log_file(str(DATA / name))
+    return report, summary
+
+
+def _one(report, diag_id):
+    found = [f for f in report.findings if f.id == diag_id]
+    assert len(found) == 1, [f.id for f in report.findings]
+    return found[0]
+
+
+def test_nccl_timeout_at_the_groups_second_collective_is_a_set_up_failure():
+    # vllm#6042: "[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=2, OpType=ALLREDUCE, …,
+    # Timeout(ms)=600000) ran for 600059 milliseconds", printed twice (the watchdog, then its thread's exit: one
+    # timeout); "last completed NCCL work: 1": the group finished one collective and never the second, so the GPUs
+    # never exchanged data: set-up (P2P, shm, network), not a straggler. Worker pid 1159 exited with -6 = SIGABRT,
+    # the watchdog's abort. Each line carries the paste's "  | " prefix.
+    report, summary = _run("vllm_issue6042_nccl_watchdog_pipe_prefix.log")
+    crash = summary["crash"]
+    assert crash["cause"] == "collective-timeout"
+    assert crash["collective_timeouts"] == [{"rank": 0, "seq": 2, "op": "ALLREDUCE", "timeout_seconds": 600.0,
+                                             "ran_seconds": 600.059, "time": crash["time"], "line": 3}]
+    assert crash["watchdog_aborted"] is True
+    assert crash["workers_died"] == [{"pid": 1159, "exit_code": -6, "signal": "SIGABRT", "line": 1}]
+    f = _one(report, ids.ENGINE_DIED)
+    assert f.severity is Severity.CRITICAL and f.confidence == 0.85
+    assert "rank 0 waited 600.1 s on collective #2 (ALLREDUCE) (timeout 600 s)" in f.summary
+    assert "never completed their first exchanges" in f.summary and "SIGABRT" in f.summary
+    acts = " ".join(f.playbook["actions"])
+    assert "Restart vLLM" in acts and "NCCL_DEBUG=INFO" in acts and "/dev/shm" in acts
+    assert summary["job_kind"] == "vllm"
+    # no memory finding invented from a hang
+    assert not [x for x in report.findings if x.id.startswith("oom-") or x.id == ids.ALLOCATOR_FRAGMENTATION]
+
+
+def test_nccl_timeout_after_twenty_thousand_collectives_points_away_from_the_rank_that_fired():
+    # vllm#2734: two V0 stats lines (13:14:04, 13:18:39: 1 running, KV 0.0 %), then Ray's worker line (colour codes
+    # without their escape byte, no timestamp): rank 4 waited 1800270 ms on ALLREDUCE #20518 (Timeout(ms)=1800000).
+    # 20,517 collectives had completed: the group worked, one rank stopped; rank 4 was left waiting. The time is
+    # the previous line's: "after 13:18:39".
+    report, summary = _run("vllm_issue2734_nccl_watchdog_ray_colours.log")
+    t = summary["crash"]["collective_timeouts"]
+    assert [(x["rank"], x["seq"], x["op"], x["timeout_seconds"], x["ran_seconds"]) for x in t] == \
+        [(4, 20518, "ALLREDUCE", 1800.0, 1800.27)]
+    assert summary["crash"]["timestamped"] is False
+    assert summary["stats"]["count"] == 2  # the stats lines are still read
+    f = _one(report, ids.ENGINE_DIED)
+    assert f.summary.startswith("The engine died after ")
+    assert "-02-03 13:18:39Z (the last timestamp before line 3, which has none)" in f.summary
+    assert "20,517 collectives had completed" in f.summary and "not the cause" in f.summary
+    assert "the exit is not in these lines" in f.summary  # no abort line in this excerpt
+    assert any("other ranks' logs" in m for m in f.missing)
+    assert not any("NCCL_DEBUG" in a for a in f.playbook["actions"])  # set-up advice is for a group that never worked
+
+
+def test_engine_dead_without_its_cause_says_what_is_missing():
+    # club-3090#58: the API server's "EngineDeadError: EngineCore encountered an issue. See stack trace (above)"
+    # and the head of the engine core's traceback; the error that killed it is not in the excerpt.
+    report, summary = _run("club3090_issue58_engine_dead.log")
+    assert summary["crash"]["cause"] == "unknown" and summary["crash"]["engine_dead_count"] == 1
+    f = _one(report, ids.ENGINE_DIED)
+    assert f.severity is Severity.CRITICAL and f.confidence == 0.6
+    assert any("traceback" in m for m in f.missing)
+    assert not report.findings[1:]  # nothing else: no OOM, no queue
+
+
+def test_an_oom_in_the_engine_core_stays_the_story_when_the_engine_then_dies():
+    # club-3090#16: the V1 engine core's OOM (50 MiB asked, 21.75 MiB free of 23.56 GiB; 275.38 MiB stranded of
+    # 22.88 GiB + 275.38 MiB reserved = 1.2 %: capacity), re-raised through the API server's output handler.
+    # Followed here by #58's EngineDeadError line, as a V1 server prints it next: the death's cause is the OOM.
+    lines = (DATA / "club3090_issue16_enginecore_oom.log").read_text().splitlines()
+    lines.append((DATA / "club3090_issue58_engine_dead.log").read_text().splitlines()[0])
+    p = LogParser(reference=1.8e9)
+    events = [e for ln in lines for e in p.feed(ln)]
+    crash = crash_summary(events)
+    assert crash["cause"] == "oom"
+    from fragscope.detectors.logs import analyse_log
+
+    _, findings = analyse_log(events, source="x", crash_lines=p.crash_lines)
+    assert [f.id for f in findings] == [ids.OOM_CAPACITY]
+    report, summary = _run("club3090_issue16_enginecore_oom.log")  # the excerpt alone: no death line at all
+    assert summary["crash"] is None and [f.id for f in report.findings] == [ids.OOM_CAPACITY]
+
+
+def test_pytorch_abort_line_alone_names_no_engine():
+    # "To avoid data inconsistency, we are taking the entire process down." is PyTorch's, printed by any job using
+    # NCCL (a training loop too): by itself it neither makes a crash summary nor marks the log as vLLM's.
+    p = LogParser(reference=1.8e9)
+    events = p.feed("[rank0]:[E ProcessGroupNCCL.cpp:583] [Rank 0] To avoid data inconsistency, we are taking the "
+                    "entire process down.")
+    assert [e.source for e in events] == ["torch"]
+    assert crash_summary(events) is None
