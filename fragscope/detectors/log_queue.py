@@ -120,6 +120,10 @@ class AdmissionConfig:
     min_lines: int = 3
     min_seconds: float = 20.0
     min_waiting: int = 2
+    # prefill pacing the queue: the engine's prompt throughput varies by at most this share of its highest over the
+    # stretch (a constant rate is a limit reached: the per-step batched-token budget or the GPU's prefill compute)
+    # while the queue shrinks; vLLM's V1 stats lines average over their 10 s interval, so a flat series is real
+    flat_prompt_share: float = 0.05
 
 
 def admission_capped_finding(events: Sequence[LogEvent], acc=None, job_kind: str = "unknown",
@@ -162,6 +166,18 @@ def admission_capped_finding(events: Sequence[LogEvent], acc=None, job_kind: str
     elif gen and max(gen) <= 0.0:
         parts.append("no token generated on these lines: the engine is stuck (see engine-stalled)")
         ctx["cause"] = "stuck"
+    elif _prefill_paced(best, cfg, ctx):
+        per_adm = ctx.get("prompt_tokens_per_admitted")
+        per_req = (f", about {float(format(per_adm, '.2g')):,.0f} prompt tokens per admitted request" if per_adm
+                   else "")
+        hit = ctx.get("prefix_cache_hit_ratio")
+        parts.append(f"the queue moves ({ctx['waiting_first']:.0f} → {ctx['waiting_last']:.0f} waiting, "
+                     f"{ctx['admitted_per_second']:.2f} requests/s admitted) at a flat {ctx['prompt_tps_min']:,.0f}–"
+                     f"{ctx['prompt_tps_max']:,.0f} prompt tokens/s on every line{per_req}: admission is paced by "
+                     "prefill, the engine admits as fast as it prefills (its per-step batched-token budget or the "
+                     "GPU's prefill compute), not by memory, the batch cap or a stuck scheduler"
+                     + (f"; prefix cache hit rate {hit * 100:.1f} %" if hit is not None else ""))
+        ctx["cause"] = "prefill-paced"
     else:
         parts.append((f"the running batch ({r_max:.0f}) is under the configured {flag} {cap}" if cap is not None
                       else f"the configured {flag} is not in this log")
@@ -177,7 +193,33 @@ def admission_capped_finding(events: Sequence[LogEvent], acc=None, job_kind: str
     if gen:
         ev.append(Evidence("log_generation_tokens_per_second", float(max(gen)), unit="tokens/s",
                            note="the highest on those lines"))
-    missing = [] if cap is not None else [f"the configured {flag} (the engine's args line)"]
+    if ctx["cause"] == "prefill-paced":
+        ev.append(Evidence("log_prompt_tokens_per_second", float(ctx["prompt_tps_max"]), unit="tokens/s",
+                           note=f"the highest on those lines; the lowest {ctx['prompt_tps_min']:,.1f}: one rate"))
+        budget = "--chunked-prefill-size" if job_kind == "sglang" else "--max-num-batched-tokens"
+        missing = [f"the configured {budget} (the engine's args line)"]
+    else:
+        missing = [] if cap is not None else [f"the configured {flag} (the engine's args line)"]
     sev = Severity.WARNING if span >= 60 or whole else Severity.INFO
     return Finding(ADMISSION_ID, sev, 0.6 + (0.1 if cap is not None else 0.0), "; ".join(parts) + ".",
                    onset=best[0].ts, evidence=ev, missing=missing, context=ctx, basis="log")
+
+
+def _prefill_paced(best: Sequence[LogEvent], cfg: AdmissionConfig, ctx: dict) -> bool:
+    """The queue shrinks while the prompt throughput holds one rate on every line (``flat_prompt_share``): the
+    engine prefills at its limit and admits a request as its prefill is done. Puts its figures into ``ctx``."""
+    tps = [e.fields.get("prompt_tps") for e in best]
+    if any(t is None for t in tps) or min(tps) <= 0.0:
+        return False
+    if max(tps) - min(tps) > cfg.flat_prompt_share * max(tps):
+        return False
+    w0, w1 = best[0].fields["waiting"], best[-1].fields["waiting"]
+    span = best[-1].ts - best[0].ts
+    if w1 >= w0 or span <= 0:
+        return False
+    rate = (w0 - w1) / span
+    hits = [e.fields["prefix_cache_hit_ratio"] for e in best if "prefix_cache_hit_ratio" in e.fields]
+    ctx.update(prompt_tps_min=min(tps), prompt_tps_max=max(tps), waiting_first=w0, waiting_last=w1,
+               admitted_per_second=round(rate, 4), prompt_tokens_per_admitted=round(sum(tps) / len(tps) / rate),
+               prefix_cache_hit_ratio=hits[-1] if hits else None)
+    return True

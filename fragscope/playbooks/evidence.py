@@ -48,6 +48,18 @@ def _admission_actions(ctx: dict, config: dict) -> list[str]:
     if cause == "batch-cap":
         return [f"Raise {flag} above {ctx.get('batch_cap')}: the KV pool kept free room while requests waited "
                 "(check the activation peak at the larger batch: fragscope size --log FILE)."]
+    if cause == "prefill-paced":
+        budget = {"vllm": "vLLM --max-num-batched-tokens", "sglang": "SGLang --chunked-prefill-size"}.get(
+            ctx.get("job_kind"), "vLLM --max-num-batched-tokens, SGLang --chunked-prefill-size")
+        acts = [f"Prefill paces admission at {ctx.get('prompt_tps_max', 0):,.0f} prompt tokens/s: where the GPU is not "
+                f"compute-saturated, a larger per-step token budget prefills more per step ({budget}), at the cost "
+                "of longer decode steps for the running requests; otherwise add replicas or split prefill from "
+                "decode."]
+        hit = ctx.get("prefix_cache_hit_ratio")
+        if hit is not None and hit < 0.1:
+            acts.append(f"Prefix cache hit rate {hit * 100:.1f} %: prompts sharing a prefix (a system prompt, a "
+                        "document) routed to the same replica prefill only their new part (vLLM prefix caching).")
+        return acts
     if cause == "stuck":
         return ["The engine generated nothing while requests waited: restart it and read its log around the stall "
                 "(a blocked collective, a hung thread); see engine-stalled."]

@@ -1,6 +1,6 @@
-"""The engine dying, read from real logs pasted into public bug reports (tests/data/README_logs.md, "The engine
-dying"): what a careful reader concludes from each file, worked out by hand in the comments, asserted on
-``diagnose logs``'s report and summary."""
+"""Engine logs of shapes first met in public bug reports (tests/data/README_logs.md, "The engine dying, a queue
+paced by prefill"): what a careful reader concludes from each file, worked out by hand in the comments, asserted
+on ``diagnose logs``'s report and summary."""
 from __future__ import annotations
 
 import pathlib
@@ -106,3 +106,22 @@ def test_pytorch_abort_line_alone_names_no_engine():
                     "entire process down.")
     assert [e.source for e in events] == ["torch"]
     assert crash_summary(events) is None
+
+
+def test_a_queue_paced_by_prefill_is_named_from_the_stats_lines():
+    # vllm#37307 (PR description): five V1 stats lines 10 s apart. Waiting 90, 84, 78, 72, 66 and running 10, 16,
+    # 22, 28, 34 (100 requests in all: none arrive or finish), KV usage 19.3 → 65.4 %, prompt throughput 23,998.2,
+    # 23,999.9, 23,999.8, 23,998.3, 24,000.7 tokens/s (spread 2.5 tokens/s, 0.01 %). 24 requests admitted in 40 s =
+    # 0.6/s; 24,000 / 0.6 = 40,000 prompt tokens per admitted request. The pool has room and the batch grows on every
+    # line, so neither memory nor the batch cap holds the queue: the engine admits as fast as it prefills.
+    report, summary = _run("vllm_pr37307_prefill_paced_queue.log")
+    f = _one(report, ids.ADMISSION_CAPPED)
+    assert f.context["cause"] == "prefill-paced"
+    assert f.context["admitted_per_second"] == 0.6
+    assert abs(f.context["prompt_tokens_per_admitted"] - 40_000) < 10
+    assert "admission is paced by prefill" in f.summary and "90 → 66 waiting" in f.summary
+    assert "about 40,000 prompt tokens per admitted request" in f.summary
+    assert f.missing == ["the configured --max-num-batched-tokens (the engine's args line)"]
+    acts = " ".join(f.playbook["actions"])
+    assert "vLLM --max-num-batched-tokens" in acts and "SGLang" not in acts  # the engine that wrote the log
+    assert "Prefix cache hit rate 0.0 %" in acts
