@@ -618,6 +618,39 @@ def test_trace_cli_asks_numpy_for_small_pages(monkeypatch):
         _set_madvise_hugepage(before)
 
 
+def test_trace_cli_keeps_freed_memory_for_large_files_only(tmp_path, monkeypatch):
+    """mallopt is asked (glibc's trim and mmap thresholds) for a file of 32 MiB and more, never for a small
+    or missing file, and not when the user set glibc's own variables."""
+    import ctypes
+
+    from fragscope.cli import trace_cmd
+
+    calls = []
+
+    class Libc:
+        def mallopt(self, param, value):
+            calls.append((param, value))
+            return 1
+
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: Libc())
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
+    big, small = tmp_path / "big.sqlite", tmp_path / "small.sqlite"
+    with open(big, "wb") as f:
+        f.truncate(32 << 20)  # (sparse: no 32 MiB written)
+    small.write_bytes(b"x" * 1000)
+    trace_cmd.reuse_freed_memory(str(small))
+    trace_cmd.reuse_freed_memory(str(tmp_path / "missing.sqlite"))
+    assert calls == []
+    trace_cmd.reuse_freed_memory(str(big))
+    expected = [(-1, (1 << 31) - 1), (-3, 1 << 30)] if sys.platform.startswith("linux") else []
+    assert calls == expected
+    calls.clear()
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "131072")
+    trace_cmd.reuse_freed_memory(str(big))
+    assert calls == []
+
+
 def test_nsys_without_alloc_churn_has_no_allocator_finding(tmp_path):
     a, findings = analyse_trace_file(str(make_nsys(tmp_path / "r.sqlite", procs=(5,), alloc_churn=False)))
     assert [f.id for f in findings] == ["launch-bound"]
