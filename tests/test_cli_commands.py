@@ -146,3 +146,19 @@ def test_diagnose_file_imports_no_http_agent_or_other_commands():
     assert _bad(mods, never) == []
     assert "fragscope.pipeline" in mods
     assert sorted(m for m in mods if m.startswith("fragscope.agent.")) == ["fragscope.agent.config"]
+
+
+# What `diagnose FILE` of a metrics recording does not need (docs/performance.md, "Start-up"): the engine-log
+# patterns and the start-up log reader (the KV-pool sizing from metrics uses sizing.accounting), numpy.ma
+# (fragscope.npstats instead of np.median / np.quantile / np.unique), HTML entities and the TOML reader.
+RECORDING_NEVER = {"numpy.ma", "fragscope.collectors.enginelog.patterns", "fragscope.collectors.enginelog.parser",
+                   "fragscope.collectors.enginelog.reader", "fragscope.sizing.startup", "fragscope.sizing.wordings",
+                   "html", "tomllib"}
+
+
+@pytest.mark.parametrize("name", ["kv-pressure-incident", "fragmentation-incident"])
+def test_diagnose_recording_skips_log_patterns_numpy_ma_and_toml(name):
+    rc, mods = _modules_after([os.path.join(ROOT, "examples", f"{name}.om.gz"), "--format", "json",
+                               "--fail-on", "never"])
+    assert rc == 0 and "fragscope.detectors.kv_pool" in mods and "fragscope.sizing.accounting" in mods
+    assert _bad(mods, NEVER | RECORDING_NEVER) == []

@@ -16,7 +16,7 @@ from fragscope.model import Inconclusive, Sample, Window, make_labels
 from fragscope.pipeline import diagnose
 from fragscope.playbooks import REGISTRY
 from fragscope.sizing import scenarios as S
-from fragscope.sizing.startup import accounting_from_cache_config
+from fragscope.sizing.accounting import accounting_from_cache_config
 
 GIB = 1024 ** 3
 ENG = {"engine": "0", "model_name": "m"}

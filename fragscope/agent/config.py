@@ -15,12 +15,6 @@ from typing import Any, Mapping
 from ..units import parse_duration as _parse_duration
 from ..units import parse_size as _parse_size
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - 3.10
-    import tomli as tomllib
-
-
 # The agent's default port. Not 9400 (dcgm-exporter's default, often on the same node or pod),
 # 9100 (node-exporter), 8000-8002 (vLLM, Triton), 80/3000 (TGI) or 30000 (SGLang): 9655 was free on
 # the Prometheus project's list of exporter ports ("Default port allocations" on the Prometheus wiki)
@@ -395,6 +389,11 @@ def load_config(path: str | None = None, env: Mapping[str, str] | None = None,
     env = os.environ if env is None else env
     path = path or env.get("FRAGSCOPE_CONFIG") or None
     if path:
+        # imported here: `diagnose FILE` reads this module for the agent's default port, not a config file
+        if sys.version_info >= (3, 11):
+            import tomllib
+        else:  # pragma: no cover - 3.10
+            import tomli as tomllib
         try:
             with open(path, "rb") as fh:
                 data = tomllib.load(fh)

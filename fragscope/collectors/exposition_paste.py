@@ -3,7 +3,6 @@ HTML entities, lines a browser or terminal wrapped. Used by the line parser in s
 """
 from __future__ import annotations
 
-import html
 import re
 
 from .exposition_syntax import NAME_START, valid_sample
@@ -49,6 +48,8 @@ def unescape_html(line: str) -> str:
     may cut an entity in two, and the join must see it whole."""
     if _ENTITY.search(line) is None:
         return line
+    import html  # here: html.entities' table costs ~10 ms of every start, and few inputs hold an entity
+
     return _ENTITY.sub(lambda m: html.unescape(m.group(0)), line)
 
 

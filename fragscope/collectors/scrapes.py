@@ -21,6 +21,7 @@ from typing import Mapping
 
 import numpy as np
 
+from .. import npstats
 from ..model import Series, SeriesKey, Window
 
 GENERIC_PREFIXES = ("process_", "python_", "go_", "promhttp_", "http_")
@@ -230,7 +231,7 @@ def build_window(cols: Mapping[SeriesKey, tuple[list, list]], types: Mapping[str
                 if tg.size > 1 and (tg != tg[0]).any():
                     split_generic.add(k)
                 continue
-            for t in np.unique(tg):
+            for t in npstats.unique(tg):
                 per_target[t] += 1
             if tg.size > 1 and (tg != tg[0]).any():
                 shared.add(k)
@@ -246,7 +247,7 @@ def build_window(cols: Mapping[SeriesKey, tuple[list, list]], types: Mapping[str
             out[k] = (seg_time[idx], vals)
             continue
         tg = seg_target[idx]
-        for t in np.unique(tg):
+        for t in npstats.unique(tg):
             m = tg == t
             nk = SeriesKey(k.name, tuple(sorted(k.labels + ((TARGET_LABEL, str(int(t) + 1)),))))
             out[nk] = (seg_time[idx[m]], vals[m])

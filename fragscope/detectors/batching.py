@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .. import npstats
 from .. import ids
 from ..collectors.triton_config import TritonModelConfig
 from ..model import Action, Evidence, Finding, Inconclusive, Playbook, Severity, Window
@@ -115,7 +116,7 @@ def model_counters(window: Window, model: str) -> ModelCounters:
     if pend:
         out.pending = float(np.nansum([s.values[-1] for s in pend]))
     if spans and min(spans) > 0:
-        out.interval_s = float(np.median(spans))
+        out.interval_s = float(npstats.median(spans))
     elif window.start < window.end and spans:
         out.notes.append("series of different lengths: rates not computed")
     return out

@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 
+from .. import npstats
 from ..model import Series
 
 
@@ -24,12 +25,12 @@ def series_interval_seconds(series: list[Series]) -> float | None:
                 if seen is ts or np.array_equal(seen, ts):
                     break
             else:
-                d = float(np.median(np.diff(ts)))
+                d = float(npstats.median(np.diff(ts)))
                 if len(same) < 4:  # bounded: many different arrays with the same ends cost one compare each
                     same.append((ts, d))
             if d > 0:
                 diffs.append(d)
-    return float(np.median(diffs)) if diffs else None
+    return float(npstats.median(diffs)) if diffs else None
 
 
 def _span(s: Series, grid: np.ndarray, lookback: float) -> tuple[int, int]:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import npstats
 from .. import ids
 from ..model import Action, Evidence, Finding, Inconclusive, Playbook, Severity
 from ..promql import KG, PRESENT, RATE_RANGE, AlertRule, TriageCheck, num, sig as psig
@@ -192,7 +193,7 @@ def _pcie_link(f: Frame, g: str, cfg: Config):
             continue
         low = cur[busy] < mx[busy]
         if low.mean() >= cfg.busy_share:
-            c, x = float(np.median(cur[busy])), float(np.median(mx[busy]))
+            c, x = float(npstats.median(cur[busy])), float(npstats.median(mx[busy]))
             label = f"Gen{c:.0f} of Gen{x:.0f}" if what == "generation" else f"x{c:.0f} of x{x:.0f}"
             return ((f"PCIe link at {label} while busy", "drain the node and reseat the GPU or its riser; "
                      "service it if it trains down again", "warning"),

@@ -25,7 +25,7 @@ from ..sizing.detect import detect_kv_pool_undersized
 from ..sizing.playbooks import KV_POOL_UNDERSIZED, kv_pool_undersized_actions
 from ..sizing.playbooks import KV_POOL_UNDERSIZED_ID as ID
 from ..sizing.runtime import runtime_from_frame
-from ..sizing.startup import accounting_from_cache_config
+from ..sizing.accounting import accounting_from_cache_config
 from .frame import Frame
 from .kv_pressure import Config as _KvConfig
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import npstats
 from ..units import fmt_count
 from . import stats
 from .frame import Frame
@@ -52,8 +53,8 @@ def present_value(f: Frame, x: np.ndarray | None, how: str = "median", span_s: f
         v = stats.finite(x[-3:])
     if not v.size:
         return math.nan
-    return float({"median": np.median, "max": np.max, "min": np.min}[how](v)) if how != "p90" \
-        else float(np.quantile(v, 0.9))
+    return float({"median": npstats.median, "max": np.max, "min": np.min}[how](v)) if how != "p90" \
+        else float(npstats.quantile(v, 0.9))
 
 
 def _rate_per_min(f: Frame, cum: np.ndarray | None, span: tuple[float, float]) -> float:

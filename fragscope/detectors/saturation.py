@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import npstats
 from .. import ids
 from ..signals import primary
 from ..model import Action, Evidence, Finding, Inconclusive, Playbook, Severity
@@ -145,12 +146,12 @@ def level(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive:
         return []  # no token generated in the present: a stalled engine (engine-stalled), not one at capacity
     if common.window_rate_fall(f) is not None:
         return []  # throughput fell while the batch shrank: degrading, not at capacity (its causes are the others')
-    ev = [Evidence("requests_waiting", float(np.median(v)), None, 1.0, "requests", sp, "queued at every sample", True)]
+    ev = [Evidence("requests_waiting", float(npstats.median(v)), None, 1.0, "requests", sp, "queued at every sample", True)]
     if math.isfinite(kv):
         ev.append(Evidence("kv_cache_usage_ratio", kv, None, cfg.kv_busy, "ratio", sp, "", kv >= cfg.kv_busy))
     standing = common.standing_queue_seconds(f)
     sev = Severity.WARNING if standing >= cfg.standing_queue_s else Severity.INFO
-    summary = (f"{float(np.median(v)):.0f} requests waiting"
+    summary = (f"{float(npstats.median(v)):.0f} requests waiting"
                + (f" with {running:.0f} running" if math.isfinite(running) else "")
                + (f", KV cache {fmt_pct(kv)}" if math.isfinite(kv) else "")
                + (f"; the queue has stayed at least twice the running batch for {standing / 60:.0f} min: each request "

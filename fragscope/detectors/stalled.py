@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import npstats
 from .. import ids
 from ..model import Action, Evidence, Finding, Inconclusive, Playbook, Severity
 from ..promql import K, PRESENT, RATE_RANGE, AlertRule, TriageCheck, sig as psig
@@ -145,8 +146,8 @@ def detect(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive:
     if not during.any() or not np.all(inflight[during] >= 1):
         return []  # nothing in flight for part of it: an idle engine makes no tokens
     span = (since, now)
-    n_run = float(np.nanmedian(run[during]))
-    n_wait = float(np.nanmedian(wait[during])) if wait is not None and np.isfinite(wait[during]).any() else math.nan
+    n_run = npstats.nanmedian(run[during])
+    n_wait = npstats.nanmedian(wait[during]) if wait is not None and np.isfinite(wait[during]).any() else math.nan
     ev = [Evidence("generation_tokens_total", 0.0, None, None, "tokens", span,
                    f"no token for {stalled_s:.0f} s" + ("" if last_progress is not None else " (the whole window)"),
                    True),
@@ -162,7 +163,7 @@ def detect(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive:
             if math.isfinite(u):
                 utils[g] = u
     if utils:
-        u = float(np.median(list(utils.values())))
+        u = float(npstats.median(list(utils.values())))
         if u >= cfg.util_spin:
             kind = "collective"
         elif u <= cfg.util_idle:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import npstats
 from .frame import Frame
 
 # The baseline is the early part of the window, the "recent" state its end. Onsets are found
@@ -24,12 +25,12 @@ def finite(x: np.ndarray) -> np.ndarray:
 
 def nanmedian(x: np.ndarray) -> float:
     v = finite(x)
-    return float(np.median(v)) if v.size else math.nan
+    return float(npstats.median(v)) if v.size else math.nan
 
 
 def nanquantile(x: np.ndarray, q: float) -> float:
     v = finite(x)
-    return float(np.quantile(v, q)) if v.size else math.nan
+    return float(npstats.quantile(v, q)) if v.size else math.nan
 
 
 def nanmax(x: np.ndarray) -> float:
@@ -41,7 +42,7 @@ def mad_scale(x: np.ndarray) -> float:
     v = finite(x)
     if v.size < 3:
         return math.nan
-    return float(1.4826 * np.median(np.abs(v - np.median(v))))
+    return float(1.4826 * npstats.median(np.abs(v - npstats.median(v))))
 
 
 @dataclass
@@ -112,11 +113,11 @@ def change(f: Frame, x: np.ndarray | None, sp: Spans | None = None, *, floor_abs
     if b.size == 0 or r.size == 0:
         return Change(nanmedian(b) if b.size else math.nan, nanmedian(r) if r.size else math.nan,
                       math.nan, None, int(r.size), int(b.size))
-    base = float(np.median(b))
+    base = float(npstats.median(b))
     if recent_stat == "median":
-        rec = float(np.median(r))
+        rec = float(npstats.median(r))
     else:
-        rec = float(np.quantile(r, float(recent_stat)))
+        rec = float(npstats.quantile(r, float(recent_stat)))
     sc = mad_scale(b)
     floor = max(floor_abs, floor_rel * abs(base))
     sc = max(sc if math.isfinite(sc) else 0.0, floor)
@@ -184,8 +185,8 @@ def binned_slope_per_hour(f: Frame, x: np.ndarray, span: tuple[float, float], bi
     for b in range(edges.size - 1):
         sel = idx == b
         if sel.any():
-            tb.append(float(np.median(t[sel])))
-            vb.append(float(np.median(v[sel])))
+            tb.append(float(npstats.median(t[sel])))
+            vb.append(float(npstats.median(v[sel])))
     if len(tb) < 3:
         return math.nan, math.nan
     return _linfit(np.array(tb), np.array(vb))

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import npstats
 from .. import ids
 from ..model import Action, Evidence, Finding, Inconclusive, Playbook, Severity
 from ..promql import KG, K, PRESENT, RATE_RANGE, AlertRule, TriageCheck, num, sig as psig
@@ -57,8 +58,8 @@ def _gaps(f: Frame, gpus: list[str], span, cfg: Config) -> dict[str, float]:
     out = {}
     for g in busy:
         peers = [clk[p] for p in busy if p != g]
-        if peers and float(np.median(peers)) > 0:
-            out[g] = 1 - clk[g] / float(np.median(peers))
+        if peers and float(npstats.median(peers)) > 0:
+            out[g] = 1 - clk[g] / float(npstats.median(peers))
     return out
 
 
@@ -85,7 +86,7 @@ def detect(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive:
     out = []
     for g in busy:
         peers = [clk[p] for p in busy if p != g]
-        ref = float(np.median(peers))
+        ref = float(npstats.median(peers))
         if not ref > 0:
             continue
         gap = 1 - clk[g] / ref
@@ -100,9 +101,9 @@ def detect(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive:
                        f"-{gap * 100:.0f} % vs the median of {len(peers)} busy peers", True)]
         tp = [_med(f, p, "gpu_temperature_celsius", span) for p in busy if p != g]
         tp = [x for x in tp if math.isfinite(x)]
-        if math.isfinite(t) and tp and t - float(np.median(tp)) >= cfg.temp_gap_c:
-            why.append(f"{t:.0f} °C vs {float(np.median(tp)):.0f} °C")
-            ev.append(Evidence("gpu_temperature_celsius", t, float(np.median(tp)), None, "°C", span, "vs peers", True))
+        if math.isfinite(t) and tp and t - float(npstats.median(tp)) >= cfg.temp_gap_c:
+            why.append(f"{t:.0f} °C vs {float(npstats.median(tp)):.0f} °C")
+            ev.append(Evidence("gpu_temperature_celsius", t, float(npstats.median(tp)), None, "°C", span, "vs peers", True))
         for cur_s, max_s, lab in (("gpu_pcie_link_gen", "gpu_pcie_link_gen_max", "Gen"),
                                   ("gpu_pcie_link_width", "gpu_pcie_link_width_max", "x")):
             c, m = _med(f, g, cur_s, span), _med(f, g, max_s, span)
@@ -111,8 +112,8 @@ def detect(f: Frame, cfg: Config = Config()) -> list[Finding] | Inconclusive:
                 ev.append(Evidence(cur_s, c, None, m, "", span, "below its maximum", True))
         pw = _med(f, g, "gpu_power_watts", span)
         pp = [x for x in (_med(f, p, "gpu_power_watts", span) for p in busy if p != g) if math.isfinite(x)]
-        if math.isfinite(pw) and pp and pw < 0.85 * float(np.median(pp)) and not why:
-            why.append(f"drawing {pw:.0f} W vs {float(np.median(pp)):.0f} W (a lower power limit or applications clocks)")
+        if math.isfinite(pw) and pp and pw < 0.85 * float(npstats.median(pp)) and not why:
+            why.append(f"drawing {pw:.0f} W vs {float(npstats.median(pp)):.0f} W (a lower power limit or applications clocks)")
         sev = Severity.CRITICAL if gap >= cfg.critical_gap else Severity.WARNING
         conf = stats.confidence(1 + min(2, len(why)), base=0.45)
         reason = ", ".join(why) if why else "no slowdown reason, heat or link fault reported (check application " \

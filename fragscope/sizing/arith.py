@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from .. import ids
 from ..collectors.enginelog.oomproc import judge_oom
 from ..units import GiB as GIB, MiB as MIB
-from .startup import StartupAccounting
+from .accounting import StartupAccounting
 
 STARTUP_OOM = ids.STARTUP_OOM
 RUNTIME_OOM = "runtime-oom"

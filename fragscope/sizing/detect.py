@@ -13,7 +13,7 @@ from ..signals import any_of
 from ..units import GiB, MiB
 from .playbooks import KV_POOL_UNDERSIZED_ID, STARTUP_OOM_ID
 from .recommend import POOL_TOO_SMALL, SizingConfig, recommend
-from .startup import StartupAccounting
+from .accounting import StartupAccounting
 
 REQUIRES_POOL = ("startup_accounting", "kv_cache_usage_ratio", "preemptions_total", "gpu_memory_used_bytes",
                  "gpu_memory_total_bytes")

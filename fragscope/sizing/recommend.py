@@ -29,7 +29,7 @@ from ..collectors.enginelog.jobkind import KNOBS
 from ..signals import primary
 from .failures import vllm_runtime_oom, vllm_startup_failure
 from .sglang import sglang as _sglang
-from .startup import StartupAccounting
+from .accounting import StartupAccounting
 
 
 # ---------------------------------------------------------------------------------------------

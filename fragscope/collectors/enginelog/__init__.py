@@ -8,10 +8,22 @@ The ``tail -F`` follower is :mod:`fragscope.collectors.tail`; the agent collecto
 """
 from __future__ import annotations
 
-from .events import GIB, KIB, KINDS, MIB, LogEvent, parse_size
-from .parser import LogParser, parse_log, parse_log_line
-from .reader import LogInputError, iter_file_lines, read_log_file
-from .state import LogState
+import importlib
 
-__all__ = ["GIB", "KIB", "KINDS", "MIB", "LogEvent", "LogInputError", "LogParser", "LogState", "iter_file_lines",
-           "parse_log", "parse_log_line", "parse_size", "read_log_file"]
+# Each name and the module of this package that holds it, imported on first use: reading metrics needs
+# ``jobkind`` and ``oomproc`` alone (the sizing arithmetic), not the message patterns compiled at import.
+_FROM = {"GIB": ".events", "KIB": ".events", "KINDS": ".events", "MIB": ".events", "LogEvent": ".events",
+         "parse_size": ".events", "LogParser": ".parser", "parse_log": ".parser", "parse_log_line": ".parser",
+         "LogInputError": ".reader", "iter_file_lines": ".reader", "read_log_file": ".reader",
+         "LogState": ".state"}
+
+__all__ = sorted(_FROM)
+
+
+def __getattr__(name: str):
+    where = _FROM.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(where, __name__), name)
+    globals()[name] = value
+    return value
