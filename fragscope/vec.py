@@ -15,8 +15,10 @@ columns hold none).
 from __future__ import annotations
 
 import math
+import operator
 import os
 from bisect import bisect_left, bisect_right
+from itertools import accumulate, compress, repeat
 
 __all__ = ["Vec", "xp_of", "numpy_for", "NUMPY_MIN_ROWS"]
 
@@ -79,7 +81,7 @@ class Vec:
         if d == self.dt:
             return Vec(list(self.v), d)
         c = _CAST[d]
-        return Vec([c(x) for x in self.v], d)
+        return Vec(list(map(c, self.v)), d)
 
     def copy(self) -> "Vec":
         return Vec(list(self.v), self.dt)
@@ -100,7 +102,7 @@ class Vec:
         return sum(self.v) if self.dt == "i" else self.v.count(True) + 0
 
     def any(self) -> bool:
-        return any(self.v)
+        return len(self.v) > self.v.count(0)
 
     def all(self) -> bool:
         return all(self.v)
@@ -115,9 +117,8 @@ class Vec:
         if type(k) is slice:
             return Vec(self.v[k], self.dt)
         if type(k) is Vec and k.dt == "b":
-            return Vec([x for x, m in zip(self.v, k.v) if m], self.dt)
-        v = self.v
-        return Vec([v[i] for i in k], self.dt)
+            return Vec(list(compress(self.v, k.v)), self.dt)
+        return Vec(list(map(self.v.__getitem__, k)), self.dt)
 
     def __setitem__(self, k, val) -> None:
         v, c = self.v, _CAST[self.dt]
@@ -127,7 +128,7 @@ class Vec:
         if type(k) is slice:
             idx = range(*k.indices(len(v)))
         elif type(k) is Vec and k.dt == "b":
-            idx = [i for i, m in enumerate(k.v) if m]
+            idx = compress(range(len(v)), k.v)
         else:
             idx = k.v if type(k) is Vec else k
         if type(val) is Vec or type(val) is list:
@@ -142,15 +143,15 @@ class Vec:
     # --- element-wise operators -------------------------------------------------------------------------
     def _bin(self, o, f, dt=None):
         if type(o) is Vec:
-            r = [f(a, b) for a, b in zip(self.v, o.v)]
+            r = list(map(f, self.v, o.v))
             d = dt or ("f" if "f" in (self.dt, o.dt) else "i")
         else:
-            r = [f(a, o) for a in self.v]
+            r = list(map(f, self.v, repeat(o, len(self.v))))
             d = dt or ("f" if self.dt == "f" or type(o) is float else "i")
         return Vec(r, d)
 
     def _rbin(self, o, f):
-        return Vec([f(o, a) for a in self.v], "f" if self.dt == "f" or type(o) is float else "i")
+        return Vec(list(map(f, repeat(o, len(self.v)), self.v)), "f" if self.dt == "f" or type(o) is float else "i")
 
     def __add__(self, o):
         return self._bin(o, _add)
@@ -195,7 +196,7 @@ class Vec:
 
     def __invert__(self):
         if self.dt == "b":
-            return Vec([not a for a in self.v], "b")
+            return Vec(list(map(operator.not_, self.v)), "b")
         return Vec([~a for a in self.v], self.dt)
 
     def _cmp(self, o, f):
@@ -204,13 +205,13 @@ class Vec:
         if type(o) is Vec:
             b = o.v
             if (self.dt == "f") != (o.dt == "f"):
-                a, b = ([float(x) for x in a], b) if o.dt == "f" else (a, [float(x) for x in b])
-            return Vec([f(x, y) for x, y in zip(a, b)], "b")
+                a, b = (list(map(float, a)), b) if o.dt == "f" else (a, list(map(float, b)))
+            return Vec(list(map(f, a, b)), "b")
         if type(o) is float and self.dt != "f":
-            a = [float(x) for x in a]
+            a = list(map(float, a))
         elif self.dt == "f" and type(o) is int:
             o = float(o)
-        return Vec([f(x, o) for x in a], "b")
+        return Vec(list(map(f, a, repeat(o, len(a)))), "b")
 
     def __eq__(self, o):  # type: ignore[override]
         return self._cmp(o, _eq)
@@ -231,56 +232,13 @@ class Vec:
         return self._cmp(o, _ge)
 
 
-def _add(a, b):
-    return a + b
-
-
-def _sub(a, b):
-    return a - b
-
-
-def _mul(a, b):
-    return a * b
+_add, _sub, _mul, _lshift, _and, _or = operator.add, operator.sub, operator.mul, operator.lshift, operator.and_, \
+    operator.or_
+_eq, _ne, _lt, _le, _gt, _ge = operator.eq, operator.ne, operator.lt, operator.le, operator.gt, operator.ge
 
 
 def _div(a, b):
     return float(a) / float(b)  # (numpy: both to float64, then divide; a zero divisor is never passed)
-
-
-def _lshift(a, b):
-    return a << b
-
-
-def _and(a, b):
-    return a & b
-
-
-def _or(a, b):
-    return a | b
-
-
-def _eq(a, b):
-    return a == b
-
-
-def _ne(a, b):
-    return a != b
-
-
-def _lt(a, b):
-    return a < b
-
-
-def _le(a, b):
-    return a <= b
-
-
-def _gt(a, b):
-    return a > b
-
-
-def _ge(a, b):
-    return a >= b
 
 
 def _vals(x) -> list:
@@ -297,7 +255,7 @@ def asarray(x, dtype=None) -> Vec:
     else:
         d = _dt(dtype)
     c = _CAST[d]
-    return Vec([c(a) for a in vals], d)
+    return Vec(list(map(c, vals)), d)
 
 
 def array(x, dtype=None) -> Vec:
@@ -350,11 +308,13 @@ def where(cond: Vec, a, b) -> Vec:
 
 
 def flatnonzero(a) -> Vec:
-    return Vec([i for i, x in enumerate(_vals(a)) if x], "i")
+    v = _vals(a)
+    return Vec(list(compress(range(len(v)), v)), "i")
 
 
 def count_nonzero(a) -> int:
-    return sum(1 for x in _vals(a) if x)
+    v = _vals(a)
+    return len(v) - v.count(0)  # (False == 0 == 0.0)
 
 
 def argsort(a, kind: str | None = None) -> Vec:
@@ -466,11 +426,7 @@ class _Maximum:
 
     @staticmethod
     def accumulate(a: Vec) -> Vec:
-        out, m = [], None
-        for x in a.v:
-            m = x if m is None or x > m else m
-            out.append(m)
-        return Vec(out, a.dt)
+        return Vec(list(accumulate(a.v, max)), a.dt)
 
 
 maximum = _Maximum()

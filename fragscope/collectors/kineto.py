@@ -451,9 +451,10 @@ def _exact_ns(ts: list, dur: list, np=None) -> tuple[np.ndarray, np.ndarray]:
     columns' namespace (numpy, the default, or fragscope.vec)."""
     if np is None:
         import numpy as np
-    start = texts_ns(ts) if np is not vec else None  # (a numpy shortcut giving us_to_ns's values)
+    start = texts_ns(ts)  # (us_to_ns's values, all at once; None when the texts are not all of one shape)
     if start is None:
-        start = np.fromiter((us_to_ns(v) for v in ts), dtype=np.int64, count=len(ts))
+        start = [us_to_ns(v) for v in ts]
+    start = np.asarray(start, dtype=np.int64)
     if dur and set(map(type, dur)) == {float}:  # round(v * 1000) of each, as us_to_ns (half to even both)
         d = np.rint(np.asarray(dur, dtype=np.float64) * 1000.0).astype(np.int64)
     else:

@@ -9,12 +9,9 @@ to them.
 from __future__ import annotations
 
 import re
+from itertools import repeat
 
 from .kineto_events import Dec
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    import numpy as np
 
 __all__ = ["text_times", "texts_ns"]
 
@@ -36,18 +33,17 @@ def text_times(raws: list) -> list:
     return [Dec(t) if large(t) else r for t, r in zip(texts, raws)]
 
 
-_NS_HI_MAX = ((1 << 62) - 999) // 1000  # integer µs whose ns (plus any fraction) stay within 2**62
+_NS_MAX = 1 << 62  # (us_to_ns's range)
 
 
-def texts_ns(vals: list) -> np.ndarray | None:
+def texts_ns(vals: list) -> list | None:
     """``kineto.us_to_ns`` of every value at once where all are large numbers' texts of one shape (the same
-    length, digits, one dot, 1-3 fraction digits: a trace's epoch µs with sub-µs digits), by arithmetic on
-    the digits; None otherwise (and where a value is out of range: ``us_to_ns`` says which)."""
+    length, ASCII digits, one dot at the same place, 1-3 fraction digits: a trace's epoch µs with sub-µs
+    digits), as ints; None otherwise (and where a value is out of range: ``us_to_ns`` says which). String
+    operations over all of them at once, then one ``int`` per value: the ns are the digits themselves."""
     n = len(vals)
     if n == 0 or type(vals[0]) is not Dec:
         return None
-    import numpy as np
-
     width = len(vals[0])
     dot = vals[0].find(".")
     frac = width - dot - 1
@@ -55,20 +51,16 @@ def texts_ns(vals: list) -> np.ndarray | None:
         return None
     if set(map(type, vals)) != {Dec} or set(map(len, vals)) != {width}:
         return None
-    try:
-        rows = np.frombuffer("".join(vals).encode("ascii"), dtype=np.uint8).reshape(n, width)
-    except UnicodeEncodeError:
+    joined = "".join(vals)
+    if joined.count(".") != n or joined[dot::width].count(".") != n:  # one dot each, at the same place
         return None
-    digits = np.delete(rows, dot, axis=1)
-    if not (rows[:, dot] == ord(".")).all() or not np.isin(digits, np.arange(ord("0"), ord("9") + 1, dtype=np.uint8)).all():
+    digits = joined.replace(".", "")
+    if not (digits.isascii() and digits.isdigit()):
         return None
-    d = (digits - ord("0")).astype(np.int64)
-    hi = np.zeros(n, dtype=np.int64)
-    for k in range(dot):  # the integer µs, digit by digit (at most 18 digits: within int64)
-        hi = hi * 10 + d[:, k]
-    if (hi > _NS_HI_MAX).any():
+    ns = list(map(int, map(str.replace, vals, repeat(".", n), repeat("", n))))
+    if frac < 3:
+        scale = 10 ** (3 - frac)
+        ns = [v * scale for v in ns]
+    if max(ns) > _NS_MAX:
         return None
-    lo = np.zeros(n, dtype=np.int64)
-    for k in range(dot, dot + frac):
-        lo = lo * 10 + d[:, k]
-    return hi * 1000 + lo * 10 ** (3 - frac)
+    return ns
