@@ -13,6 +13,9 @@ HTA in its own venv (its pins clash with ours): python -m venv /tmp/htavenv &&
    start-up excluded on both sides) and whole process (`diagnose trace FILE --format json` against a fresh
    interpreter importing HTA and running the same three analyses: what a user waits for). Target: fragscope
    >= 8x faster, whole process. The load average is printed beside the figures (the machine may be shared).
+   Each trace's line says which columns it got (Python lists under the size bar, numpy above:
+   fragscope/vec.py) and whether both, forced in turn, print the same json and human output and exit code.
+   FRAGSCOPE_JSON_DECODER=stdlib gives the default install's decoder where msgspec ([fast]) is installed.
 2. nsys: a generated export with the real schema (tests/data/trace/nsys_schema.sql) holding N kernels and
    N cudaLaunchKernel runtime rows. Baseline: Python's sqlite3 fetching the kernels' start/end columns.
    fragscope: read_nsys and analyse + judge in-process (the default b-tree page reader, connectorx and
@@ -128,6 +131,23 @@ def ours_kineto(path: str) -> None:
     judge(a)
 
 
+def both_columns(p: Path, env: dict) -> tuple[str, bool]:
+    """Which columns `diagnose trace` gives this trace by default (Python lists under the size bar, numpy
+    above: fragscope/vec.py), and whether both give the same output, byte for byte, and exit code."""
+    from fragscope import vec
+
+    tl = read_kineto(str(p))
+    rows = tl.n_ops + int(tl.call_start.size)
+    cols = f"{'numpy' if vec.numpy_for(rows) else 'Python lists'} ({rows:,} ops + calls, bar {vec.NUMPY_MIN_ROWS:,})"
+    outs = []
+    for side in ("python", "numpy"):
+        for fmt in ("json", "human"):
+            r = subprocess.run(DIAGNOSE + ["trace", str(p), "--format", fmt, "--fail-on", "info"], capture_output=True,
+                               cwd=ROOT, env=dict(env, **{vec.ENV: side}))
+            outs.append((fmt, r.returncode, r.stdout, r.stderr))
+    return cols, outs[:2] == outs[2:]
+
+
 def gen_kineto(path: Path, n: int = 100_000) -> Path:
     rng = np.random.default_rng(1)
     t0 = 1_700_000_000_000_000
@@ -150,7 +170,7 @@ def bench_kineto(hta_python: str | None, tmp: Path, ns_path: Path, reps_whole: i
 
     decoder = "msgspec" if importlib.util.find_spec("msgspec") and \
         os.environ.get("FRAGSCOPE_JSON_DECODER", "") != "stdlib" else "stdlib json"
-    print(f"   fragscope's JSON decoder: {decoder}")
+    print(f"   fragscope's JSON decoder: {decoder} (FRAGSCOPE_JSON_DECODER=stdlib for the default install's)")
     env = installed_env(tmp / "pycache")  # compiled bytecode, as installed (bench/benchproc.py)
     traces = [DATA / "hta_alexnet_critical_path.json.gz", DATA / "hta_timeline_sampled_rank0.json.gz"]
     real = ns_trace(ns_path)
@@ -171,6 +191,9 @@ def bench_kineto(hta_python: str | None, tmp: Path, ns_path: Path, reps_whole: i
         else:
             line += "  HTA not available (--hta-python)"
         print(line, flush=True)
+        cols, same = both_columns(p, env)
+        print(f"{'':40s} {'':8s}     columns: {cols}; Python lists and numpy arrays forced in turn: json and human "
+              f"output and exit codes {'identical' if same else 'DIFFERENT'}", flush=True)
         ours_w, st = _whole(DIAGNOSE + ["trace", str(p), "--format", "json", "--fail-on", "never"], reps_whole,
                             env)
         line = f"{'':40s} {'':8s}     whole process: fragscope {ours_w * 1e3:8.1f} ms [{st}]"
@@ -180,10 +203,12 @@ def bench_kineto(hta_python: str | None, tmp: Path, ns_path: Path, reps_whole: i
                      f"(target 8x: {'met' if hta_w >= 8 * ours_w else 'not met'})")
         print(line, flush=True)
     # what no Python CLI can go under: an interpreter that imports numpy and exits (and one that imports nothing)
+    # (a small trace imports no numpy: its floor is the interpreter with click, which the CLI parses with)
     floor, _ = _whole([sys.executable, "-c", "import numpy"], reps_whole)
+    click_floor, _ = _whole([sys.executable, "-c", "import click"], reps_whole)
     bare, _ = _whole([sys.executable, "-c", "pass"], reps_whole)
-    print(f"   floor: python -c 'import numpy' {floor * 1e3:8.1f} ms, python -c pass {bare * 1e3:6.1f} ms "
-          f"(best of {reps_whole})")
+    print(f"   floor: python -c 'import numpy' {floor * 1e3:8.1f} ms, python -c 'import click' {click_floor * 1e3:6.1f} "
+          f"ms, python -c pass {bare * 1e3:6.1f} ms (best of {reps_whole})")
     print(f"   load average after: {os.getloadavg()[0]:.2f}")
 
 
