@@ -319,3 +319,37 @@ def test_docs_threshold_table_is_generated_from_the_configs():
 
     assert thresholds_markdown(REGISTRY) in (ROOT / "docs" / "diagnoses.md").read_text(encoding="utf-8"), \
         "stale: python -m fragscope.playbooks into docs/diagnoses.md#thresholds"
+
+
+def test_lazy_registry_lookups_load_one_source_and_listings_keep_the_order():
+    """A lookup by id loads the module declaring it (not every window detector); a listing loads them all, in
+    declaration order; lookups from several threads at once (the agent's) load each source once."""
+    import threading
+
+    from fragscope.playbooks import evidence, window
+    from fragscope.playbooks.registry import Registry
+
+    reg = Registry(sources=window.SOURCES + evidence.SOURCES)
+    assert reg.get("allocator-stalls").source == "trace" and len(reg._parts) == 1
+    assert reg.get("launch-bound").id == "launch-bound" and len(reg._parts) == 2  # launch_bound.py alone
+    assert reg.get("no-such-diagnosis") is None and reg._complete
+    assert [d.id for d in reg] == [d.id for d in REGISTRY]
+
+    for _ in range(3):
+        reg, errors = Registry(sources=window.SOURCES + evidence.SOURCES), []
+
+        def look(ids):
+            try:
+                for did in ids:
+                    assert reg.get(did) is not None
+                list(reg)
+            except Exception as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+
+        ids = [d.id for d in REGISTRY]
+        threads = [threading.Thread(target=look, args=(ids[k::4],)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == [] and [d.id for d in reg] == ids

@@ -10,6 +10,7 @@ Adding a diagnosis: docs/diagnoses.md "Adding a diagnosis".
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -137,12 +138,14 @@ class Registry:
     _parts: dict[int, list[Diagnosis]] = field(default_factory=dict)  # loaded sources
     _added: dict[str, Diagnosis] = field(default_factory=dict)
     _complete: bool = False
+    _lock: threading.RLock = field(default_factory=threading.RLock, repr=False)  # (the agent's threads look up too)
 
     def add(self, d: Diagnosis) -> Diagnosis:
-        if d.id in self._items:  # (a source not loaded yet that declares it too: raised when it loads)
-            raise ValueError(f"diagnosis {d.id!r} registered twice")
-        self._added[d.id] = d
-        self._items[d.id] = d
+        with self._lock:
+            if d.id in self._items:  # (a source not loaded yet that declares it too: raised when it loads)
+                raise ValueError(f"diagnosis {d.id!r} registered twice")
+            self._added[d.id] = d
+            self._items[d.id] = d
         return d
 
     def _load(self, i: int) -> None:
@@ -156,12 +159,17 @@ class Registry:
         self._parts[i] = part
 
     def _all(self) -> "Registry":
-        if not self._complete:
+        if self._complete:
+            return self
+        with self._lock:
+            if self._complete:
+                return self
             for i in range(len(self.sources)):
                 self._load(i)
             # declaration order: the sources in order, then the diagnoses added
-            self._items = {d.id: d for i in range(len(self.sources)) for d in self._parts[i]}
-            self._items.update(self._added)
+            items = {d.id: d for i in range(len(self.sources)) for d in self._parts[i]}
+            items.update(self._added)
+            self._items = items
             self._complete = True
         return self
 
@@ -170,13 +178,14 @@ class Registry:
         if d is not None or self._complete:
             return d
         key = did.replace("-", "_") if isinstance(did, str) else ""
-        order = sorted((i for i in range(len(self.sources)) if i not in self._parts),
-                       key=lambda i: (self.sources[i].name not in key, not self.sources[i].local, i))
-        for i in order:
-            self._load(i)
-            d = self._items.get(did)
-            if d is not None:
-                return d
+        with self._lock:
+            order = sorted((i for i in range(len(self.sources)) if i not in self._parts),
+                           key=lambda i: (self.sources[i].name not in key, not self.sources[i].local, i))
+            for i in order:
+                self._load(i)
+                d = self._items.get(did)
+                if d is not None:
+                    return d
         self._all()
         return self._items.get(did)
 
