@@ -125,3 +125,37 @@ def test_a_queue_paced_by_prefill_is_named_from_the_stats_lines():
     acts = " ".join(f.playbook["actions"])
     assert "vLLM --max-num-batched-tokens" in acts and "SGLang" not in acts  # the engine that wrote the log
     assert "Prefix cache hit rate 0.0 %" in acts
+
+
+def test_ray_killing_a_vllm_worker_for_host_memory_is_not_a_gpu_oom():
+    # vllm#2669: "Memory on the node (IP: 169.254.181.2, …) where the task (actor ID: …, name=RayWorkerVllm.__init__,
+    # pid=308, memory used=11.15GB) was running was 12.49GB / 13.15GB (0.950003), which exceeds the memory usage
+    # threshold of 0.95. Ray killed this worker". Host RAM (Ray's GB are GiB), not the GPU: the vLLM worker held
+    # 11.15 of the node's 13.15 GiB (85 %).
+    report, summary = _run("vllm_issue2669_ray_host_oom.log")
+    k = summary["crash"]["host_oom_kills"][0]
+    assert summary["crash"]["cause"] == "host-oom"
+    assert (k["node_used_bytes"], k["node_total_bytes"]) == (round(12.49 * 2 ** 30), round(13.15 * 2 ** 30))
+    assert (k["node_used_ratio"], k["threshold_ratio"], k["task_pid"]) == (0.950003, 0.95, 308)
+    assert k["task_name"] == "RayWorkerVllm.__init__" and k["task_used_bytes"] == round(11.15 * 2 ** 30)
+    f = _one(report, ids.HOST_MEMORY_PRESSURE)
+    assert f.severity is Severity.CRITICAL and f.confidence == 0.85
+    assert "12.49 of 13.15 GiB (95.0 %, over Ray's threshold 0.95)" in f.summary and "not the GPU's" in f.summary
+    assert not [x for x in report.findings if x.id.startswith("oom-") or x.id == ids.ENGINE_DIED]
+    assert any("RAY_memory_usage_threshold" in a and "--swap-space" in a for a in f.playbook["actions"])
+    assert summary["job_kind"] == "vllm"  # RayWorkerVllm is vLLM's own worker class
+
+
+def test_raylet_kill_count_behind_syslog_colour_codes():
+    # vllm#1160: "#033[2m#033[33m(raylet)#033[0m [DATE] (raylet) node_manager.cc:3007: 2 Workers (tasks /" then, on
+    # the next line, " actors) killed due to memory pressure (OOM), 0 Workers crashed due to other reasons": the
+    # kill is on line 2, its count on line 1 (wrapped); rsyslog writes the escape byte as "#033".
+    report, summary = _run("vllm_issue1160_raylet_syslog_wrapped.log")
+    assert summary["crash"]["cause"] == "host-oom"
+    f = _one(report, ids.HOST_MEMORY_PRESSURE)
+    assert f.confidence == 0.7 and "line 2" in f.summary and any("raylet" in m for m in f.missing)
+    from fragscope.collectors.enginelog.prefixes import Clock, split_line
+    from datetime import timezone
+
+    rec = split_line("#033[2m#033[33m(raylet)#033[0m", Clock(1.8e9, timezone.utc), None)
+    assert rec[0].msg == "(raylet)"

@@ -199,7 +199,9 @@ def _print_summary(s: dict, out, startup_seen: bool = False) -> None:
     crash = s.get("crash")
     if crash:
         t = crash["collective_timeouts"]
-        what = (f"collective timeout ({len(t)} rank/collective(s), first {t[0]['op']} #{t[0]['seq']})" if t else
+        hk = crash.get("host_oom_kills") or []
+        what = (f"Ray killed {len(hk)} worker(s) for host memory" if crash["cause"] == "host-oom" else
+                f"collective timeout ({len(t)} rank/collective(s), first {t[0]['op']} #{t[0]['seq']})" if t else
                 f"{crash['engine_dead_count']} EngineDeadError / failed-task line(s)" if crash["engine_dead_count"]
                 else f"{len(crash['workers_died'])} worker(s) died")
         w(f"  Engine died: line {crash['first_line']}; {what}; cause {crash['cause']}\n")

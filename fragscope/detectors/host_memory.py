@@ -175,6 +175,12 @@ TRIAGE = TriageCheck("container_working_set_of_limit_ratio", "max_over_time", tr
 # --- playbook: what to do about it; actions computed from a finding's context -------------------------------------
 def actions(ctx: dict, config: dict) -> list[str]:
     acts = []
+    if ctx.get("ray_kill"):  # from an engine log: Ray's memory monitor, not the kernel (detectors/log_crash.py)
+        th = _f(ctx.get("threshold_ratio"))
+        acts.append("Ray's memory monitor killed the worker" + (f" at {th:g} of the node's memory" if th else "")
+                    + " (RAY_memory_usage_threshold): give the node more memory or shrink what the workers hold in "
+                      "host memory (vLLM --swap-space, --cpu-offload-gb); a higher threshold only hands the kill to "
+                      "the kernel's OOM killer.")
     ws, lim = _f(ctx.get("working_set_bytes")), _f(ctx.get("limit_bytes"))
     if ws is not None and lim is not None and lim > 0:
         acts.append(f"Raise the container's memory limit above {fmt_bytes(ws * 1.25)} (working set "
@@ -209,4 +215,5 @@ PLAYBOOK = Playbook(
      "--cpu-offload-gb"])
 
 
+ALSO_FROM = ("log",)  # Ray's memory monitor killing a worker, read from an engine log (detectors/log_crash.py)
 RUNS_ON_SHORT_WINDOWS = True  # judges the present itself: runs on windows of any length

@@ -22,6 +22,9 @@ from ..model import Evidence, Finding, Severity
 # vLLM's start-up runs a handful: the warm-up all-reduce, the memory profile's, CUDA-graph capture's) means the
 # ranks never completed their first exchanges: a set-up problem, not a rank that stalled mid-run.
 EARLY_SEQ = 10
+HOST_FIELDS = ("node", "node_used_bytes", "node_total_bytes", "node_used_ratio", "threshold_ratio", "workers_killed",
+               "task_name", "task_pid", "task_used_bytes")
+GIB = 1024.0 ** 3
 
 
 def _hms(ts: float | None) -> str:
@@ -41,6 +44,8 @@ def _signal_name(code: int) -> str | None:
 def crash_summary(events: Sequence[LogEvent]) -> dict | None:
     """The JSON contract of docs/logs.md ``crash``: None when the log shows no death."""
     timeouts: dict[tuple, dict] = {}
+    if not any(e.kind in ("collective_timeout", "engine_dead", "host_oom_kill") for e in events):
+        return None
     for e in events:
         if e.kind != "collective_timeout":
             continue
@@ -51,23 +56,29 @@ def crash_summary(events: Sequence[LogEvent]) -> dict | None:
                              "timeout_seconds": f.get("timeout_seconds"), "ran_seconds": f.get("ran_seconds"),
                              "time": e.ts, "line": e.line_no}
     dead = [e for e in events if e.kind == "engine_dead"]
-    if not timeouts and not dead:
-        return None
     workers = [{"pid": e.fields.get("worker_pid"), "exit_code": e.fields.get("exit_code"),
                 "signal": _signal_name(e.fields.get("exit_code", 0)), "line": e.line_no}
                for e in dead if e.fields.get("what") == "worker-died"]
     engine_dead = [e for e in dead if e.fields.get("what") in ("engine-dead", "background-task-failed")]
     aborted = [e for e in dead if e.fields.get("what") == "watchdog-abort"]
-    first = min((e for e in events if e.kind in ("collective_timeout", "engine_dead")), key=lambda e: e.line_no)
-    oom = [e for e in events if e.kind == "oom"]
-    cause = "collective-timeout" if timeouts else ("oom" if oom else "unknown")
+    first = min((e for e in events if e.kind in ("collective_timeout", "engine_dead", "host_oom_kill")),
+                key=lambda e: e.line_no)
+    host = [e for e in events if e.kind == "host_oom_kill"]
+    # the cause is the first error the log shows: a host out of memory (a worker killed by Ray's memory monitor), a
+    # GPU out-of-memory error, a collective that timed out (the ranks left waiting when another one died)
+    firsts = [(e.line_no, c) for c, evs in (("host-oom", host), ("oom", [e for e in events if e.kind == "oom"]),
+                                             ("collective-timeout", [e for e in events
+                                                                     if e.kind == "collective_timeout"]))
+              for e in evs[:1]]
+    cause = min(firsts)[1] if firsts else "unknown"
     if cause == "unknown" and not engine_dead and not workers:
         return None  # only PyTorch's "taking the entire process down" without its timeout line: nothing to say
     return {"cause": cause, "first_line": first.line_no, "time": first.ts,
             "timestamped": bool(first.fields.get("timestamped", True)),
             "collective_timeouts": sorted(timeouts.values(), key=lambda t: t["line"]),
             "engine_dead_lines": [e.line_no for e in engine_dead][:16], "engine_dead_count": len(engine_dead),
-            "watchdog_aborted": bool(aborted), "workers_died": workers[:16]}
+            "watchdog_aborted": bool(aborted), "workers_died": workers[:16],
+            "host_oom_kills": [{**{k: e.fields.get(k) for k in HOST_FIELDS}, "line": e.line_no} for e in host][:16]}
 
 
 def crash_findings(crash: dict | None, job_kind: str) -> list[Finding]:
@@ -75,6 +86,8 @@ def crash_findings(crash: dict | None, job_kind: str) -> list[Finding]:
     (the OOM's own finding is the story then, and the summary's ``crash.cause`` says ``oom``)."""
     if crash is None or crash["cause"] == "oom":
         return []
+    if crash["cause"] == "host-oom":
+        return [_host_oom_finding(crash, job_kind)]
     at = crash["time"]
     win = (at, at) if at is not None else None
     when = (f"at {_hms(at)}" if crash["timestamped"] or at is None else
@@ -142,3 +155,41 @@ def crash_findings(crash: dict | None, job_kind: str) -> list[Finding]:
         conf = 0.6
     return [Finding(ids.ENGINE_DIED, Severity.CRITICAL, conf, summary, onset=at, evidence=ev, missing=missing,
                     subject={}, context=ctx, basis="log")]
+
+
+def _host_oom_finding(crash: dict, job_kind: str) -> Finding:
+    """Ray's memory monitor killed a worker: the node's (host) memory ran out, not the GPU's."""
+    kills = crash["host_oom_kills"]
+    k = next((x for x in kills if x["node_used_ratio"] is not None), kills[0])
+    at = crash["time"]
+    win = (at, at) if at is not None else None
+    ctx = {"ray_kill": True, "job_kind": job_kind, "threshold_ratio": k["threshold_ratio"],
+           "task_used_bytes": k["task_used_bytes"], "node_total_bytes": k["node_total_bytes"]}
+    ev: list[Evidence] = []
+    if k["node_used_ratio"] is not None:
+        who = k["task_name"] or "a worker"
+        held = f", holding {k['task_used_bytes'] / GIB:.2f} GiB" if k["task_used_bytes"] is not None else ""
+        pid = f" (pid {k['task_pid']}{held})" if k["task_pid"] is not None else (f" ({held[2:]})" if held else "")
+        summary = (f"Ray's memory monitor killed {who}{pid} when the node's memory reached "
+                   f"{k['node_used_bytes'] / GIB:.2f} of {k['node_total_bytes'] / GIB:.2f} GiB "
+                   f"({k['node_used_ratio'] * 100:.1f} %, over Ray's threshold {k['threshold_ratio']:g}) (line "
+                   f"{k['line']}): host memory ran out, not the GPU's; the worker died without a CUDA error.")
+        ev.append(Evidence("log_node_memory_used_ratio", k["node_used_ratio"], threshold=k["threshold_ratio"],
+                           unit="ratio", window=win,
+                           note=f"node {k['node']}, line {k['line']}; Ray's figures: {k['node_used_ratio']:g} over "
+                                f"{k['threshold_ratio']:g}"))
+        if k["task_used_bytes"] is not None:
+            ev.append(Evidence("log_killed_worker_memory_bytes", k["task_used_bytes"], unit="bytes",
+                               note=f"{who}: its share of the node's "
+                                    f"{k['node_total_bytes'] / GIB:.2f} GiB"))
+        conf = 0.85
+        missing = []
+    else:
+        n = k["workers_killed"]
+        summary = (f"Ray killed {n if n else 'one or more'} worker(s) for memory pressure on the node (line {k['line']}): "
+                   "host memory ran out, not the GPU's; these lines do not give the node's figures.")
+        ev.append(Evidence("log_workers_killed", float(n) if n else None, window=win, note=f"line {k['line']}"))
+        conf = 0.7
+        missing = ["the node's memory at the kill (ray logs raylet.out)"]
+    return Finding(ids.HOST_MEMORY_PRESSURE, Severity.CRITICAL, conf, summary, onset=at, evidence=ev,
+                   missing=missing, subject={}, context=ctx, basis="log")

@@ -24,7 +24,7 @@ SIZE = r"(?<![\d.,])(\d{1,3}(?:,\d{3}){1,5}(?:\.\d{1,12})?|\d{1,16}(?:\.\d{1,12}
 # Event kinds (LogEvent.kind), a contract: docs/logs.md#events
 KINDS = ("preemption", "retraction", "stats", "kv_cache_tokens", "kv_blocks", "max_concurrency",
          "memory_profile", "kv_memory", "weights", "cuda_graph", "config", "oom",
-         "startup_memory_shortfall", "kv_insufficient", "collective_timeout", "engine_dead")
+         "startup_memory_shortfall", "kv_insufficient", "collective_timeout", "engine_dead", "host_oom_kill")
 
 
 @dataclass(slots=True)

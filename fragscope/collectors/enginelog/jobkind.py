@@ -13,7 +13,7 @@ MARKERS: dict[str, tuple[str, ...]] = {
             "text_generation_server", "text-generation-launcher"),
     "triton": ("tritonserver", "TRITONBACKEND_", "triton_python_backend", "model_repository_manager"),
     "trtllm": ("tensorrt_llm", "[TRT-LLM]"),
-    "vllm": ("vllm/engine/", "vllm/v1/", "vllm.entrypoints", "vllm/worker/"),
+    "vllm": ("vllm/engine/", "vllm/v1/", "vllm.entrypoints", "vllm/worker/", "RayWorkerVllm"),
     "sglang": ("sglang/srt/", "sglang.launch_server"),
     # a traceback through autograd or an optimizer step: a training loop
     "training": ("torch/autograd/", ".backward(", "optimizer.step(", "training_step", "/trainer.py"),

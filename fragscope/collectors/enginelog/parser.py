@@ -103,7 +103,7 @@ class LogParser:
                     if sig == self._last_shortfall:
                         continue
                     self._last_shortfall = sig
-                if kind in ("collective_timeout", "engine_dead"):
+                if kind in ("collective_timeout", "engine_dead", "host_oom_kill"):
                     fields["timestamped"] = rec.ts is not None  # else the time is the last line's that had one
                 ev = LogEvent(kind, ts, self.line_no, fields, engine, source, rec.msg[:400], rec.pid)
                 if kind == "oom":

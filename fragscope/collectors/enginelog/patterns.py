@@ -398,6 +398,36 @@ def _engine_dead(m, msg):
     return {"what": _DEAD_WHAT[m.group(0)]}, ""
 
 
+# Ray's memory monitor (raylet node_manager) killing a worker when the node's memory crosses its threshold: "Memory on the
+# node (IP: …, ID: …) where the task (task ID: …, name=RayWorkerVllm.__init__, pid=308, memory used=11.15GB) was running
+# was 12.49GB / 13.15GB (0.950003), which exceeds the memory usage threshold of 0.95. Ray killed this worker …" (also
+# "where the lease (…)", "where the task was running", or neither). Ray's "GB" is 2**30 bytes: a 1,081 GB host
+# (decimal) prints as 1006.84GB. The raylet's summary "N Workers (tasks / actors) killed due to memory pressure (OOM)"
+# is read too (count only).
+_RAY_OOM = re.compile(r"Memory on the node \(IP: ([^,)\s]{1,64})(?:, ID: \w{1,80})?\)(?: where the \w{1,10}"
+                      r"(?: \(([^)]{0,400})\))? was running)? was " + NUM + r"GB / " + NUM + r"GB \(" + NUM +
+                      r"\), which exceeds the memory usage threshold of " + NUM)
+_RAY_TASK_NAME = re.compile(r"name=([^,)\s]{1,120})")
+_RAY_TASK_PID = re.compile(r"pid=(\d{1,10})")
+_RAY_TASK_MEM = re.compile(r"memory used=" + NUM + "GB")
+_RAY_KILLED = re.compile(r"(?:(\d{1,6}) Workers \(tasks / actors\) )?killed due to memory pressure \(OOM\)")
+
+
+def _ray_oom(m, msg):
+    if m.re is _RAY_KILLED:
+        return ({"workers_killed": to_int(m.group(1))} if m.group(1) else {}), ""
+    f: Fields = {"node": m.group(1), "node_used_bytes": float(round(to_float(m.group(3)) * GIB)),
+                 "node_total_bytes": float(round(to_float(m.group(4)) * GIB)), "node_used_ratio": to_float(m.group(5)),
+                 "threshold_ratio": to_float(m.group(6)), "workers_killed": 1}
+    task = m.group(2) or ""
+    g = _RAY_TASK_NAME.search(task)
+    if g:
+        f["task_name"] = g.group(1)
+    _opt(f, "task_pid", _RAY_TASK_PID, task, to_int)
+    _opt(f, "task_used_bytes", _RAY_TASK_MEM, task, lambda x: float(round(to_float(x) * GIB)))
+    return f, ""
+
+
 RULES: tuple[Rule, ...] = (
     Rule("preemption", ("cumulative_preemption",), _PREEMPT, _preempt, "vllm-v0"),
     Rule("retraction", ("Retract requests",), _RETRACT, _retract, "sglang"),
@@ -418,6 +448,8 @@ RULES: tuple[Rule, ...] = (
          _profile, "vllm-v0"),
     Rule("config", ("block_size=", "gpu_memory_utilization="), _CONFIG_ANY, _config, "vllm"),
     Rule("collective_timeout", ("collective operation timeout",), _NCCL_TIMEOUT, _nccl_timeout, "torch"),
+    Rule("host_oom_kill", ("exceeds the memory usage threshold",), _RAY_OOM, _ray_oom, "ray"),
+    Rule("host_oom_kill", ("killed due to memory pressure",), _RAY_KILLED, _ray_oom, "ray"),
     Rule("engine_dead", ("entire process down",), _ENGINE_DEAD, _engine_dead, "torch"),  # PyTorch's own words
     Rule("engine_dead", ("EngineDeadError", "Engine background task failed", "died, exit code"), _ENGINE_DEAD,
          _engine_dead, "vllm"),

@@ -18,6 +18,7 @@ MIN_TS = 0.0
 MAX_TS = 253370764800.0  # 9999-01-01T00:00:00Z
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+_SYSLOG_ANSI = re.compile(r"#033\[[0-9;?]*[A-Za-z]")
 # `kubectl logs --timestamps`: "2026-02-24T20:21:58.123456789Z " ; CI / SGLang: "[2026-02-24T20:21:58Z] ",
 # "[2026-09-13 16:06:06] ", "[2026-09-13 16:06:06 TP0] ", "[2026-09-13 16:06:06 DP0 TP0] "
 _ISO_BRACKET = re.compile(r"^\[(\d{4}-\d\d-\d\d)[T ](\d\d:\d\d:\d\d)([.,]\d{1,12})?(Z|[+-]\d\d:?\d\d)?(?: [^\]]{0,40})?\]\s*")
@@ -131,6 +132,8 @@ def split_line(line: str, clock: Clock, last_ts: float | None) -> list[Record]:
     s = line.rstrip("\r\n")
     if "\x1b" in s:
         s = _ANSI.sub("", s)
+    if "#033[" in s:  # rsyslog / journald print the escape byte as "#033"
+        s = _SYSLOG_ANSI.sub("", s)
     s = s.strip()
     ts: float | None = None
     pid: int | None = None
