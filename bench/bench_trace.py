@@ -212,6 +212,25 @@ def bench_kineto(hta_python: str | None, tmp: Path, ns_path: Path, reps_whole: i
     print(f"   load average after: {os.getloadavg()[0]:.2f}")
 
 
+def bench_crossover(tmp: Path, reps: int) -> None:
+    """Where Python lists stop paying: `diagnose trace --format json` whole process on generated traces of
+    growing size, Python lists and numpy forced in turn (the size bar, fragscope/vec.py NUMPY_MIN_ROWS)."""
+    from fragscope import vec
+
+    env = installed_env(tmp / "pycache")
+    print(f"== Kineto columns: Python lists against numpy, whole process, best of {reps}; load average "
+          f"{os.getloadavg()[0]:.2f}; the bar: {vec.NUMPY_MIN_ROWS:,} ops + calls")
+    for rows in (1_000, 5_000, 10_000, 20_000, 40_000):
+        p = gen_kineto(tmp / f"gen_{rows}.json.gz", rows // 2)
+        line = f"   {rows:7,} ops + calls:"
+        for side in ("python", "numpy"):
+            t, st = _whole(DIAGNOSE + ["trace", str(p), "--format", "json", "--fail-on", "never"], reps,
+                           dict(env, **{vec.ENV: side}))
+            line += f"  {'Python lists' if side == 'python' else 'numpy'} {t * 1e3:7.1f} ms [{st}]"
+        print(line, flush=True)
+    print(f"   load average after: {os.getloadavg()[0]:.2f}")
+
+
 def gen_nsys(path: Path, n: int) -> Path:
     if path.exists():
         return path
@@ -452,6 +471,8 @@ def main() -> None:
     ap.add_argument("--keep", default=None, help="folder for generated inputs (reused when present)")
     ap.add_argument("--skip-nsys", action="store_true")
     ap.add_argument("--skip-kineto", action="store_true")
+    ap.add_argument("--crossover", action="store_true",
+                    help="also time Python lists against numpy columns on generated Kineto traces of growing size")
     ap.add_argument("--reps", type=int, default=3, help="best of N for the nsys and whole-process figures")
     ap.add_argument("--ns-trace", default=str(NS_TRACE),
                     help="HTA's ns-resolution trace (fetched here when absent; bench/data/README.md)")
@@ -461,6 +482,8 @@ def main() -> None:
     tmp.mkdir(parents=True, exist_ok=True)
     if not args.skip_kineto:
         bench_kineto(hta, tmp, Path(args.ns_trace), args.reps)
+    if args.crossover:
+        bench_crossover(tmp, max(args.reps, 5))
     if not args.skip_nsys:
         bench_nsys(args.kernels, tmp, args.reps)
 
