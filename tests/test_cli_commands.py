@@ -150,10 +150,12 @@ def test_diagnose_file_imports_no_http_agent_or_other_commands():
 
 # What `diagnose FILE` of a metrics recording does not need (docs/performance.md, "Start-up"): the engine-log
 # patterns and the start-up log reader (the KV-pool sizing from metrics uses sizing.accounting), numpy.ma
-# (fragscope.npstats instead of np.median / np.quantile / np.unique), HTML entities and the TOML reader.
+# (fragscope.npstats instead of np.median / np.quantile / np.unique), HTML entities, the TOML reader, and the
+# deep-evidence diagnoses' modules (the registry's window list loads the window sources alone).
 RECORDING_NEVER = {"numpy.ma", "fragscope.collectors.enginelog.patterns", "fragscope.collectors.enginelog.parser",
                    "fragscope.collectors.enginelog.reader", "fragscope.sizing.startup", "fragscope.sizing.wordings",
-                   "html", "tomllib"}
+                   "html", "tomllib", "fragscope.detectors.cpu_fallback", "fragscope.collectors.ort_profile",
+                   "fragscope.trace_playbooks", "fragscope.detectors.timeline_config"}
 
 
 @pytest.mark.parametrize("name", ["kv-pressure-incident", "fragmentation-incident"])

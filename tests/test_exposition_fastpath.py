@@ -76,6 +76,20 @@ def test_fast_path_agrees_with_the_full_parser_line_for_line():
     assert fast.samples == full.samples > 1000 and fast.bad_lines == full.bad_lines > 30
     assert fast.first_bad == full.first_bad and fast.ts_units == full.ts_units == {"microseconds", "nanoseconds"}
     assert {k: repr((t, v)) for k, (t, v) in fast.cols.items()} == {k: repr((t, v)) for k, (t, v) in full.cols.items()}
+    assert fast.openmetrics_ts == full.openmetrics_ts
+
+
+def test_a_timestamp_text_read_once_says_seconds_only_for_a_line_read():
+    """The fast path keeps each timestamp's text with its seconds; a line whose value is bad does not make the
+    file's timestamps read as OpenMetrics seconds, whether its stamp text was seen before or not."""
+    ms = str(T0 * 1000)
+    lines = [f"g 1 {ms}", f"g 2 {ms}", f"g abc {T0}", f"g 3 {T0 * 1000 + 15_000}", f"g x {T0}"]
+    lines += [f"g {i} {(T0 + 15 * i) * 1000}" for i in range(2, 60)]  # under the share of bad lines allowed
+    fast = parse_lines(iter(lines), default_ts=None, source="x")
+    full = parse_lines(iter(lines), default_ts=1.0, source="x")
+    assert fast.openmetrics_ts is full.openmetrics_ts is False and fast.bad_lines == full.bad_lines == 2
+    assert {k: repr(c) for k, c in fast.cols.items()} == {k: repr(c) for k, c in full.cols.items()}
+    assert parse_lines(iter(lines + [f"g 4 {T0 + 30}"]), default_ts=None, source="x").openmetrics_ts is True
 
 
 def test_dcgm_blank_sentinel_and_dropped_series_on_the_fast_path():

@@ -353,3 +353,19 @@ def test_lazy_registry_lookups_load_one_source_and_listings_keep_the_order():
         for t in threads:
             t.join()
         assert errors == [] and [d.id for d in reg] == ids
+
+
+def test_the_window_list_loads_the_window_sources_alone_in_the_full_order():
+    """Registry.window() is the window diagnoses in the order of iterating over every diagnosis, without loading
+    the deep-evidence sources; a source not marked window that declares a window diagnosis is refused."""
+    from fragscope.playbooks import evidence, window
+    from fragscope.playbooks.registry import Registry, Source
+
+    fresh = Registry(sources=window.SOURCES + evidence.SOURCES)
+    listed = [d.id for d in fresh.window()]
+    assert not any(i in fresh._parts for i, s in enumerate(fresh.sources) if not s.window)
+    assert listed == [d.id for d in Registry(sources=window.SOURCES + evidence.SOURCES) if d.source == "window"]
+    assert listed == [d.id for d in REGISTRY.window()]
+    wrong = Registry(sources=(Source("x", window.SOURCES[0].load),))
+    with pytest.raises(ValueError, match="not marked window"):
+        list(wrong)

@@ -35,6 +35,8 @@ _MAX_PIECES = 64
 # (a vLLM V1 page has ~600 series lines of ~100 bytes; a page whose labels churn, or one 3.9 MB label
 # value, must not be memoised: ~8,192 entries of at most 4 KiB stay under a few MB).
 MAX_KEY_CACHE = 8192
+# Recordings' distinct timestamp texts remembered by the fast path (a week at 15 s is 40,320; ~7 MB at most).
+MAX_TS_SEEN = 65536
 MAX_CACHED_HEAD = 4096
 # Series lines one live scrape parses (collectors/vllm.py, dcgm.py), twice the agent's series per collector:
 # a vLLM V1 engine keeps ~200, a dcgm-exporter of 8 GPUs ~400. Past it only lines of series already known are
@@ -236,6 +238,7 @@ def parse_lines(lines: Iterable[str], default_ts: float | None = None, source: s
     # below (one rsplit, one dict hit, two floats); anything else (a new series, a comment, a timestamp
     # that needs more than the millisecond conversion, a bad line) falls through to the full parser.
     fast = mode == 1
+    ts_seen: dict[str, float] = {}
     learn = line_cache if mode == 3 else None
     om_ts = False  # a fast-path timestamp was in seconds (Parsed.openmetrics_ts)
     for line in lines:
@@ -249,15 +252,21 @@ def parse_lines(lines: Iterable[str], default_ts: float | None = None, source: s
             # A cached head is exactly what the full parser takes as the head (the text up to the last
             # "}", or the first word): the two floats below parse only if neither holds a "}" or space.
             if len(parts) == 3 and (entry := cache.get(parts[0], False)) is not False:
+                # A timestamp's text read once: the series of a scrape share it (-1.0: the full parser's)
+                ts = ts_seen.get(parts[2])
                 try:
                     value = float(parts[1])
-                    ts = float(parts[2])
+                    if ts is None:
+                        ts = float(parts[2])
+                        if ts > MS_THRESHOLD:
+                            ts = ts / 1000.0 if ts < US_THRESHOLD else -1.0
+                        elif ts >= 0.0:
+                            om_ts = True
+                        if len(ts_seen) >= MAX_TS_SEEN:
+                            ts_seen.clear()
+                        ts_seen[parts[2]] = ts
                 except ValueError:
                     ts = -1.0  # the full parser says what is wrong
-                if ts > MS_THRESHOLD:
-                    ts = ts / 1000.0 if ts < US_THRESHOLD else -1.0
-                elif ts >= 0.0:
-                    om_ts = True
                 if ts >= 0.0:
                     early_ok += 1
                     since_sample = 0

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from .. import ids
 from ..model import Action, Playbook
-from ..trace_playbooks import UNIFIED_MEMORY_THRASHING_PLAYBOOK
 from ..advice.fixes import expandable_segments
 from .registry import Diagnosis, Source
 
@@ -217,6 +216,12 @@ def _cpu_fallback() -> list[Diagnosis]:
     return [_deep("trace", cpu_fallback.PLAYBOOK, actions=cpu_fallback.actions, also_from=("log",))]
 
 
+def _evidence_trace() -> list[Diagnosis]:
+    from ..trace_playbooks import UNIFIED_MEMORY_THRASHING_PLAYBOOK  # (with the timeline's thresholds)
+
+    return [_deep("trace", UNIFIED_MEMORY_THRASHING_PLAYBOOK)]
+
+
 def _batching() -> list[Diagnosis]:
     from ..detectors import batching  # Triton config.pbtxt + its counters
 
@@ -226,5 +231,5 @@ def _batching() -> list[Diagnosis]:
 # Declaration order (the registry's); the ones declared here load without importing a detector or the sizing
 # arithmetic ("local": tried first by a lookup by id), the others import the module that declares them.
 SOURCES = (Source("evidence", lambda: _DEEP, local=True), Source("sizing", _startup_oom),
-           Source("evidence_trace", lambda: [_deep("trace", UNIFIED_MEMORY_THRASHING_PLAYBOOK)], local=True),
+           Source("evidence_trace", _evidence_trace, local=True),
            Source("cpu_fallback", _cpu_fallback), Source("batching", _batching))

@@ -119,10 +119,13 @@ MODULE_FIELDS = (("actions", "actions"), ("level", "level"), ("alert_rule", "ale
 class Source:
     """Where some diagnoses are declared: ``load()`` returns them (importing their module). ``name`` is the
     module's name (a lookup by id tries the source named like the id first); ``local``: declared in this
-    package without importing detectors, so a lookup tries it before the others."""
+    package without importing detectors, so a lookup tries it before the others; ``window``: it declares
+    the window diagnoses (the pipeline's run list loads these sources alone; any other that declares one is
+    an error when it loads)."""
     name: str
     load: Callable[[], "list[Diagnosis]"]
     local: bool = False
+    window: bool = False
 
 
 @dataclass
@@ -155,6 +158,9 @@ class Registry:
         for d in part:
             if d.id in self._items:
                 raise ValueError(f"diagnosis {d.id!r} registered twice")
+            if d.source == "window" and not self.sources[i].window:
+                raise ValueError(f"diagnosis {d.id!r}: a window diagnosis from source {self.sources[i].name!r}, "
+                                 "which is not marked window")
             self._items[d.id] = d
         self._parts[i] = part
 
@@ -208,8 +214,14 @@ class Registry:
         return tuple(d.id for d in self if source is None or d.source == source)
 
     def window(self) -> list[Diagnosis]:
-        """Window diagnoses in run order."""
-        return [d for d in self if d.source == "window"]
+        """Window diagnoses in run order (the order of iterating over all): those of the sources marked
+        ``window``, then those added; the deep-evidence sources stay unloaded."""
+        marked = [i for i, s in enumerate(self.sources) if s.window]
+        with self._lock:
+            for i in marked:
+                self._load(i)
+            return ([d for i in marked for d in self._parts[i] if d.source == "window"]
+                    + [d for d in self._added.values() if d.source == "window"])
 
     def alerting(self) -> tuple[str, ...]:
         return tuple(d.id for d in self if d.alerting)

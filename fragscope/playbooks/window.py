@@ -35,6 +35,6 @@ def _declared(name: str):
 
 
 # One source per module: a lookup by id imports the one module that declares it (registry.Registry).
-SOURCES = tuple(Source(name, _declared(name)) for name in MODULES)
+SOURCES = tuple(Source(name, _declared(name), window=True) for name in MODULES)
 
 __all__ = ["MODULES", "SOURCES"]
