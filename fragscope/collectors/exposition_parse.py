@@ -13,7 +13,7 @@ from typing import Iterable
 from ..model import Sample, SeriesKey, Window
 from ..signals import DCGM_BLANK_THRESHOLD, normalise_name
 from .exposition_paste import (NUM_TAIL, PASTE_START, could_continue, depaste, is_debris, join_wrapped,
-                               unescape_html)
+                               table_row, unescape_html)
 from .exposition_syntax import (MS_THRESHOLD, NAME_RE, US_THRESHOLD, ENV_MAX_POINTS, ENV_MAX_SERIES,
                                 ParseError, bad_bound, big_timestamp, family_type, valid_sample, parse_labels)
 from .inputs import MAX_LINE_CHARS, OVERLONG
@@ -86,6 +86,7 @@ class Parsed:
     segments: SegmentTracker | None = None  # the scrapes found (scrape mode)
     junk_lines: int = 0  # paste debris skipped: fences, the curl command, ellipses
     joined_lines: int = 0  # samples a wrapped paste had split over two lines
+    table_rows: int = 0  # "series | value" rows of a query result's table (Prometheus' web UI, in markdown)
     bad_bounds: int = 0  # bucket / quantile series dropped: le or quantile not a number
     ts_units: set = field(default_factory=set)  # "microseconds", "nanoseconds" when converted
     ignored_timestamps: int = 0  # scrape mode: samples whose own timestamp was ignored
@@ -310,6 +311,15 @@ def parse_lines(lines: Iterable[str], default_ts: float | None = None, source: s
             continues_comment, cont_left, after_comment = True, after_comment - 1, 0
         else:
             continues_comment, cont_left = False, 0
+        if (mode == 2 or mode == 0) and "|" in line:  # files without timestamps only: a query result's table
+            # pasted from Prometheus' web UI
+            row = table_row(line)
+            if row is None:
+                p.junk_lines += 1
+                continue
+            if row is not line:
+                p.table_rows += 1
+                line = row
         # --- a sample line ------------------------------------------------------------------
         brace = line.find("{")
         try:
@@ -569,6 +579,10 @@ def check_and_note(p: Parsed, source: str) -> None:
         p.notes.append("timestamps in " + " and ".join(sorted(p.ts_units)) + " (by magnitude) converted to seconds")
     if p.joined_lines:
         p.notes.append(f"{p.joined_lines} sample lines split over two lines (a wrapped paste) joined")
+    if p.table_rows:
+        p.notes.append(f"{p.table_rows} rows of a query result's table (\"series | value\", copied from "
+                       "Prometheus' web UI) read as samples: a query result, not a raw scrape (labels such as "
+                       "instance and job are Prometheus')")
     if p.ignored_timestamps:
         p.notes.append(f"{p.ignored_timestamps} samples carried their own timestamp in a file read as scrapes "
                        "(its first sample had none): those timestamps were ignored")

@@ -70,3 +70,29 @@ def join_wrapped(first: str, second: str) -> str | None:
         if valid_sample(cand):
             return cand
     return None
+
+
+# A Prometheus query result copied from its web UI's table into markdown: "series{labels} | value" rows under a
+# "-- | --" separator, optionally between pipes ("| series | value |"). Only a pipe after the series' closing brace
+# (or after a bare name) is a column: a label value may hold "|" itself.
+_TABLE_SEP = re.compile(r"^\s*\|?\s*:?-{2,}:?\s*\|\s*:?-{2,}:?\s*\|?\s*$")
+_TABLE_TAIL = re.compile(r"\s*\|\s*([^\s|]+)\s*\|?\s*$")
+_BARE_ROW = re.compile(r"^\s*\|?\s*([A-Za-z_:][\w:]*)\s*\|\s*([^\s|]+)\s*\|?\s*$")
+
+
+def table_row(line: str) -> str | None:
+    """``line`` as a sample line when it is a row of a markdown table of query results (``series | value``),
+    None for the table's separator row, else ``line`` itself (the same object)."""
+    if _TABLE_SEP.match(line):
+        return None
+    close = line.rfind("}")
+    if close >= 0:
+        m = _TABLE_TAIL.match(line, close + 1)
+        if m is None:
+            return line
+        head = line[:close + 1].lstrip(" \t")
+        if head.startswith("|"):
+            head = head[1:].lstrip(" \t")
+        return f"{head} {m.group(1)}\n"
+    m = _BARE_ROW.match(line)
+    return f"{m.group(1)} {m.group(2)}\n" if m else line
