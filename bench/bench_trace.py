@@ -24,7 +24,8 @@ HTA in its own venv (its pins clash with ours): python -m venv /tmp/htavenv &&
    with the load average (the machine may be shared).
    Target: >= 1.5 M kernel rows/s whole process with the default install (the page reader: numpy decoding
    the tables' pages, no SQL per row), and <= 1.3x a plain process reading the same columns with the same
-   reader (no fragscope analysis; bytecode compiled). The forced SQL readers keep their own lines, each
+   reader (no fragscope analysis; bytecode compiled; numpy's and glibc's memory settings as `diagnose trace` asks
+   for them). The forced SQL readers keep their own lines, each
    against a plain process reading the same columns with that reader, as before.
    Floors, to tell what is left from what cannot go: connectorx alone running the exact queries the
    reader sends (recorded from one read; each alone and all at once, no post-processing), and the
@@ -401,9 +402,11 @@ def _plain_floor(p: Path, reader: str, reps: int, env: dict) -> float:
     walls, cpus = [], []
     for _ in range(reps):
         r0, t = os.times(), time.perf_counter()
-        # (numpy's large arrays on small pages, as `diagnose trace` asks for them: the same memory work)
+        # (numpy's large arrays on small pages and glibc keeping freed memory, as `diagnose trace` asks for
+        # them on a large file: the same memory settings, cli/trace_cmd.py)
         subprocess.run([sys.executable, "-c", PLAIN, str(p), reader, json.dumps(sent)], check=True,
-                       env=dict(env, NUMPY_MADVISE_HUGEPAGE="0"), cwd=ROOT)
+                       env=dict(env, NUMPY_MADVISE_HUGEPAGE="0", MALLOC_TRIM_THRESHOLD_=str((1 << 31) - 1),
+                                MALLOC_MMAP_THRESHOLD_=str(1 << 30)), cwd=ROOT)
         walls.append(time.perf_counter() - t)
         r1 = os.times()
         cpus.append((r1.children_user - r0.children_user) + (r1.children_system - r0.children_system))
