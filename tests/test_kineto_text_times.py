@@ -12,7 +12,7 @@ import pytest
 
 from fragscope.collectors import kineto, kineto_events
 from fragscope.collectors.kineto import _exact_ns, read_kineto, us_to_ns
-from fragscope.collectors.kineto_times import text_times, texts_ns
+from fragscope.collectors.kineto_times import _one_large_shape, text_times, texts_ns
 from fragscope.collectors.kineto_events import Dec, raw_value
 
 msgspec = kineto_events.msgspec
@@ -110,9 +110,57 @@ def test_epoch_text_trace_reads_the_same_with_and_without_bulk(tmp_path, monkeyp
     p = tmp_path / "epoch.json.gz"
     p.write_bytes(gzip.compress(json.dumps({"traceEvents": ev}).encode()))
     bulk = read_kineto(str(p))
-    monkeypatch.setattr(kineto, "texts_ns", lambda vals: None)
+    monkeypatch.setattr(kineto, "texts_ns", lambda vals, np=None: None)
     monkeypatch.setattr(kineto, "text_times", lambda raws: list(raws))
     one_by_one = read_kineto(str(p))
     for f in ("op_start", "op_end", "call_start", "call_end", "op_launch"):
         assert np.array_equal(getattr(bulk, f), getattr(one_by_one, f)), f
     assert bulk.op_start.min() > 10 ** 18 and (bulk.op_start % 1000 != 0).any()  # ns digits kept
+
+
+@pytest.mark.skipif(msgspec is None, reason="typed decoding needs msgspec (the fast extra)")
+def test_text_times_one_shape_equals_raw_value_on_random_lists():
+    """Texts all of one shape are converted without a match per text: same values as ``raw_value`` of
+    each, and any text of another shape (a sign, another width, a letter, a second dot, a short integer
+    part, a non-ASCII digit) sends the list through the per-text match, with the same values."""
+    rng = random.Random(3)
+    odd = [b"-1712195495505583.123", b"1712195495505583.12", b"17121954955055831.12", b"1712195495505583.1a3",
+           b"1712195495505583..23", b"171219549550558.3123", b"12345678901234.5678", b"1712195495505583123.",
+           "1712195495505583.１23".encode(), b"1712195495505583e+03", b"1712195495505583.1e3", b"null"]
+    fast = 0
+    for _ in range(300):
+        n = rng.randint(1, 30)
+        i, f = rng.choice([(16, 3), (15, 1), (17, 2), (18, 3), (14, 3), (16, 0)])
+        texts = [(str(rng.randrange(10 ** i)).zfill(i) + ("." + str(rng.randrange(10 ** f)).zfill(f) if f else ""))
+                 .encode() for _ in range(n)]
+        if rng.random() < 0.4:
+            texts[rng.randrange(n)] = rng.choice(odd)
+        raws = [msgspec.Raw(t) for t in texts]
+        got = text_times(raws)
+        for r, g in zip(raws, got):
+            g = raw_value(g) if type(g) is msgspec.Raw else g
+            ref = raw_value(r)
+            assert type(g) is type(ref) and g == ref, (bytes(r), g, ref)
+        fast += _one_large_shape([t.decode("latin-1") for t in texts])
+    assert fast > 50  # the one-shape path itself was exercised
+
+
+def test_texts_ns_numpy_digits_equal_python_ints():
+    """The digits summed by numpy give the ints Python gives, and refuse what it refuses (above 2**62)."""
+    rng = random.Random(8)
+    both = 0
+    for _ in range(300):
+        i, f = rng.choice([(16, 3), (16, 2), (16, 1), (15, 3), (14, 2), (17, 3), (18, 3), (16, 4)])
+        vals = [_dec(rng, i, f) for _ in range(rng.randint(1, 50))]
+        if rng.random() < 0.1:
+            vals[0] = Dec("9" * i + "." + "9" * f)
+        ref, got = texts_ns(vals), texts_ns(vals, np)
+        if ref is None:
+            assert got is None, vals[:2]
+            continue
+        assert got is not None and got.dtype == np.int64 and got.tolist() == ref, vals[:2]
+        both += 1
+    assert both > 50
+    for vals in ([Dec("4611686018427387.904")], [Dec("4611686018427387.903")], [Dec("0000000000000000.001")]):
+        ref, got = texts_ns(vals), texts_ns(vals, np)
+        assert (got is None and ref is None) or got.tolist() == ref, vals

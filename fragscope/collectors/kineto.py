@@ -451,7 +451,9 @@ def _exact_ns(ts: list, dur: list, np=None) -> tuple[np.ndarray, np.ndarray]:
     columns' namespace (numpy, the default, or fragscope.vec)."""
     if np is None:
         import numpy as np
-    start = texts_ns(ts)  # (us_to_ns's values, all at once; None when the texts are not all of one shape)
+    # us_to_ns's values, all at once (numpy's digits where the columns are numpy's); None when the texts are
+    # not all of one shape
+    start = texts_ns(ts, None if np is vec else np)
     if start is None:
         start = [us_to_ns(v) for v in ts]
     start = np.asarray(start, dtype=np.int64)
