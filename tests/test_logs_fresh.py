@@ -159,3 +159,24 @@ def test_raylet_kill_count_behind_syslog_colour_codes():
 
     rec = split_line("#033[2m#033[33m(raylet)#033[0m", Clock(1.8e9, timezone.utc), None)
     assert rec[0].msg == "(raylet)"
+
+
+def test_ci_gutter_keeps_the_iso_time_and_the_engine_core_exception_is_a_death():
+    # vllm#14574: Buildkite's web view puts "  | " before each "[2025-03-10T15:07:20Z] ERROR 03-10 08:07:20 [core.py:302]
+    # EngineCore hit an exception: Traceback …": the ISO prefix (with its year; the header's 08:07:20 is the engine's
+    # local time) dates every line, so the log spans one second of 2025, not a year.
+    report, summary = _run("vllm_issue14574_buildkite_gutter.log")
+    assert summary["time_range"]["start"] == summary["time_range"]["end"] == 1741619240.0  # 2025-03-10T15:07:20Z
+    assert summary["crash"]["cause"] == "unknown" and summary["crash"]["engine_dead_lines"] == [3]
+    f = _one(report, ids.ENGINE_DIED)
+    assert "2025-03-10 15:07:20Z" in f.summary
+
+
+def test_a_start_up_memory_failure_is_its_own_story():
+    # tests/data/sizing/vllm_v1_shortfall.log: "Free memory on device (31.44/47.38 GiB) on startup is less than desired
+    # GPU memory utilization (0.95, 45.01 GiB)", then "EngineCore failed to start.": the shortfall explains the failed
+    # start (kv-capacity-gap and startup-oom say so); no engine-died finding saying the cause is missing.
+    report, summary = analyse_log_file(str(DATA.parent / "sizing" / "vllm_v1_shortfall.log"))[:2]
+    assert summary["crash"]["cause"] == "startup-memory" and summary["crash"]["at_start"] is True
+    assert ids.ENGINE_DIED not in {f.id for f in report.findings}
+    assert {ids.KV_CAPACITY_GAP, ids.STARTUP_OOM} <= {f.id for f in report.findings}

@@ -202,9 +202,10 @@ def _print_summary(s: dict, out, startup_seen: bool = False) -> None:
         hk = crash.get("host_oom_kills") or []
         what = (f"Ray killed {len(hk)} worker(s) for host memory" if crash["cause"] == "host-oom" else
                 f"collective timeout ({len(t)} rank/collective(s), first {t[0]['op']} #{t[0]['seq']})" if t else
-                f"{crash['engine_dead_count']} EngineDeadError / failed-task line(s)" if crash["engine_dead_count"]
-                else f"{len(crash['workers_died'])} worker(s) died")
-        w(f"  Engine died: line {crash['first_line']}; {what}; cause {crash['cause']}\n")
+                f"{crash['engine_dead_count']} line(s) of the engine's own death or failed start"
+                if crash["engine_dead_count"] else f"{len(crash['workers_died'])} worker(s) died")
+        w(f"  Engine {'failed to start' if crash.get('at_start') else 'died'}: line {crash['first_line']}; {what}; "
+          f"cause {crash['cause']}\n")
     st = s["stats"]
     if st["count"]:
         parts = []

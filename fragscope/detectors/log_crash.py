@@ -59,7 +59,8 @@ def crash_summary(events: Sequence[LogEvent]) -> dict | None:
     workers = [{"pid": e.fields.get("worker_pid"), "exit_code": e.fields.get("exit_code"),
                 "signal": _signal_name(e.fields.get("exit_code", 0)), "line": e.line_no}
                for e in dead if e.fields.get("what") == "worker-died"]
-    engine_dead = [e for e in dead if e.fields.get("what") in ("engine-dead", "background-task-failed")]
+    engine_dead = [e for e in dead if e.fields.get("what") in ("engine-dead", "background-task-failed",
+                                                               "engine-core-error", "start-failed")]
     aborted = [e for e in dead if e.fields.get("what") == "watchdog-abort"]
     first = min((e for e in events if e.kind in ("collective_timeout", "engine_dead", "host_oom_kill")),
                 key=lambda e: e.line_no)
@@ -67,6 +68,8 @@ def crash_summary(events: Sequence[LogEvent]) -> dict | None:
     # the cause is the first error the log shows: a host out of memory (a worker killed by Ray's memory monitor), a
     # GPU out-of-memory error, a collective that timed out (the ranks left waiting when another one died)
     firsts = [(e.line_no, c) for c, evs in (("host-oom", host), ("oom", [e for e in events if e.kind == "oom"]),
+                                             ("startup-memory", [e for e in events if e.kind in
+                                                                 ("startup_memory_shortfall", "kv_insufficient")]),
                                              ("collective-timeout", [e for e in events
                                                                      if e.kind == "collective_timeout"]))
               for e in evs[:1]]
@@ -78,14 +81,15 @@ def crash_summary(events: Sequence[LogEvent]) -> dict | None:
             "collective_timeouts": sorted(timeouts.values(), key=lambda t: t["line"]),
             "engine_dead_lines": [e.line_no for e in engine_dead][:16], "engine_dead_count": len(engine_dead),
             "watchdog_aborted": bool(aborted), "workers_died": workers[:16],
+            "at_start": any(e.fields.get("what") == "start-failed" for e in dead),
             "host_oom_kills": [{**{k: e.fields.get(k) for k in HOST_FIELDS}, "line": e.line_no} for e in host][:16]}
 
 
 def crash_findings(crash: dict | None, job_kind: str) -> list[Finding]:
     """``engine-died``: one finding when the log shows the engine dying, unless an out-of-memory error explains it
     (the OOM's own finding is the story then, and the summary's ``crash.cause`` says ``oom``)."""
-    if crash is None or crash["cause"] == "oom":
-        return []
+    if crash is None or crash["cause"] in ("oom", "startup-memory"):
+        return []  # the OOM's finding, or the start-up's memory check (kv-capacity-gap, startup-oom), is the story
     if crash["cause"] == "host-oom":
         return [_host_oom_finding(crash, job_kind)]
     at = crash["time"]
@@ -140,10 +144,11 @@ def crash_findings(crash: dict | None, job_kind: str) -> list[Finding]:
         n = crash["engine_dead_count"]
         what = []
         if n:
-            what.append(f"the API server reports the engine dead (EngineDeadError or a failed engine task, {n} line(s), "
-                        f"first at line {crash['engine_dead_lines'][0]})")
+            what.append(f"the engine reports its own death (EngineDeadError, an engine-core exception or a failed "
+                        f"start, {n} line(s), first at line {crash['engine_dead_lines'][0]})")
         what += died
-        summary = (f"The engine died {when}: " + "; ".join(what) + ". What killed it is not among the lines "
+        verb = "failed to start" if crash["at_start"] else "died"
+        summary = (f"The engine {verb} {when}: " + "; ".join(what) + ". What killed it is not among the lines "
                    "fragscope reads here (no out-of-memory error, no collective timeout): the engine core (or worker) "
                    "prints it before this, as its traceback's last line.")
         ev.append(Evidence("log_engine_dead_lines", float(n), unit="lines", window=win,
@@ -186,8 +191,8 @@ def _host_oom_finding(crash: dict, job_kind: str) -> Finding:
         missing = []
     else:
         n = k["workers_killed"]
-        summary = (f"Ray killed {n if n else 'one or more'} worker(s) for memory pressure on the node (line {k['line']}): "
-                   "host memory ran out, not the GPU's; these lines do not give the node's figures.")
+        summary = (f"Ray killed {n if n else 'one or more'} worker(s) for memory pressure on the node "
+                   f"(line {k['line']}): host memory ran out, not the GPU's; these lines do not give the node's figures.")
         ev.append(Evidence("log_workers_killed", float(n) if n else None, window=win, note=f"line {k['line']}"))
         conf = 0.7
         missing = ["the node's memory at the kill (ray logs raylet.out)"]

@@ -40,13 +40,18 @@ def nccl_timeout(m, msg):
 
 
 # vLLM: the API server's "EngineDeadError: EngineCore encountered an issue" (V1), "Engine background task failed"
-# (V0 AsyncLLMEngine), and the multiprocessing executor's "Worker VllmWorkerProcess pid 1159 died, exit code: -6"
-# (a negative code is the signal that ended it)
+# (V0 AsyncLLMEngine), the V1 engine core's own "EngineCore hit an exception" / "EngineCore encountered a fatal error"
+# (running) and "EngineCore failed to start" / "Engine core initialization failed" (start-up), and the multiprocessing
+# executor's "Worker VllmWorkerProcess pid 1159 died, exit code: -6" (a negative code is the signal that ended it);
 # and PyTorch's watchdog saying it aborts the process after a collective's timeout
 ENGINE_DEAD = re.compile(r"EngineDeadError|Engine background task failed|taking the entire process down|"
-                          r"Worker (\S{1,80}) pid (\d{1,10}) died, exit code: (-?\d{1,4})")
+                         r"EngineCore (?:hit an exception|failed to start|encountered a fatal error)|"
+                         r"Engine core initialization failed|"
+                         r"Worker (\S{1,80}) pid (\d{1,10}) died, exit code: (-?\d{1,4})")
 _DEAD_WHAT = {"EngineDeadError": "engine-dead", "Engine background task failed": "background-task-failed",
-              "taking the entire process down": "watchdog-abort"}
+              "taking the entire process down": "watchdog-abort", "EngineCore hit an exception": "engine-core-error",
+              "EngineCore encountered a fatal error": "engine-core-error",
+              "EngineCore failed to start": "start-failed", "Engine core initialization failed": "start-failed"}
 
 
 def engine_dead(m, msg):

@@ -386,7 +386,8 @@ RULES: tuple[Rule, ...] = (
     Rule("host_oom_kill", ("exceeds the memory usage threshold",), RAY_OOM, ray_oom, "ray"),
     Rule("host_oom_kill", ("killed due to memory pressure",), RAY_KILLED, ray_oom, "ray"),
     Rule("engine_dead", ("entire process down",), ENGINE_DEAD, engine_dead, "torch"),  # PyTorch's own words
-    Rule("engine_dead", ("EngineDeadError", "Engine background task failed", "died, exit code"), ENGINE_DEAD,
+    Rule("engine_dead", ("EngineDeadError", "Engine background task failed", "died, exit code", "EngineCore ",
+                         "Engine core initialization failed"), ENGINE_DEAD,
          engine_dead, "vllm"),
 )
 # one C-level scan for every gate at once: most lines (request logs, tracebacks) stop here

@@ -31,7 +31,8 @@ _TIME_ONLY = re.compile(r"^\[(\d\d):(\d\d):(\d\d)(?:[.,]\d{1,9})?(?: [^\]]{0,40}
 _RANK_ONLY = re.compile(r"^\[(?:(?:DP|TP|PP|EP|CP)\d{1,4} ?){1,5}\]\s*")
 # Python logging's "[INFO] sglang.srt.managers.scheduler_metrics_mixin: " after an asctime prefix
 _BRACKET_LEVEL = re.compile(r"^\[(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\]\s+(?:[A-Za-z_][\w.]{0,120}:\s+)?")
-_COMPOSE_PREFIX = re.compile(r"^[\w.\-]+\s+\|\s")
+# docker compose's "vllm-1  | ", and a bare "| " gutter (a CI log's web view copied: Buildkite prints one per line)
+_COMPOSE_PREFIX = re.compile(r"^(?:[\w.\-]+\s+)?\|(?:\s|$)")
 # "(APIServer pid=1) ", "(EngineCore_DP0 pid=199) ", "(RayWorkerWrapper pid=7106, ip=10.0.0.1) ",
 # "(VllmWorker rank=0 pid=10672) "
 _PROC = r"\(([A-Za-z][\w\-]*)(?: [\w\-]{1,20}=[\w.\-]{1,20}){0,3} pid=(\d{1,10})(?:,[^)]{0,80})?\)\s*"
