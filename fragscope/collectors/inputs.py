@@ -12,6 +12,7 @@ import os
 import re
 import stat
 import zlib
+from itertools import chain
 from typing import IO, Iterator
 
 
@@ -223,7 +224,13 @@ def read_bytes(path: str, max_bytes: int, what: str = "input") -> bytes:
 def iter_lines(text: IO[str], max_line: int = MAX_LINE_CHARS, chunk: int = 1 << 20) -> Iterator[str]:
     """Lines of ``text`` without their line ends, each at most ``max_line`` characters: a longer
     line is yielded as one marker line (never parsed as data) and the rest of it skipped, so no
-    string grows past the cap. Reads in chunks and splits them in C (faster than readline per line)."""
+    string grows past the cap. Reads in chunks and splits them in C (faster than readline per line);
+    the lines of a chunk are handed on by ``itertools.chain`` (no generator step per line)."""
+    return chain.from_iterable(_line_chunks(text, max_line, chunk))
+
+
+def _line_chunks(text: IO[str], max_line: int, chunk: int) -> Iterator[list[str]]:
+    """The lines of each chunk read (see :func:`iter_lines`), as lists."""
     read = text.read
     buf = ""
     skipping = False
@@ -240,13 +247,13 @@ def iter_lines(text: IO[str], max_line: int = MAX_LINE_CHARS, chunk: int = 1 << 
         buf += data
         lines = buf.split("\n")
         buf = lines.pop()
-        yield from lines
         if len(buf) > max_line:
-            yield OVERLONG
+            lines.append(OVERLONG)
             buf = ""
             skipping = True
+        yield lines
     if buf and not skipping:
-        yield buf
+        yield [buf]
 
 
 # --- what is this file? ----------------------------------------------------------------------
