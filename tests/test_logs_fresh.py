@@ -59,6 +59,11 @@ def test_nccl_timeout_after_twenty_thousand_collectives_points_away_from_the_ran
     assert [(x["rank"], x["seq"], x["op"], x["timeout_seconds"], x["ran_seconds"]) for x in t] == \
         [(4, 20518, "ALLREDUCE", 1800.0, 1800.27)]
     assert summary["crash"]["timestamped"] is False
+    from fragscope.collectors.enginelog import read_log_file
+
+    nccl = [e for e in read_log_file(str(DATA / "vllm_issue2734_nccl_watchdog_ray_colours.log")).events
+            if e.kind == "collective_timeout"]
+    assert [e.pid for e in nccl] == [5085]  # Ray's "[36m(RayWorkerVllm pid=5085) [0m", escape bytes lost
     assert summary["stats"]["count"] == 2  # the stats lines are still read
     f = _one(report, ids.ENGINE_DIED)
     assert f.summary.startswith("The engine died after ")

@@ -19,6 +19,7 @@ MAX_TS = 253370764800.0  # 9999-01-01T00:00:00Z
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _SYSLOG_ANSI = re.compile(r"#033\[[0-9;?]*[A-Za-z]")
+_BARE_SGR_PROC = re.compile(r"^\s*\[\d{1,2}(?:;\d{1,2})?m(\([^)]{1,120}\))\s*\[0m\s*")
 # `kubectl logs --timestamps`: "2026-02-24T20:21:58.123456789Z " ; CI / SGLang: "[2026-02-24T20:21:58Z] ",
 # "[2026-09-13 16:06:06] ", "[2026-09-13 16:06:06 TP0] ", "[2026-09-13 16:06:06 DP0 TP0] "
 _ISO_BRACKET = re.compile(r"^\[(\d{4}-\d\d-\d\d)[T ](\d\d:\d\d:\d\d)([.,]\d{1,12})?(Z|[+-]\d\d:?\d\d)?(?: [^\]]{0,40})?\]\s*")
@@ -135,6 +136,11 @@ def split_line(line: str, clock: Clock, last_ts: float | None) -> list[Record]:
         s = _ANSI.sub("", s)
     if "#033[" in s:  # rsyslog / journald print the escape byte as "#033"
         s = _SYSLOG_ANSI.sub("", s)
+    # Ray's colours with the escape byte lost in a paste: " [36m(RayWorkerVllm pid=5085) [0m [E …"
+    if s[:1] in " [" and "m(" in s[:12]:
+        m = _BARE_SGR_PROC.match(s)
+        if m:
+            s = m.group(1) + " " + s[m.end():]
     s = s.strip()
     ts: float | None = None
     pid: int | None = None
