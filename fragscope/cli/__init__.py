@@ -20,7 +20,7 @@ import importlib
 import click
 
 from .. import __version__
-from .common import EXIT_CRASH, EXIT_USAGE
+from .common import EXIT_CRASH, EXIT_USAGE, exit_now
 
 DEBUG_ENV = "FRAGSCOPE_DEBUG"
 
@@ -213,7 +213,10 @@ def run_and_exit(group: click.Group, prog: str) -> None:
     from .common import install_progress
 
     install_progress()  # a bar on stderr while reading a large input, on a terminal only
-    sys.exit(cli_exit_code(group, prog))
+    code = cli_exit_code(group, prog)
+    if 0 <= code <= 255:
+        exit_now(code)  # (returns unless the command allowed it: common.exit_without_teardown)
+    sys.exit(code)
 
 
 def diagnose_main() -> None:

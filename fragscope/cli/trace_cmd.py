@@ -8,7 +8,7 @@ import sys
 import click
 
 from ..model import Report, rank_findings
-from .common import ByteSize, fail, json_safe
+from .common import ByteSize, exit_without_teardown, fail, json_safe
 from .render import fmt_value, render_human, report_exit_code
 
 FORMATS = click.Choice(["human", "json"])
@@ -95,6 +95,7 @@ def trace_cmd(file, fmt: str, fail_on: str, html: str | None = None, max_json_by
     else:
         _print_tables(analysis)
         render_human(report, sys.stdout)
+    exit_without_teardown()  # (one file read and closed, the output written: nothing left to free first)
     return report_exit_code(report, fail_on)
 
 
