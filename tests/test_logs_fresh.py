@@ -185,3 +185,15 @@ def test_a_start_up_memory_failure_is_its_own_story():
     assert summary["crash"]["cause"] == "startup-memory" and summary["crash"]["at_start"] is True
     assert ids.ENGINE_DIED not in {f.id for f in report.findings}
     assert {ids.KV_CAPACITY_GAP, ids.STARTUP_OOM} <= {f.id for f in report.findings}
+
+
+def test_a_vllm_run_time_oom_names_vllms_headroom_knob():
+    # club-3090#16: the OOM came from the V1 engine core while serving (PyTorch held 23.15 of 23.56 GiB). vLLM sized
+    # its KV cache from a start-up profile, so the step's extra need came out of the 1 - utilization share: the
+    # fix names --gpu-memory-utilization (vLLM's own flag) beside the load knobs, and no other engine's flag.
+    report, _ = _run("club3090_issue16_enginecore_oom.log")
+    acts = (_one(report, ids.OOM_CAPACITY).playbook or {}).get("actions") or []
+    text = " ".join(acts)
+    assert "--gpu-memory-utilization" in text and "--max-num-batched-tokens" in text
+    assert not any(flag in text for flag in ("--mem-fraction-static", "--cuda-memory-fraction",
+                                              "free_gpu_memory_fraction"))

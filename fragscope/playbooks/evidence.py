@@ -21,7 +21,16 @@ def _oom_capacity_actions(ctx: dict, config: dict) -> list[str]:
         return []
     acts = [unknown_note()] if kind == "unknown" else []
     acts.append("Need less memory at the failing step: " + reduce_need(kind))
-    if KNOBS[kind]["memory"] and kind != "vllm":  # vLLM's value comes from the sizing arithmetic (startup-oom)
+    if kind == "vllm":
+        # vLLM sizes its KV cache once, from a start-up profile of one forward pass (gpu_worker's
+        # determine_available_memory); memory a later step needs beyond that profile comes out of the GPU's
+        # (1 - gpu_memory_utilization) share, so that share is the run-time headroom. The value itself comes
+        # from the start-up arithmetic (startup-oom, fragscope size), not from this message.
+        acts.append("Or leave the failing step more headroom: lower --gpu-memory-utilization (vLLM sizes its KV cache "
+                    "from one start-up profile of the forward pass; what a later step needs beyond it comes out of "
+                    "the GPU's remaining 1 - utilization share), at the cost of KV capacity: fragscope size --log "
+                    "START-UP-LOG gives the value.")
+    elif KNOBS[kind]["memory"]:
         acts.append(f"Or change what the engine pre-allocates: {KNOBS[kind]['memory']} (a lower value leaves more of the "
                     "GPU to the failing step).")
     return acts
