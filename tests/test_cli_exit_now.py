@@ -23,6 +23,9 @@ def exits(monkeypatch):
     monkeypatch.setattr(common.os, "_exit", calls.append)
     monkeypatch.setattr(common, "_EXIT_WITHOUT_TEARDOWN", [False])
     monkeypatch.setattr(atexit, "_ncallbacks", lambda: 0)  # (pytest's own handlers aside)
+    # threads the test runner already runs (xdist's channel, other tests' servers) aside: this test's own count
+    real, base = threading.active_count, threading.active_count()
+    monkeypatch.setattr(threading, "active_count", lambda: real() - base + 1)
     return calls
 
 
