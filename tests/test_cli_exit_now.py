@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fragscope.cli import common
+from fragscope.cli import base as common  # (exit_now and its switch live in base, without click)
 
 DATA = Path(__file__).parent / "data" / "trace"
 ALEXNET = DATA / "hta_alexnet_critical_path.json.gz"

@@ -13,51 +13,17 @@ import sys
 
 import click
 
-EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_CRASH, EXIT_SOURCES_DOWN = 0, 1, 2, 3, 4
-
-_EXIT_WITHOUT_TEARDOWN = [False]
-
-
-def exit_without_teardown() -> None:
-    """The command has written all it writes and holds nothing that needs the interpreter's teardown (no
-    thread, no file of its own left open): the console entry may end the process once stdout and stderr
-    are flushed, without freeing every object and module first (``exit_now``)."""
-    _EXIT_WITHOUT_TEARDOWN[0] = True
+from .base import (EXIT_CRASH, EXIT_FINDINGS, EXIT_OK, EXIT_SOURCES_DOWN, EXIT_USAGE,  # noqa: F401 (re-exported)
+                   CommandError, prog_name, exit_now, exit_without_teardown, install_progress)
 
 
-def exit_now(code: int) -> None:
-    """End the process with ``code`` at once where the command allowed it (above), only this thread runs
-    and no exit handler is registered, after flushing stdout and stderr; otherwise return, and the caller
-    exits as usual. (A large trace's objects and numpy's modules take tens of ms to free at exit.)"""
-    if not _EXIT_WITHOUT_TEARDOWN[0]:
-        return
-    import atexit
-    import threading
-
-    pending = getattr(atexit, "_ncallbacks", None)
-    if threading.active_count() != 1 or pending is None or pending() != 0:
-        return
-    try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    except Exception:  # noqa: BLE001 - a closed pipe: the usual exit says what it says
-        return
-    os._exit(code)
-
-
-class UsageError(click.ClickException):
+class UsageError(click.ClickException, CommandError):
     """Bad usage or unreadable input: printed as one line on stderr, exit code 2."""
 
     exit_code = EXIT_USAGE
 
     def show(self, file=None) -> None:  # one line, no "Error:" box
-        click.echo(f"{_prog()}: error: {self.format_message()}", err=True)
-
-
-def _prog() -> str:
-    import os
-
-    return os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "fragscope"
+        click.echo(f"{prog_name()}: error: {self.format_message()}", err=True)
 
 
 from ..units import json_safe  # noqa: E402,F401  (re-exported: the CLI writes JSON through it)
@@ -148,25 +114,3 @@ def dumps_json(obj, indent: int | None = 2) -> str:
     import json
 
     return json.dumps(json_safe(obj), indent=indent, allow_nan=False)
-
-
-def _progress_observer(size: int, path: str):
-    """rich's transient progress bar on stderr for one input: (advance(n), done())."""
-    from rich.console import Console
-    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
-
-    progress = Progress(TextColumn("reading {task.description}"), BarColumn(), DownloadColumn(),
-                        TimeRemainingColumn(), console=Console(stderr=True), transient=True)
-    task = progress.add_task(os.path.basename(path), total=size)
-    progress.start()
-    return (lambda n: progress.advance(task, n)), progress.stop
-
-
-def install_progress() -> None:
-    """Show a progress bar while a command reads a large input, when stderr is a terminal."""
-    import sys
-
-    from ..collectors.safefile import set_observer
-
-    if sys.stderr.isatty() and not os.environ.get("NO_COLOR_PROGRESS"):
-        set_observer(_progress_observer)

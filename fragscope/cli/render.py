@@ -38,7 +38,7 @@ def sources_down(report: Report) -> list[str]:
 def report_exit_code(report: Report, fail_on: str) -> int:
     """1 for a finding at or above ``fail_on``; else 4 when a source was down (the verdict is
     incomplete: never a silent 0, whatever ``fail_on``); else 0. docs/cli.md#exit-codes."""
-    from .common import EXIT_SOURCES_DOWN
+    from .base import EXIT_SOURCES_DOWN
 
     if fail_on != "never" and any(f.severity.rank >= Severity(fail_on).rank for f in report.findings):
         return 1
