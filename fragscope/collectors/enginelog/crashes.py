@@ -4,19 +4,9 @@ from __future__ import annotations
 
 import re
 
-from .events import GIB, NUM, BadNumber, to_float, to_int
+from .events import GIB, NUM, opt_field as _opt, to_float, to_int
 
 Fields = dict
-
-
-def _opt(fields: Fields, key: str, rx: re.Pattern, msg: str, conv) -> None:
-    """An optional field: a missing or bad figure leaves it out (as patterns.py does)."""
-    g = rx.search(msg)
-    if g:
-        try:
-            fields[key] = conv(g.group(1))
-        except BadNumber:
-            pass
 
 
 # --- the engine dying ---------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 
 GIB = 1024.0 ** 3
@@ -67,6 +68,17 @@ def to_int(s: str) -> int:
     if v != int(v):
         raise BadNumber(s)
     return int(v)
+
+
+def opt_field(fields: dict, key: str, rx: re.Pattern, msg: str, conv) -> None:
+    """An optional figure: ``fields[key] = conv(first group)`` where ``rx`` finds one in ``msg``; a missing or bad
+    figure (BadNumber) leaves the key out."""
+    g = rx.search(msg)
+    if g:
+        try:
+            fields[key] = conv(g.group(1))
+        except BadNumber:
+            pass
 
 
 def parse_size(num: str, unit: str) -> float:

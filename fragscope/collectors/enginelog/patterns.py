@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .crashes import ENGINE_DEAD, NCCL_TIMEOUT, RAY_KILLED, RAY_OOM, engine_dead, nccl_timeout, ray_oom
-from .events import GIB, INT, NUM, SIZE, BadNumber, parse_size, to_float, to_int
+from .events import GIB, INT, NUM, SIZE, BadNumber, opt_field as _opt, parse_size, to_float, to_int
 
 Fields = dict
 # A size vLLM can print below zero (the KV pool when nothing is left: "Available KV cache memory: -0.5 GiB"):
@@ -31,15 +31,6 @@ class Rule:
     build: Callable[[re.Match, str], tuple[Fields, str] | None]  # -> (fields, engine) or None
     source: str
     exclusive: bool = True
-
-
-def _opt(fields: Fields, key: str, rx: re.Pattern, msg: str, conv: Callable[[str], object]) -> None:
-    g = rx.search(msg)
-    if g:
-        try:
-            fields[key] = conv(g.group(1))
-        except BadNumber:
-            pass
 
 
 def _opt_size(fields: Fields, key: str, rx: re.Pattern, msg: str) -> None:
