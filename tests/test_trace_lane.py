@@ -119,3 +119,32 @@ def test_plain_trace_args_reads_only_the_plain_forms(tmp_path):
     assert plain_trace_args(["trace", f, "--format", "JSON"]) is None  # click's choices are exact
     assert plain_trace_args(["trace", ""]) is None
     assert plain_trace_args(["trace", str(tmp_path)]) is None
+
+
+RAISE = ("import errno, sys\nimport fragscope.cli.trace_run as t\n"
+         "def boom(*a, **k):\n    sys.stdout.write('partial'); raise {exc}\n"
+         "t.run_trace = boom\nfrom fragscope.cli import diagnose_main\ndiagnose_main(lane={lane})")
+
+
+@pytest.mark.parametrize("exc", ["KeyboardInterrupt()", "EOFError()", "OSError(errno.EPIPE, 'Broken pipe')",
+                                 "BrokenPipeError(errno.EPIPE, 'Broken pipe')", "OSError(errno.EIO, 'I/O')",
+                                 "RuntimeError('x\\ny')", "MemoryError()"])
+def test_what_escapes_the_command_is_answered_the_same(exc):
+    """Ctrl-C, a closed pipe and a bug inside the command: the same lines on stderr and exit code both ways
+    (click's Command.main and cli_exit_code answer them on the click path)."""
+    runs = [subprocess.run([sys.executable, "-c", RAISE.format(exc=exc, lane=lane), "trace", str(SMALL)],
+                           capture_output=True, timeout=120, cwd=ROOT) for lane in (True, False)]
+    assert (runs[0].returncode, runs[0].stderr, runs[0].stdout) == (runs[1].returncode, runs[1].stderr, runs[1].stdout)
+    assert runs[0].returncode in (1, 3, 130)
+
+
+def test_closed_stdout_same_exit_and_stderr():
+    r, w = __import__("os").pipe()
+    __import__("os").close(r)
+    try:
+        runs = [subprocess.run([sys.executable, "-c", ENTRY["diagnose"].format(lane=lane), "trace", str(TRACES[0]),
+                                "--format", "json"], stdout=w, stderr=subprocess.PIPE, timeout=120, cwd=ROOT)
+                for lane in (True, False)]
+    finally:
+        __import__("os").close(w)
+    assert (runs[0].returncode, runs[0].stderr) == (runs[1].returncode, runs[1].stderr)

@@ -89,18 +89,33 @@ def trace_lane(args: list[str], prog: str) -> int | None:
     file, fmt, fail_on = plain
     try:
         rc = run_trace(file, fmt, fail_on)
+    except (EOFError, KeyboardInterrupt):  # as click's Command.main and then cli_exit_code answer them
+        from .base import echo
+
+        echo("", err=True)
+        echo(f"{prog}: aborted", err=True)
+        return 130
     except CommandError as e:
         e.show()
         return e.exit_code
-    except KeyboardInterrupt:
-        return 130
-    except BrokenPipeError:
-        return 0
-    except Exception as e:  # noqa: BLE001 - as cli_exit_code: one line, exit 3, never a traceback
-        from .groups import crash_exit_code, take_debug_flag
+    except OSError as e:
+        import errno
 
-        return crash_exit_code(prog, e, take_debug_flag([])[1])
+        if e.errno != errno.EPIPE:
+            return _crash(prog, e)
+        from click.utils import PacifyFlushWrapper  # a closed pipe: exit 1 as click's Command.main does
+
+        sys.stdout, sys.stderr = PacifyFlushWrapper(sys.stdout), PacifyFlushWrapper(sys.stderr)
+        sys.exit(1)
+    except Exception as e:  # noqa: BLE001 - as cli_exit_code: one line, exit 3, never a traceback
+        return _crash(prog, e)
     return rc if isinstance(rc, int) else 0
+
+
+def _crash(prog: str, e: BaseException) -> int:
+    from .groups import crash_exit_code, take_debug_flag
+
+    return crash_exit_code(prog, e, take_debug_flag([])[1])
 
 
 def _entry(prog: str, lane_args: list[str] | None) -> None:
