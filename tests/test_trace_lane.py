@@ -76,6 +76,9 @@ def test_odd_names_missing_files_and_directories_same(tmp_path):
     styled.write_bytes(SMALL.read_bytes())
     _same(["trace", str(styled)])
     _same(["trace", str(styled), "--format", "json"])
+    for name, data in (("good-\udcff.json.gz", SMALL.read_bytes()), ("bad-\udcff.json", b"{")):  # not UTF-8
+        (tmp_path / name).write_bytes(data)
+        _same(["trace", str(tmp_path / name)])
     assert _same(["trace", str(tmp_path / "missing.json")])  # not a file: click's path
     assert _same(["trace", str(tmp_path)])  # a directory: the ranks of one job, through click
     dash = tmp_path / "-x.json"
@@ -136,6 +139,15 @@ def test_what_escapes_the_command_is_answered_the_same(exc):
                            capture_output=True, timeout=120, cwd=ROOT) for lane in (True, False)]
     assert (runs[0].returncode, runs[0].stderr, runs[0].stdout) == (runs[1].returncode, runs[1].stderr, runs[1].stdout)
     assert runs[0].returncode in (1, 3, 130)
+
+
+def test_debug_env_and_shell_completion_go_through_click():
+    import os
+
+    for var in ("FRAGSCOPE_DEBUG", "_DIAGNOSE_COMPLETE"):
+        r = subprocess.run([sys.executable, "-X", "importtime", "-c", ENTRY["diagnose"].format(lane=True), "trace",
+                            str(SMALL)], capture_output=True, timeout=120, cwd=ROOT, env={**os.environ, var: "1"})
+        assert CLICK_LINE.search(r.stderr.decode("utf-8", "replace")), var
 
 
 def test_closed_stdout_same_exit_and_stderr():

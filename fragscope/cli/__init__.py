@@ -122,8 +122,9 @@ def _entry(prog: str, lane_args: list[str] | None) -> None:
     """Run the console entry ``prog``: ``lane_args`` (the arguments after ``diagnose``) through trace_lane
     when given, every other command line through click."""
     completing = f"_{prog.upper()}_COMPLETE" in os.environ  # click's shell completion asks the groups
+    debug = "--debug" in (lane_args or ()) or os.environ.get("FRAGSCOPE_DEBUG")  # (a traceback shows the path)
     code = None
-    if lane_args is not None and not completing and "--debug" not in lane_args:
+    if lane_args is not None and not completing and not debug:
         code = trace_lane(lane_args, prog)
     if code is None:
         from .groups import diagnose_group, fragscope_group, run_and_exit
