@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import re
 
-from .events import GIB, NUM, opt_field as _opt, to_float, to_int
-
-Fields = dict
+from .events import GIB, NUM, Fields, opt_field as _opt, to_float, to_int
 
 
 # --- the engine dying ---------------------------------------------------------------------------

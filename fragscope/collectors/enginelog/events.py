@@ -70,7 +70,10 @@ def to_int(s: str) -> int:
     return int(v)
 
 
-def opt_field(fields: dict, key: str, rx: re.Pattern, msg: str, conv) -> None:
+Fields = dict  # a parsed line's figures and names, by key (LogEvent.fields)
+
+
+def opt_field(fields: Fields, key: str, rx: re.Pattern, msg: str, conv) -> None:
     """An optional figure: ``fields[key] = conv(first group)`` where ``rx`` finds one in ``msg``; a missing or bad
     figure (BadNumber) leaves the key out."""
     g = rx.search(msg)

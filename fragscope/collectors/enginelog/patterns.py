@@ -15,9 +15,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .crashes import ENGINE_DEAD, NCCL_TIMEOUT, RAY_KILLED, RAY_OOM, engine_dead, nccl_timeout, ray_oom
-from .events import GIB, INT, NUM, SIZE, BadNumber, opt_field as _opt, parse_size, to_float, to_int
+from .events import GIB, INT, NUM, SIZE, BadNumber, Fields, opt_field as _opt, parse_size, to_float, to_int
 
-Fields = dict
 # A size vLLM can print below zero (the KV pool when nothing is left: "Available KV cache memory: -0.5 GiB"):
 # three groups, sign ("" or "-"), number, unit.
 SSIZE = r"(-?)" + SIZE
