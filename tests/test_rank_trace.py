@@ -29,8 +29,13 @@ def base() -> dict:
 
 
 def _copy(doc: dict) -> dict:
-    """A deep copy of a JSON document (a JSON round trip: a few times faster than copy.deepcopy here)."""
-    return json.loads(json.dumps(doc))
+    """A copy of a trace deep enough for the edits below (the document, its distributedInfo, each event and
+    its args; nothing else is changed): ~20x faster than a JSON round trip on this 10 MB trace."""
+    d = dict(doc)
+    d["distributedInfo"] = dict(doc["distributedInfo"])
+    d["traceEvents"] = [{**e, "args": dict(e["args"])} if isinstance(e.get("args"), dict) else dict(e)
+                        for e in doc["traceEvents"]]
+    return d
 
 
 def _is_nccl(e: dict) -> bool:
