@@ -4,7 +4,7 @@
 
 HTA in its own venv (its pins clash with ours): python -m venv /tmp/htavenv &&
 /tmp/htavenv/bin/pip install HolisticTraceAnalysis==0.5.0. fragscope as the README installs it; with
-`.[fast]` for the typed Kineto decoder and connectorx (the line printed says which decoder ran).
+`.[fast]` for connectorx (the Kineto line printed says which JSON decoder ran: msgspec, a dependency).
 
 1. Kineto: the same work HTA does for its temporal breakdown + idle-time breakdown + kernel-launch stats,
    on the HTA sample traces (tests/data/trace), HTA's real nanosecond-resolution trace (69k events, fetched:
@@ -15,7 +15,7 @@ HTA in its own venv (its pins clash with ours): python -m venv /tmp/htavenv &&
    >= 8x faster, whole process. The load average is printed beside the figures (the machine may be shared).
    Each trace's line says which columns it got (Python lists under the size bar, numpy above:
    fragscope/vec.py) and whether both, forced in turn, print the same json and human output and exit code.
-   FRAGSCOPE_JSON_DECODER=stdlib gives the default install's decoder where msgspec ([fast]) is installed.
+   FRAGSCOPE_JSON_DECODER=stdlib gives the fallback decoder (where msgspec cannot be imported).
 2. nsys: a generated export with the real schema (tests/data/trace/nsys_schema.sql) holding N kernels and
    N cudaLaunchKernel runtime rows. Baseline: Python's sqlite3 fetching the kernels' start/end columns.
    fragscope: read_nsys and analyse + judge in-process (the default b-tree page reader, connectorx and
@@ -171,7 +171,7 @@ def bench_kineto(hta_python: str | None, tmp: Path, ns_path: Path, reps_whole: i
 
     decoder = "msgspec" if importlib.util.find_spec("msgspec") and \
         os.environ.get("FRAGSCOPE_JSON_DECODER", "") != "stdlib" else "stdlib json"
-    print(f"   fragscope's JSON decoder: {decoder} (FRAGSCOPE_JSON_DECODER=stdlib for the default install's)")
+    print(f"   fragscope's JSON decoder: {decoder} (FRAGSCOPE_JSON_DECODER=stdlib for the fallback)")
     env = installed_env(tmp / "pycache")  # compiled bytecode, as installed (bench/benchproc.py)
     traces = [DATA / "hta_alexnet_critical_path.json.gz", DATA / "hta_timeline_sampled_rank0.json.gz"]
     real = ns_trace(ns_path)

@@ -79,7 +79,7 @@ def test_exact_ns_edges(vals):
     assert _same(_reference(vals, dur), _bulk(vals, dur))
 
 
-@pytest.mark.skipif(msgspec is None, reason="typed decoding needs msgspec (the fast extra)")
+@pytest.mark.skipif(msgspec is None, reason="typed decoding needs msgspec (a dependency)")
 def test_text_times_equal_raw_value():
     texts = [b"1712195495505583.123", b"-1712195495505583.5", b"17121954955055.5", b"1712195495505583",
              b"1.712195495505583e15", b'"1712195495505583.123"', b"[1]", b'{"a": 1}', b"null", b"12.5",
@@ -118,7 +118,7 @@ def test_epoch_text_trace_reads_the_same_with_and_without_bulk(tmp_path, monkeyp
     assert bulk.op_start.min() > 10 ** 18 and (bulk.op_start % 1000 != 0).any()  # ns digits kept
 
 
-@pytest.mark.skipif(msgspec is None, reason="typed decoding needs msgspec (the fast extra)")
+@pytest.mark.skipif(msgspec is None, reason="typed decoding needs msgspec (a dependency)")
 def test_text_times_one_shape_equals_raw_value_on_random_lists():
     """Texts all of one shape are converted without a match per text: same values as ``raw_value`` of
     each, and any text of another shape (a sign, another width, a letter, a second dot, a short integer

@@ -1,4 +1,4 @@
-"""The Kineto reader's two decoders (msgspec's typed one, from the ``fast`` extra, and the stdlib one) give the
+"""The Kineto reader's two decoders (msgspec's typed one, a dependency, and the stdlib one, the fallback) give the
 same timeline, to the nanosecond, on every trace here and on hostile ones, or the same one-line error."""
 from __future__ import annotations
 
@@ -136,7 +136,7 @@ def test_short_decimal_path_equals_decimal():
         assert us_to_ns(Dec(text)) == want, text
 
 
-@pytest.mark.skipif(not TYPED, reason="msgspec (the fast extra) not installed")
+@pytest.mark.skipif(not TYPED, reason="msgspec (a dependency) not importable here")
 def test_typed_schemas_used():
     """Times as numbers where they are ints or small floats; as text where they are epoch µs with sub-µs
     digits (both tried in either order, the result the same: the mixed cases above)."""
@@ -145,3 +145,24 @@ def test_typed_schemas_used():
     events, _ = kineto_events.decode_trace(json.dumps({"traceEvents": [dict(_LAUNCH, ts=5), _ev(ts=9)]}).encode(),
                                            "t.json")
     assert type(events[0]) is kineto_events.Event
+
+
+def test_msgspec_unimportable_same_output(tmp_path):
+    """Where msgspec cannot be imported (a broken install, an interpreter it has no build for), `diagnose trace`
+    reads with the stdlib decoder and prints the same, byte for byte (each run in a fresh interpreter)."""
+    import subprocess
+    import sys
+
+    small = DATA / "hta_inference_rank1_runtime_kernel_cats.json.gz"
+    bad = tmp_path / "bad.json"
+    bad.write_bytes(b'{"traceEvents": [{"ph": "X", "ts": 1')
+    code = ("import sys\nif sys.argv[1] == 'off': sys.modules['msgspec'] = None  # (import msgspec: ImportError)\n"
+            "from fragscope.collectors import kineto_events as k; "
+            "assert (k.msgspec is None) == (sys.argv[1] == 'off'); "
+            "from fragscope.cli import diagnose_main; sys.argv[1:2] = []; diagnose_main()")
+    for path in (small, bad):
+        runs = [subprocess.run([sys.executable, "-c", code, side, "trace", str(path), "--format", "json"],
+                               capture_output=True, timeout=120, cwd=Path(__file__).parent.parent)
+                for side in ("on", "off")]
+        on, off = ((r.returncode, r.stdout, r.stderr) for r in runs)
+        assert on == off and on[0] == (0 if path is small else 2)

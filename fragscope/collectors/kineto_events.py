@@ -1,7 +1,7 @@
 """Kineto JSON -> typed events: the fields the timeline reads, nothing else.
 
 Two decoders give the same events (tests/test_trace_kineto_typed.py checks them against each other):
-- with msgspec installed (the ``fast`` extra), a schema of the fields used (``ph cat name ts dur pid tid id``
+- with msgspec (a dependency; the stdlib path where it cannot be imported), a schema of the fields used (``ph cat name ts dur pid tid id``
   and four of ``args``): every other field is skipped unparsed, and the time fields stay as their JSON text
   (:class:`msgspec.Raw`) until the timeline converts the few it keeps. On HTA's ns-resolution sample trace
   (15 MB of JSON, 69k events): 0.07 s here against 1.0 s for ``json.loads`` with the exact-number hook.
@@ -20,7 +20,7 @@ from typing import Union
 
 from ..timeline_model import TraceError
 
-try:  # the `fast` extra: typed decoding; stdlib fallback below
+try:  # typed decoding (a dependency); the stdlib fallback below where it cannot be imported
     import msgspec
     from msgspec import Raw
 except ImportError:  # pragma: no cover - exercised with FRAGSCOPE_JSON_DECODER=stdlib
