@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from ..model import Action
+from .jobtext import only
 
 # One wording per fix: the window playbooks, the snapshot playbooks and the computed actions share these.
 EXPANDABLE_PRE = [
@@ -10,12 +11,13 @@ EXPANDABLE_PRE = [
     "PYTORCH_ALLOC_CONF name, pytorch/pytorch#183387) and check that the next snapshot shows "
     "allocator_settings.expandable_segments = true (some builds refuse it, pytorch/pytorch#122057)",
 ]
+# (the two about vLLM are left out of a finding whose job is known and is not vLLM: advice/jobs.py only)
 EXPANDABLE_CONTRA = [
-    "vLLM custom all-reduce at tensor parallel >= 2: the IPC export rejects VMM memory and the "
-    "worker dies with custom_all_reduce.cuh 'invalid argument' (vllm-project/vllm#9046, #42609); "
-    "use --disable-custom-all-reduce or leave it off",
-    "vLLM sleep mode (CuMemAllocator memory pool): sleep freed nothing / asserted "
-    "(pytorch/pytorch#147851, vllm-project/vllm#14189); newer vLLM toggles it off inside the pool",
+    only("vLLM custom all-reduce at tensor parallel >= 2: the IPC export rejects VMM memory and the "
+         "worker dies with custom_all_reduce.cuh 'invalid argument' (vllm-project/vllm#9046, #42609); "
+         "use --disable-custom-all-reduce or leave it off", "vllm"),
+    only("vLLM sleep mode (CuMemAllocator memory pool): sleep freed nothing / asserted "
+         "(pytorch/pytorch#147851, vllm-project/vllm#14189); newer vLLM toggles it off inside the pool", "vllm"),
     "with it on, the inactive_split_bytes statistic no longer counts expandable-segment blocks "
     "(pytorch/pytorch#159564): watch fragmentation with snapshots, not that gauge",
     "ignored by backend:cudaMallocAsync",

@@ -39,3 +39,4 @@ def restart(kind: str) -> str:
         return f"Restart the {KNOBS[kind]['name']} server one replica at a time: fragmentation clears only when the process releases its segments."
     return ("Restart the program (or, in a long run, free cached blocks between phases with torch.cuda.empty_cache()): "
             "fragmentation clears only when the process releases its segments.")
+

@@ -332,6 +332,8 @@ def analyse_log_file(file: str, tz_offset: float = 0.0, max_bytes: int = 512 << 
     if acc is not None and not summary["engines"] and acc.engine:
         summary["engines"] = [acc.engine]
     sized = [x for x in judged if not isinstance(x, Inconclusive)]
+    for x in sized:  # the sizing findings' playbooks in the knobs of the job the log shows, as the others'
+        x.context.setdefault("job_kind", summary["job_kind"])
     _one_sizing_answer(findings, acc, events)
     findings = list(findings) + sized
     report = Report(window=(start, end), findings=findings, source=file)

@@ -17,6 +17,7 @@ import numpy as np
 from .. import ids
 from ..advice.fixes import EXPANDABLE_ONE_LINE, expandable_segments
 from ..advice.jobs import kind_of, KNOBS, restart, unknown_note
+from ..advice.jobtext import JobText
 from ..signals import primary
 from ..model import Action, Evidence, Finding, Inconclusive, Playbook, Severity
 from ..promql import KG, PRESENT, RATE_RANGE, AlertRule, TriageCheck, num, sig
@@ -432,21 +433,43 @@ def actions(ctx: dict, config: dict) -> list[str]:
     return acts
 
 
+# Lines that depend on the job (advice/jobs.py JobText): the engine-independent wording, and each job's own for a
+# finding whose job is known (a log's).
+_HEADROOM = ("Lower the engine's memory share to leave the allocator headroom outside the KV pool (vLLM "
+             "--gpu-memory-utilization 0.9 → 0.85 typical; SGLang --mem-fraction-static by about 0.05).")
+
+
+def _headroom(kind: str) -> str | None:
+    if kind == "vllm":
+        return ("Lower gpu_memory_utilization to leave the allocator headroom outside the KV pool (0.9 → 0.85 "
+                "typical).")
+    if kind == "unknown":
+        return _HEADROOM
+    mem = KNOBS[kind]["memory"]
+    return f"Lower {mem} by about 5 % of the GPU to leave the allocator headroom outside the KV pool." if mem else None
+
+
+def _serving_only(text: str) -> JobText:
+    """A line about a served replica: left out for a job that is not served (a training loop, a desktop application)."""
+    return JobText(text, lambda kind: text if KNOBS[kind]["serving"] or kind == "unknown" else None)
+
+
 PLAYBOOK = Playbook(
     ID, "PyTorch allocator fragmentation",
     "Memory the caching allocator holds is split into pieces too small for new requests; the engine "
     "runs smaller batches, preempts and stalls on allocation retries while the GPU looks busy.",
-    ["Restart the engine (rolling, one replica at a time): fragmentation only clears when the "
-     "process releases its segments.",
-     "If a restart is impossible right now: drain traffic from this replica to healthy peers."],
-    [Action("Lower gpu_memory_utilization to leave the allocator headroom outside the KV pool "
-            "(0.9 → 0.85 typical).",
-            ["the KV pool can shrink by that share without hitting kv-cache-pressure "
-             "(check vllm:kv_cache_usage_perc peaks < 0.9)"],
-            ["the model's max_model_len only just fits: fewer KV blocks can make startup fail "
-             "(\"larger than the available KV cache memory\")"]),
+    [JobText("Restart the engine (rolling, one replica at a time): fragmentation only clears when the "
+             "process releases its segments.", lambda kind: None if KNOBS[kind]["serving"] else restart(kind)),
+     _serving_only("If a restart is impossible right now: drain traffic from this replica to healthy peers.")],
+    [Action(JobText(_HEADROOM, _headroom),
+            [JobText("the KV pool can shrink by that share without hitting kv-cache-pressure (KV-cache usage peaks "
+                     "< 0.9)", vllm="the KV pool can shrink by that share without hitting kv-cache-pressure "
+                     "(check vllm:kv_cache_usage_perc peaks < 0.9)")],
+            [JobText("the model's context length only just fits: fewer KV blocks can make startup fail",
+                     vllm="the model's max_model_len only just fits: fewer KV blocks can make startup fail "
+                     "(\"larger than the available KV cache memory\")")]),
      expandable_segments(),
-     Action("Schedule restarts every 12–24 h until the durable fix is proven.",
+     Action(_serving_only("Schedule restarts every 12–24 h until the durable fix is proven."),
             ["more than one replica behind the load balancer"],
             ["a single replica: each restart is an outage (~1–5 min model load)"]),
      Action("If fragmentation persists: PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:<size> so large cached "

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import ids
+from ..advice.jobtext import only
 from ..model import Action, Evidence, Finding, Inconclusive, Playbook, Severity
 from ..promql import K, PRESENT, RATE_RANGE, AlertRule, TriageCheck, num, sig as psig
 from ..signals import any_of
@@ -179,8 +180,10 @@ def actions(ctx: dict, config: dict) -> list[str]:
         th = _f(ctx.get("threshold_ratio"))
         acts.append("Ray's memory monitor killed the worker" + (f" at {th:g} of the node's memory" if th else "")
                     + " (RAY_memory_usage_threshold): give the node more memory or shrink what the workers hold in "
-                      "host memory (vLLM --swap-space, --cpu-offload-gb); a higher threshold only hands the kill to "
-                      "the kernel's OOM killer.")
+                      "host memory"
+                    + (" (vLLM --swap-space, --cpu-offload-gb)" if ctx.get("job_kind") in (None, "vllm", "unknown")
+                       else "")
+                    + "; a higher threshold only hands the kill to the kernel's OOM killer.")
     ws, lim = _f(ctx.get("working_set_bytes")), _f(ctx.get("limit_bytes"))
     if ws is not None and lim is not None and lim > 0:
         acts.append(f"Raise the container's memory limit above {fmt_bytes(ws * 1.25)} (working set "
@@ -198,12 +201,12 @@ PLAYBOOK = Playbook(
     "host is short of memory and swapping: the engine dies without a CUDA error, or every step slows.",
     ["If OOM kills happened: raise the container's memory limit and roll the pod; the engine will be killed "
      "again at the same point otherwise."],
-    [Action("Shrink vLLM's CPU swap space: --swap-space (GiB per GPU of host memory kept for preempted "
-            "sequences; default 4) or 0 where preemption by recompute suffices.",
+    [Action(only("Shrink vLLM's CPU swap space: --swap-space (GiB per GPU of host memory kept for preempted "
+                 "sequences; default 4) or 0 where preemption by recompute suffices.", "vllm"),
             ["the engine is vLLM with --swap-space set above what the limit allows"],
             ["workloads with many parallel samples (n > 1, beam search) rely on swapping"]),
-     Action("Turn off or shrink CPU offload (--cpu-offload-gb) and multimodal processor caches "
-            "(--mm-processor-cache-gb).",
+     Action(only("Turn off or shrink vLLM's CPU offload (--cpu-offload-gb) and multimodal processor caches "
+                 "(--mm-processor-cache-gb).", "vllm"),
             ["those options are set"],
             ["the model fits on the GPU only with offload: give the container memory instead"]),
      Action("Raise the container's memory limit to the measured working set plus 25 %.",
@@ -211,8 +214,8 @@ PLAYBOOK = Playbook(
     ["working set below 80 % of the limit at peak; no new OOM kills (container_oom_events_total flat)",
      "no swap traffic on the host"],
     ["Linux kernel docs: admin-guide/cgroup-v2.rst (memory.max, memory.events oom_kill)",
-     "Kubernetes docs: node-pressure eviction (working set)", "vLLM engine arguments: --swap-space, "
-     "--cpu-offload-gb"])
+     "Kubernetes docs: node-pressure eviction (working set)", only("vLLM engine arguments: --swap-space, "
+                                                                   "--cpu-offload-gb", "vllm")])
 
 
 ALSO_FROM = ("log",)  # Ray's memory monitor killing a worker, read from an engine log (detectors/log_crash.py)

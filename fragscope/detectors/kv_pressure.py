@@ -15,6 +15,8 @@ import numpy as np
 
 from .. import ids
 from ..signals import any_of, primary, wanted_by_reason
+from ..advice.jobs import KNOBS
+from ..advice.jobtext import JobText, only
 from ..model import Action, Evidence, Finding, Inconclusive, Playbook, Severity
 from ..promql import K, PRESENT, RATE_RANGE, AlertRule, TriageCheck, num, sig
 from ..units import finite_or_none as _f, fmt_pct, MiB
@@ -371,31 +373,74 @@ def actions(ctx: dict, config: dict) -> list[str]:
     return acts
 
 
+# Lines that name an engine's settings: the engine-independent wording (labelled per engine), and the engine's own
+# for a finding whose job is known (a log's; advice/jobs.py JobText).
+_CAP = "the engine's concurrency cap (vLLM --max-num-seqs, SGLang --max-running-requests)"
+_SHARE = "the engine's memory share (vLLM --gpu-memory-utilization, e.g. 0.90 → 0.92–0.95; SGLang --mem-fraction-static)"
+_LEN = "the context-length limit (vLLM --max-model-len, SGLang --context-length)"
+
+
+def _knob(key: str, neutral: str, vllm: str):
+    """kind -> the kind's own setting ``key`` (KNOBS), vLLM's as worded before, else the labelled neutral one."""
+    def pick(kind: str | None) -> str:
+        if kind == "vllm":
+            return vllm
+        return (KNOBS[kind].get(key) if kind in KNOBS and KNOBS[kind]["serving"] else None) or neutral
+    return pick
+
+
+_cap = _knob("concurrency", _CAP, "max_num_seqs")
+_share = _knob("memory", _SHARE, "gpu_memory_utilization (e.g. 0.90 → 0.92–0.95)")
+_len = _knob("length", _LEN, "max_model_len")
+
+
+def _line(template: str, *knobs):
+    """A line naming settings: ``template`` with each ``{}`` filled by a knob picker (kind -> setting)."""
+    return JobText(template.format(*(k(None) for k in knobs)), lambda kind: template.format(*(k(kind) for k in knobs)))
+
+
+def _preempted(kind: str) -> str:
+    return {"vllm": "rate(vllm:num_preemptions_total[5m]) back to ~0",
+            "sglang": "rate(sglang:num_retracted_requests_total[5m]) back to ~0 (no 'Retract' lines in its log)"
+            }.get(kind, _PREEMPTED)
+
+
+def _usage(kind: str) -> str:
+    return {"vllm": "vllm:kv_cache_usage_perc peaks below ~0.9", "sglang": "sglang:token_usage peaks below ~0.9"
+            }.get(kind, _USAGE)
+
+
+_PREEMPTED = "preemptions back to ~0 (vLLM: rate(vllm:num_preemptions_total[5m]); SGLang: its retractions)"
+_USAGE = "KV-cache usage peaks below ~0.9 (vLLM: vllm:kv_cache_usage_perc; SGLang: sglang:token_usage)"
+
+
 PLAYBOOK = Playbook(
     ID, "KV-cache pressure and preemption storm",
     "The KV block pool is full; the scheduler preempts running sequences to free blocks and redoes "
     "their work, requests queue and TTFT's tail explodes.",
     ["Shed or redirect load: route new requests to replicas with KV headroom.",
-     "Cap concurrency now: lower max_num_seqs (restart needed) or the gateway's concurrency limit."],
-    [Action("Cap max_num_seqs near the batch the pool can hold.",
+     _line("Cap concurrency now (a restart): lower {} or the gateway's concurrency limit.", _cap)],
+    [Action(_line("Set {} near the batch the pool can hold.", _cap),
             ["the preemptions come from too many concurrent sequences"],
             ["a throughput-optimised batch job: a lower cap reduces throughput"]),
-     Action("Give the KV cache more memory: raise gpu_memory_utilization (e.g. 0.90 → 0.92–0.95).",
-            ["NVML shows free memory outside vLLM's budget and no allocator fragmentation"],
+     Action(_line("Give the KV cache more memory: raise {}.", _share),
+            [JobText("NVML shows free memory outside the engine's budget and no allocator fragmentation",
+                     vllm="NVML shows free memory outside vLLM's budget and no allocator fragmentation")],
             ["allocator fragmentation or OOMs already seen: less headroom makes them worse",
              "other processes share the GPU"]),
-     Action("Shorten max_model_len to what traffic needs (request length histograms), so fewer "
-            "blocks per sequence are reserved.",
-            ["p99 request length is well below max_model_len"],
+     Action(_line("Shorten {} to what traffic needs (request length histograms), so fewer blocks per sequence are "
+                  "reserved.", _len),
+            [_line("p99 request length is well below {}", _len)],
             ["clients legitimately send long contexts"]),
      Action("Add replicas (scale out) or enable prefill/decode separation for long prompts.",
             ["budget for more GPUs"], []),
-     Action("Use an FP8 KV cache (--kv-cache-dtype fp8) to double the tokens per GiB.",
+     Action(JobText("Use an FP8 KV cache (vLLM --kv-cache-dtype fp8; SGLang --kv-cache-dtype fp8_e4m3) to double the "
+                    "tokens per GiB.", vllm="Use an FP8 KV cache (--kv-cache-dtype fp8) to double the tokens per GiB.",
+                    sglang="Use an FP8 KV cache (--kv-cache-dtype fp8_e4m3) to double the tokens per GiB."),
             ["a GPU and attention backend supporting FP8 KV"],
             ["accuracy-sensitive workloads not yet validated with FP8 KV"])],
-    ["rate(vllm:num_preemptions_total[5m]) back to ~0",
-     "vllm:kv_cache_usage_perc peaks below ~0.9", "TTFT p99 back within ~2x of p50 trends"],
-    ["vLLM docs: 'Preemption' in optimization.md"])
+    [JobText(_PREEMPTED, _preempted), JobText(_USAGE, _usage), "TTFT p99 back within ~2x of p50 trends"],
+    [only("vLLM docs: 'Preemption' in optimization.md", "vllm")])
 
 
 ALSO_FROM = ("log",)

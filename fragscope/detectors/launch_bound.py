@@ -222,7 +222,8 @@ PLAYBOOK = Playbook(
             ["graph capture needs extra GPU memory (logged 'Graph capturing finished ... took X GiB'): "
              "check headroom first"]),
      Action("Give the engine more CPU: raise the CPU limit/request, avoid CPU throttling, pin threads.", [], []),
-     Action("Increase the batch (max_num_seqs, max_num_batched_tokens) so each launch does more work.",
+     Action("Increase the batch so each launch does more work (vLLM --max-num-seqs / --max-num-batched-tokens, "
+            "SGLang --max-running-requests / --chunked-prefill-size; a training loop: the batch size).",
             ["KV headroom (no preemptions)"], ["latency-sensitive traffic: larger batches raise ITL"]),
      Action("Fuse small kernels (torch.compile, fused ops) to cut launch count.", [], [])],
     ["kernel gap p50 back to tens of µs; GPU idle share < 10 %; utilization up at the same traffic"],

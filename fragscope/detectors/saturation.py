@@ -200,10 +200,12 @@ def actions(ctx: dict, config: dict) -> list[str]:
 PLAYBOOK = Playbook(
     ID, "Capacity saturation (healthy but busy)",
     "The server is doing all it can: queue and KV usage rose with traffic, throughput with them, no pathology.",
-    ["Scale out: add replicas (or let the autoscaler do it on vllm:num_requests_waiting)."],
-    [Action("Autoscale on queue depth (vllm:num_requests_waiting) or KV usage, not on GPU utilization.",
-            [], []),
-     Action("If latency SLOs matter more than throughput: cap max_num_seqs to bound the batch.",
+    ["Scale out: add replicas (or let the autoscaler do it on the queue: vllm:num_requests_waiting, "
+     "sglang:num_queue_reqs)."],
+    [Action("Autoscale on queue depth (vllm:num_requests_waiting, sglang:num_queue_reqs) or KV usage, not on GPU "
+            "utilization.", [], []),
+     Action("If latency SLOs matter more than throughput: cap the running batch (vLLM --max-num-seqs, SGLang "
+            "--max-running-requests) to bound it.",
             [], ["throughput-oriented batch traffic"])],
     ["requests waiting back to ~0 at the same traffic; TTFT p99 within SLO"], [])
 

@@ -45,7 +45,14 @@ def build_playbook(diag_id: str, ctx: dict, config: dict) -> dict:
     if d is None:
         # Never silent: an unregistered id is a programming error the tests catch (test_registry).
         raise KeyError(f"diagnosis {diag_id!r} is not registered (fragscope/playbooks)")
-    out = d.playbook.to_dict()
+    kind = (ctx or {}).get("job_kind")  # the job that produced the evidence (a log's, a snapshot's frames)
+    pb = d.playbook
+    if kind is not None:
+        from ..advice.jobs import kind_of
+        from ..advice.jobtext import playbook_for
+
+        pb = playbook_for(pb, kind_of(ctx))  # in that job's knobs only
+    out = pb.to_dict()
     out["actions"] = d.actions(ctx or {}, config or {})
     return out
 

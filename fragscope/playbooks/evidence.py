@@ -5,11 +5,103 @@ from __future__ import annotations
 from .. import ids
 from ..model import Action, Playbook
 from ..advice.fixes import expandable_segments
+from ..advice.jobtext import JobText, only
 from .registry import Diagnosis, Source
 
 
 def _deep(source: str, pb: Playbook, **kw) -> Diagnosis:
     return Diagnosis(pb.id, pb, source=source, alerting=False, **kw)
+
+
+# Lines that name a job's settings: the engine-independent wording (diagnose explain), and each kind of job's own
+# (a finding whose job is known shows that one only: advice/jobs.py JobText).
+_LESS_NEED = "Reduce the memory the failing step needs: a smaller batch or shorter sequences"
+_ROOM = ("Leave the failing step room: a serving engine pre-allocates most of the GPU for its KV cache, so lower that "
+         "share or its per-step token budget (a finding's fix lines name the flags of the job that produced it); "
+         "another program: a smaller batch or shorter sequences.")
+_OUTSIDE = ("Size what the job pre-allocates for the memory others hold: a serving engine's memory share is of the "
+            "whole GPU, so lower it by what is held outside this process (a finding's fix lines name the flag).")
+_GRAPHS = ("Capture fewer CUDA-graph sizes with the job's own setting (a finding's fix lines name it; vLLM: "
+           "--compilation-config cudagraph_capture_sizes; SGLang: --cuda-graph-max-bs; TGI: --cuda-graphs; a "
+           "training loop: fewer shapes under torch.cuda.graph / torch.compile(mode=\"reduce-overhead\")).")
+
+
+def _less_need(kind: str) -> str:
+    from ..advice.jobs import KNOBS  # (a lookup for one finding's job: not on the trace path)
+
+    k = KNOBS[kind]
+    if kind == "unknown":
+        return _LESS_NEED + " (a serving engine: its concurrency and context-length limits)."
+    return _LESS_NEED + (f" ({k['name']}: its concurrency and length limits)." if k["serving"] else ".")
+
+
+def _room(kind: str) -> str:
+    from ..advice.jobs import KNOBS  # (a lookup for one finding's job: not on the trace path)
+
+    k = KNOBS[kind]
+    if kind == "unknown":
+        return _ROOM
+    if k["memory"]:
+        return f"Leave the failing step room: lower {k['memory']} (what {k['name']} pre-allocates) or {k['load']}."
+    return f"Make the failing step fit: lower {k['load']}" + (f"; {k['extra']}" if k.get("extra") else "") + "."
+
+
+def _outside(kind: str) -> str:
+    from ..advice.jobs import KNOBS  # (a lookup for one finding's job: not on the trace path)
+
+    k = KNOBS[kind]
+    if kind == "vllm":
+        return "Account for non-torch memory in --gpu-memory-utilization (vLLM profiles it at startup)."
+    if kind == "unknown":
+        return _OUTSIDE
+    if k["memory"]:
+        return f"Size {k['name']} for the memory others hold: lower {k['memory']} by what is held outside this process."
+    return "Start the job on a GPU (or MIG slice) that nothing else holds memory on."
+
+
+def _admission_meaning(kind: str) -> str:
+    from ..advice.jobs import KNOBS  # (a lookup for one finding's job: not on the trace path)
+
+    caps = {"vllm": "vLLM --max-num-seqs", "sglang": "SGLang --max-running-requests", "unknown": _ADMIT_CAPS}
+    cap = caps.get(kind) or f"{KNOBS[kind]['name']}: {KNOBS[kind]['load']}"
+    return _ADMIT_MEANING.format(cap=cap)
+
+
+def _long_prompts(kind: str) -> str:
+    if kind == "unknown":
+        length = _LENGTHS
+    else:
+        from ..advice.jobs import KNOBS  # (a lookup for one finding's job: not on the trace path)
+
+        length = KNOBS[kind].get("length")
+    return ("Route very long prompts apart" + (f" or lower {length}" if length else "")
+            + " when one long request blocks the queue.")
+
+
+def _nccl_test(kind: str | None) -> str:
+    test = {"vllm": "vLLM's sanity-check script.", None: "a plain torch.distributed all-reduce across the same GPUs "
+            "(vLLM's troubleshooting guide has one).", "unknown": None}.get(kind)
+    return ("Collective timeout at the group's first collectives: make the GPUs able to talk (peer-to-peer, shared "
+            "memory in containers, the network between nodes), checked with NCCL_DEBUG=INFO and "
+            + (test or "a plain torch.distributed all-reduce across the same GPUs."))
+
+
+_DIED = ("The serving engine's process ({who}) exited: requests in flight failed and new ones fail until a restart. "
+         "The log names why where it can: a collective (NCCL all-reduce, all-gather) that waited past its timeout, "
+         "after which PyTorch's watchdog aborts the process; an out-of-memory error (its own finding); or nothing, when "
+         "the engine core's own error is not in the lines given.")
+_ADMIT_CAPS = "vLLM --max-num-seqs, SGLang --max-running-requests"
+_ADMIT_MEANING = ("Requests waited while the KV pool kept free room, so memory did not hold them back: the running batch "
+                  "is at its cap ({cap}), a request at the queue's head needs more KV blocks than are free, the "
+                  "batched-token budget limits prefill, or the scheduler is stuck.")
+_LENGTHS = "the context-length limit (vLLM --max-model-len, SGLang --context-length)"
+
+
+def _graphs(kind: str) -> str | None:
+    from ..advice.jobs import KNOBS  # (a lookup for one finding's job: not on the trace path)
+
+    g = KNOBS[kind].get("graphs")
+    return f"Capture fewer CUDA-graph sizes: {g}." if g else None
 
 
 def _oom_capacity_actions(ctx: dict, config: dict) -> list[str]:
@@ -65,15 +157,21 @@ def _admission_actions(ctx: dict, config: dict) -> list[str]:
                 "decode."]
         hit = ctx.get("prefix_cache_hit_ratio")
         if hit is not None and hit < 0.1:
+            cache = {"vllm": " (vLLM prefix caching)", "sglang": " (SGLang's radix cache)"}.get(ctx.get("job_kind"), "")
             acts.append(f"Prefix cache hit rate {hit * 100:.1f} %: prompts sharing a prefix (a system prompt, a "
-                        "document) routed to the same replica prefill only their new part (vLLM prefix caching).")
+                        f"document) routed to the same replica prefill only their new part{cache}.")
         return acts
     if cause == "stuck":
         return ["The engine generated nothing while requests waited: restart it and read its log around the stall "
                 "(a blocked collective, a hung thread); see engine-stalled."]
+    from ..advice.jobs import KNOBS
+
+    kind = ctx.get("job_kind")
+    length = KNOBS[kind]["length"] if kind in KNOBS and kind != "unknown" else _LENGTHS
+    shorter = f"shorter {length}, or route long prompts apart" if length else "route long prompts apart"
     return [f"Read the configured {flag} (the args line) and the lengths of the waiting requests: a request longer than "
-            "the free KV blocks waits at the queue's head (shorter --max-model-len, or route long prompts apart); if "
-            "the batch is at the cap, raise it; if nothing moves for minutes, the scheduler is stuck: restart."]
+            f"the free KV blocks waits at the queue's head ({shorter}); if the batch is at the cap, raise it; if "
+            "nothing moves for minutes, the scheduler is stuck: restart."]
 
 
 def _engine_died_actions(ctx: dict, config: dict) -> list[str]:
@@ -86,9 +184,10 @@ def _engine_died_actions(ctx: dict, config: dict) -> list[str]:
     if ctx.get("cause") == "collective-timeout":
         op, seq = ctx.get("op") or "the collective", ctx.get("seq")
         if ctx.get("early"):
+            test = ("vLLM's sanity-check script (its troubleshooting guide, \"Incorrect hardware/driver\")"
+                    if kind == "vllm" else "a plain torch.distributed all-reduce across the same GPUs")
             acts.append(f"{op} #{seq} never completed: test the GPUs' communication before serving again, with "
-                        "NCCL_DEBUG=INFO and vLLM's sanity-check script (its troubleshooting guide, \"Incorrect "
-                        "hardware/driver\"); check peer-to-peer between the GPUs (nvidia-smi topo -m) and, in a "
+                        f"NCCL_DEBUG=INFO and {test}; check peer-to-peer between the GPUs (nvidia-smi topo -m) and, in a "
                         "container, the shared memory NCCL needs (docker --ipc=host or --shm-size, a memory-backed "
                         "emptyDir on /dev/shm in Kubernetes).")
         else:
@@ -105,10 +204,8 @@ _DEEP = [
     _deep("snapshot", Playbook(
         ids.OOM_CAPACITY, "Out of memory: plain capacity",
         "The allocator had no free memory worth the name: the workload needs more than the GPU holds.",
-        ["Reduce the memory the failing step needs: a smaller batch or shorter sequences (a serving engine: its "
-         "concurrency and context-length limits)."],
-        [Action("Lower gpu_memory_utilization's KV share or max_num_batched_tokens so activations fit.",
-                ["the OOM happens in a forward pass, not at startup"], []),
+        [JobText(_LESS_NEED + " (a serving engine: its concurrency and context-length limits).", _less_need)],
+        [Action(JobText(_ROOM, _room), ["the OOM happens in a forward pass, not at startup"], []),
          Action("Quantise weights or the KV cache, or shard across more GPUs (tensor parallelism).",
                 ["accuracy validated for the quantised format"], [])],
         ["no OOM at the same load; peak reserved below the GPU's memory"], []), also_from=("log",),
@@ -118,8 +215,7 @@ _DEEP = [
         "PyTorch's own pool was small; the GPU's memory was held by something else (NCCL buffers, CUDA "
         "graphs' private pools, another process, a leak in a native library).",
         ["Find the holder: nvidia-smi --query-compute-apps, per-process NVML memory (fragscope agent)."],
-        [Action("Account for non-torch memory in gpu_memory_utilization (vLLM profiles it at startup).",
-                [], ["another tenant shares the GPU: isolate it (MIG, separate GPUs) instead"])],
+        [Action(JobText(_OUTSIDE, _outside), [], ["another tenant shares the GPU: isolate it (MIG, separate GPUs) instead"])],
         ["per-process GPU memory adds up to NVML used; no OOM at the same load"], []), also_from=("log",),
         actions=_oom_outside_actions),
     _deep("snapshot", Playbook(
@@ -133,8 +229,7 @@ _DEEP = [
         ids.OOM_PRIVATE_POOL, "Out of memory: memory pinned in a private pool",
         "Free memory sat in a private pool (CUDA graphs' memory pool, a MemPool) that ordinary allocations cannot use.",
         ["Capture fewer CUDA graph batch sizes, or release graphs no longer used."],
-        [Action("Reduce vLLM's captured graph sizes (compilation_config cudagraph_capture_sizes / max_num_seqs).",
-                [], ["fewer graphs mean more eager (launch-bound) steps at uncaptured sizes"])],
+        [Action(JobText(_GRAPHS, _graphs), [], ["fewer graphs mean more eager (launch-bound) steps at uncaptured sizes"])],
         ["private-pool bytes in the snapshot shrink; no OOM at the same load"], [])),
     _deep("snapshot", Playbook(
         ids.OOM_MEMORY_CAP, "Out of memory: per-process memory cap",
@@ -146,15 +241,12 @@ _DEEP = [
         ["no OOM rejections (num_oom_rejections flat)"], []), also_from=("log",)),
     _deep("log", Playbook(
         ids.ADMISSION_CAPPED, "Requests queued with KV memory free: admission capped",
-        "Requests waited while the KV pool kept free room, so memory did not hold them back: the running batch is at "
-        "its cap (vLLM --max-num-seqs, SGLang --max-running-requests), a request at the queue's head needs more KV "
-        "blocks than are free, the batched-token budget limits prefill, or the scheduler is stuck.",
+        JobText(_ADMIT_MEANING.format(cap=_ADMIT_CAPS), _admission_meaning),
         ["Compare the running batch with the configured cap in the engine's args line."],
         [Action("Raise the batch cap when the batch sits at it and the pool keeps free room.",
                 ["the activation peak at the larger batch still fits (fragscope size --log)"],
                 ["latency-bound traffic: a larger batch lengthens each decode step"]),
-         Action("Route very long prompts apart or lower --max-model-len when one long request blocks the queue.", [],
-                []),
+         Action(JobText(_long_prompts("unknown"), _long_prompts), [], []),
          Action("Restart a scheduler that admits nothing for minutes (no token generated).", [], [])],
         ["waiting falls to ~0 while KV usage rises toward the pool's size"], []), actions=_admission_actions),
     _deep("log", Playbook(
@@ -185,19 +277,14 @@ _DEEP = [
         ["no cudaMalloc/cudaFree between warm-up and the end of the trace"], [])),
     _deep("log", Playbook(
         ids.ENGINE_DIED, "The engine process died",
-        "The serving engine's process (vLLM's engine core or a worker) exited: requests in flight failed and new ones "
-        "fail until a restart. The log names why where it can: a collective (NCCL all-reduce, all-gather) that "
-        "waited past its timeout, after which PyTorch's watchdog aborts the process; an out-of-memory error (its own "
-        "finding); or nothing, when the engine core's own error is not in the lines given.",
+        JobText(_DIED.format(who="its engine core or a worker"), vllm=_DIED.format(who="vLLM's engine core or a worker")),
         ["Restart the server (its /health fails once the engine is dead: let the orchestrator replace the pod)."],
         [Action("Collective timeout after the group had worked: find the rank that stopped first (the other ranks' "
                 "logs, GPU errors over the same minutes) and fix that rank's cause.",
                 ["the watchdog's collective number is past the first few"],
                 ["raising the timeout (torch.distributed's default for NCCL is 10 min in current releases, 30 min "
                  "in older ones) only delays the crash when a rank is gone"]),
-         Action("Collective timeout at the group's first collectives: make the GPUs able to talk (peer-to-peer, "
-                "shared memory in containers, the network between nodes), checked with NCCL_DEBUG=INFO and vLLM's "
-                "sanity-check script.",
+         Action(JobText(_nccl_test(None), _nccl_test),
                 ["the watchdog's collective number is among the first few"],
                 ["NCCL_P2P_DISABLE=1 works around broken peer-to-peer but slows every all-reduce: only where "
                  "peer-to-peer is shown broken"]),
@@ -205,7 +292,7 @@ _DEEP = [
                 "EngineDeadError and diagnose them.", [], [])],
         ["the server answers /health and serves traffic; no watchdog timeout or EngineDeadError in the log since the "
          "restart"],
-        ["https://docs.vllm.ai/en/latest/usage/troubleshooting/",
+        [only("https://docs.vllm.ai/en/latest/usage/troubleshooting/", "vllm"),
          "https://docs.pytorch.org/docs/stable/distributed.html#torch.distributed.init_process_group"]),
         actions=_engine_died_actions),
 ]

@@ -52,30 +52,44 @@ def job_kind(markers: set[str] | frozenset[str], sources=()) -> str:
 
 # The knobs of each kind, so that advice names a setting of the program that produced the evidence (flag names are
 # each program's own: vLLM and SGLang --help, TGI's launcher arguments, TensorRT-LLM's KvCacheConfig /
-# trtllm-serve, Triton's config.pbtxt, ComfyUI's command line); read by advice/jobs.py and sizing.
+# trtllm-serve, Triton's config.pbtxt, ComfyUI's command line); read by advice/jobs.py and sizing. ``graphs``: how
+# to capture fewer CUDA graphs (their private pools hold memory; absent where the program has no such setting);
+# ``concurrency``: a serving engine's cap on the requests it runs at once.
 KNOBS: dict[str, dict] = {
-    "vllm": {"name": "vLLM", "memory": "--gpu-memory-utilization", "serving": True,
-             "load": "--max-num-seqs / --max-num-batched-tokens", "length": "--max-model-len"},
+    "vllm": {"name": "vLLM", "memory": "--gpu-memory-utilization", "serving": True, "concurrency": "--max-num-seqs",
+             "load": "--max-num-seqs / --max-num-batched-tokens", "length": "--max-model-len",
+             "graphs": "--compilation-config cudagraph_capture_sizes (or a lower --max-num-seqs; --enforce-eager to "
+                       "confirm)"},
     "sglang": {"name": "SGLang", "memory": "--mem-fraction-static", "serving": True,
-               "load": "--max-running-requests / --chunked-prefill-size", "length": "--context-length"},
+               "concurrency": "--max-running-requests",
+               "load": "--max-running-requests / --chunked-prefill-size", "length": "--context-length",
+               "graphs": "--cuda-graph-max-bs (--disable-cuda-graph to confirm)"},
     "tgi": {"name": "TGI (text-generation-inference)", "memory": "--cuda-memory-fraction", "serving": True,
+            "concurrency": "--max-concurrent-requests (or --max-batch-total-tokens)",
             "load": "--max-batch-total-tokens / --max-batch-prefill-tokens / --max-concurrent-requests",
-            "length": "--max-total-tokens / --max-input-tokens"},
+            "length": "--max-total-tokens / --max-input-tokens",
+            "graphs": "--cuda-graphs with fewer batch sizes (0 turns them off, to confirm)"},
     "triton": {"name": "Triton Inference Server", "memory": "the backend's memory setting in config.pbtxt (TensorRT-LLM "
                "backend: kv_cache_free_gpu_mem_fraction)", "serving": True,
+               "concurrency": "max_batch_size in config.pbtxt",
                "load": "max_batch_size / dynamic_batching in config.pbtxt, instance_group count", "length": None},
     "trtllm": {"name": "TensorRT-LLM", "memory": "KvCacheConfig free_gpu_memory_fraction "
-               "(trtllm-serve --kv_cache_free_gpu_memory_fraction)", "serving": True,
-               "load": "max_batch_size / max_num_tokens", "length": "max_seq_len"},
+               "(trtllm-serve --kv_cache_free_gpu_memory_fraction)", "serving": True, "concurrency": "max_batch_size",
+               "load": "max_batch_size / max_num_tokens", "length": "max_seq_len",
+               "graphs": "cuda_graph_config batch_sizes / max_batch_size (LLM API options, PyTorch backend)"},
     "training": {"name": "a training loop", "memory": None, "serving": False,
                  "load": "the per-device batch size (gradient accumulation keeps the effective batch)",
                  "length": "the sequence length / input size",
-                 "extra": "activation checkpointing, mixed precision (bf16/fp16), a sharded optimizer"},
+                 "extra": "activation checkpointing, mixed precision (bf16/fp16), a sharded optimizer",
+                 "graphs": "the shapes captured with torch.cuda.graph / torch.compile(mode=\"reduce-overhead\")"},
     "desktop": {"name": "a desktop application (ComfyUI or alike)", "memory": None, "serving": False,
                 "load": "the batch size / resolution of the workflow",
                 "length": None, "extra": "its low-memory mode (ComfyUI: --lowvram, --reserve-vram)"},
     "unknown": {"name": "an unknown program", "memory": None, "serving": False,
                 "load": "the batch size (a serving engine: its concurrency limit, e.g. vLLM --max-num-seqs, "
                         "SGLang --max-running-requests, TGI --max-batch-total-tokens)",
-                "length": "the sequence length (a serving engine: its context-length limit)"},
+                "length": "the sequence length (a serving engine: its context-length limit)",
+                "graphs": "the shapes captured with torch.cuda.graph / torch.compile(mode=\"reduce-overhead\") (a "
+                          "serving engine: its CUDA-graph capture sizes, e.g. vLLM --compilation-config "
+                          "cudagraph_capture_sizes, SGLang --cuda-graph-max-bs)"},
 }
