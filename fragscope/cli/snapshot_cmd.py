@@ -134,6 +134,9 @@ def _render_human(doc: dict, rows: list[dict], in_scope: int, show_map: bool) ->
             f"PYTORCH_CUDA_ALLOC_CONF={s['alloc_conf']!r}")
     else:
         out("allocator settings: not recorded in this snapshot (older PyTorch)")
+    j = doc["job"]
+    out(f"job: {j['kind']}" + (f" ({'; '.join(j['evidence'])})" if j["evidence"] else "")
+        + (f": {j['note']}" if j["note"] else ""))
     out(f"verdict: {doc['verdict']}")
     for d in doc["devices"]:
         out("")

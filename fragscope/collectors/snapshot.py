@@ -33,6 +33,7 @@ from .snapshot_load import (  # noqa: F401 - re-exported: the file entry point's
     read_regular_file,
 )
 from .snapshot_load import i64, label
+from .snapshot_job import snapshot_job
 from .snapshot_settings import allocator_settings_summary, parse_alloc_conf  # noqa: F401 - re-exported
 
 
@@ -133,6 +134,7 @@ class Snapshot:
     notes: list[str] = field(default_factory=list)
     trace_tails: dict[int, TraceTail] = field(default_factory=dict)  # device -> entries from its first OOM
     host: HostMemory | None = None  # None: the snapshot has no host_segments/host_traces keys
+    job: dict | None = None  # what produced it, from its stack frames (collectors/snapshot_job.py); None: not read
 
     @property
     def n_segments(self) -> int:
@@ -344,6 +346,7 @@ def _parse_snapshot(obj: object, source: str, container: str, file_bytes: int | 
         notes.append(f"{n_oom_entries - len(ooms)} oom trace entr{'y' if n_oom_entries - len(ooms) == 1 else 'ies'} "
                      f"without a readable size (an integer from 0 to 2**63) not analysed")
     host = _parse_host(host_segments, obj.get("host_traces")) if has_host else None
+    job = snapshot_job(obj, [(o.device, o.trace_index) for o in ooms])
     return Snapshot(
         source=source, container=container, layout=layout, legacy=legacy,
         seg_device=seg_device, seg_address=seg_address, seg_total=seg_total, seg_stream=seg_stream,
@@ -351,7 +354,7 @@ def _parse_snapshot(obj: object, source: str, container: str, file_bytes: int | 
         seg_nblocks=seg_nblocks, blk_seg=blk_seg, blk_offset=blk_offset, blk_size=blk_size,
         blk_requested=blk_req, blk_state=blk_state, pools=list(pools), pool_ids_known=pool_known,
         expandable_known=expandable_known, allocator_settings=settings, devices_traced=devices_traced,
-        trace_actions=trace_actions, ooms=ooms, notes=notes, trace_tails=tails, host=host)
+        trace_actions=trace_actions, ooms=ooms, notes=notes, trace_tails=tails, host=host, job=job)
 
 
 def _parse_traces(traces: list, name: str) -> tuple[dict[int, dict[str, int]], list[OomEvent], list[int],

@@ -88,6 +88,7 @@ def analyse_snapshot(snap: Snapshot, cfg: SnapshotConfig = SnapshotConfig(), dev
         "source": snap.source,
         "format": {"container": snap.container, "layout": snap.layout, "legacy": snap.legacy,
                    "pool_ids_known": snap.pool_ids_known, "expandable_known": snap.expandable_known},
+        "job": snap.job if snap.job is not None else _JOB_NOT_READ,
         "allocator_settings": settings,
         "segment_count": snap.n_segments,
         "block_count": snap.n_blocks,
@@ -108,6 +109,10 @@ def analyse_snapshot(snap: Snapshot, cfg: SnapshotConfig = SnapshotConfig(), dev
     }
     return doc, rank_findings(findings)
 
+
+# A Snapshot built without reading its frames (in code): the job is unknown, and said so.
+_JOB_NOT_READ = {"kind": "unknown", "name": "an unknown program", "stacks_read": 0, "stacks_with_frames": 0,
+                 "evidence": [], "note": "stack frames not read: what produced the snapshot is unknown"}
 
 _VERDICT_RANK = {"inconclusive": 0, "ok": 1, FRAGMENTATION: 2, OOM_CAPACITY: 3, OOM_OUTSIDE_PYTORCH: 3,
                  OOM_MEMORY_CAP: 3, OOM_PRIVATE_POOL: 3, OOM_CROSS_STREAM: 3}

@@ -26,6 +26,8 @@ from ..detectors.snapshot import (
 from ..detectors.snapshot_allocator import MiB, fmt_bytes
 from ..model import Action, Finding
 from ..advice.fixes import EXPANDABLE_CONTRA, EXPANDABLE_PRE
+from ..advice.jobs import KNOBS
+from ..advice.jobtext import JobText, line_for, lines_for
 
 # PYTORCH_CUDA_ALLOC_CONF options: text = why it helps
 EXPANDABLE_SEGMENTS = Action(
@@ -55,29 +57,69 @@ GC_THRESHOLD = Action(
         "ignored by backend:cudaMallocAsync",
     ],
 )
-# what to do per OOM class (beyond the allocator options)
+# What to do per OOM class (beyond the allocator options). A line that names a job's settings is a JobText: its
+# value names them beside each engine's name; the snapshot's job (its stack frames: doc["job"]) picks that job's own.
+def _graphs(kind: str) -> str:
+    g = KNOBS[kind].get("graphs")
+    how = f"capture fewer batch sizes ({g})" if g and kind == "unknown" else (
+        f"capture fewer batch sizes ({KNOBS[kind]['name']}: {g})" if g else "capture fewer batch sizes")
+    return (f"CUDA-graph / MemPool private pools keep their memory while the graph or pool lives: {how}, share one "
+            "pool between graphs, or delete unused graphs / pools")
+
+
+def _cap(kind: str) -> str:
+    mem = KNOBS[kind]["memory"]
+    budget = (f" (and {KNOBS[kind]['name']}'s memory budget, {mem})" if mem else "") if kind != "unknown" else (
+        " (and a serving engine's memory budget, e.g. vLLM --gpu-memory-utilization, SGLang --mem-fraction-static, "
+        "TGI --cuda-memory-fraction)")
+    return (f"the driver had room but the allocator refused: check torch.cuda.set_per_process_memory_fraction()"
+            f"{budget} against what this process needs")
+
+
+def _outside(kind: str) -> str:
+    k = KNOBS[kind]
+    if kind == "vllm":
+        fix = "lower vLLM --gpu-memory-utilization or move the other tenant"
+    elif kind == "unknown":
+        fix = ("move the other tenant, or lower a serving engine's memory share by what it holds (vLLM "
+               "--gpu-memory-utilization, SGLang --mem-fraction-static, TGI --cuda-memory-fraction)")
+    elif k["memory"]:
+        fix = f"lower {k['name']}'s {k['memory']} or move the other tenant"
+    else:
+        fix = "move the other tenant or give the job a GPU (or MIG slice) of its own"
+    return ("memory is held outside this process's PyTorch cache: list GPU processes (nvidia-smi "
+            f"--query-compute-apps=pid,used_memory --format=csv), check NCCL buffers and other tenants; {fix}")
+
+
+def _capacity(kind: str) -> str:
+    k = KNOBS[kind]
+    if kind == "vllm":
+        return ("the workload needs more memory than the GPU has: lower the batch (vLLM --max-num-seqs / "
+                "--max-num-batched-tokens) or context length (--max-model-len), quantize weights or KV cache, or "
+                "shard over more GPUs")
+    if kind == "unknown":
+        return ("the workload needs more memory than the GPU has: lower the batch or the sequence length (a serving "
+                "engine: its concurrency and context-length limits, e.g. vLLM --max-num-seqs / --max-model-len, "
+                "SGLang --max-running-requests / --context-length), quantize weights, or shard over more GPUs")
+    less = f"lower {k['load']}" + (f" or {k['length']}" if k.get("length") else "") + (
+        f"; {k['extra']}" if k.get("extra") else "")
+    return (f"the workload needs more memory than the GPU has: {less}; quantize weights"
+            + (" or KV cache" if k["serving"] else "") + ", or shard over more GPUs")
+
+
+UNKNOWN_JOB_NOTE = ("The snapshot's stack frames do not show what produced it (a serving engine, a training loop, a "
+                    "notebook): the fixes below are the program's own; engine flags apply only if a serving engine "
+                    "produced it.")
 OOM_CLASS_ACTIONS: dict[str, list[Action]] = {
     OOM_CROSS_STREAM: [Action(
         "free blocks are cached per stream: allocate on the stream that frees, or call "
         "tensor.record_stream() only where needed; torch.cuda.empty_cache() after a side-stream "
         "phase returns whole free segments")],
-    OOM_PRIVATE_POOL: [Action(
-        "CUDA-graph / MemPool private pools keep their memory while the graph or pool lives: "
-        "capture fewer batch sizes (vLLM: fewer cudagraph capture sizes or a lower "
-        "--max-num-seqs; --enforce-eager to confirm), share one pool between graphs, or "
-        "delete unused graphs / pools")],
-    OOM_MEMORY_CAP: [Action(
-        "the driver had room but the allocator refused: check "
-        "torch.cuda.set_per_process_memory_fraction() (and the engine's memory budget, e.g. "
-        "vLLM --gpu-memory-utilization) against what this process needs")],
-    OOM_OUTSIDE_PYTORCH: [Action(
-        "memory is held outside this process's PyTorch cache: list GPU processes "
-        "(nvidia-smi --query-compute-apps=pid,used_memory --format=csv), check NCCL buffers "
-        "and other tenants; lower vLLM --gpu-memory-utilization or move the other tenant")],
+    OOM_PRIVATE_POOL: [Action(JobText(_graphs("unknown"), _graphs))],
+    OOM_MEMORY_CAP: [Action(JobText(_cap("unknown"), _cap))],
+    OOM_OUTSIDE_PYTORCH: [Action(JobText(_outside("unknown"), _outside))],
     OOM_CAPACITY: [
-        Action("the workload needs more memory than the GPU has: lower the batch "
-               "(vLLM --max-num-seqs / --max-num-batched-tokens) or context length (--max-model-len), "
-               "quantize weights or KV cache, or shard over more GPUs"),
+        Action(JobText(_capacity("unknown"), _capacity)),
         Action("allocator settings will not help: allocated is close to reserved"),
     ],
 }
@@ -95,12 +137,15 @@ def _option(setting: str, action: Action, applies, status: str) -> dict:
             "contraindications": list(action.contraindications)}
 
 
-def snapshot_playbook(diagnosis: str, settings: dict, dm: dict, oom: dict | None = None) -> dict:
+def snapshot_playbook(diagnosis: str, settings: dict, dm: dict, oom: dict | None = None,
+                      kind: str | None = None) -> dict:
     """Playbook for a snapshot diagnosis, with actions computed from the numbers and settings.
 
     ``settings``: ``allocator_settings_summary``; ``dm``: default-pool numbers now (the dump);
-    ``oom``: the ``ooms[]`` entry the finding is about, if any.
+    ``oom``: the ``ooms[]`` entry the finding is about, if any; ``kind``: the job that produced the snapshot (its
+    ``job.kind``, a ``KNOBS`` kind): actions name that job's settings only (None: each engine's, labelled).
     """
+    kind = kind if kind in KNOBS else None
     async_backend = settings.get("backend") == "cudaMallocAsync"
     exp_on = settings.get("expandable_segments") is True
     gct_set = (settings.get("garbage_collection_threshold") or 0) > 0
@@ -134,7 +179,14 @@ def snapshot_playbook(diagnosis: str, settings: dict, dm: dict, oom: dict | None
             immediate.append(f"torch.cuda.empty_cache() would return {fmt_bytes(dm['releasable_bytes'])} to "
                              f"the driver, but not the {fmt_bytes(dm.get('non_releasable_inactive_bytes'))} "
                              f"stuck beside live tensors")
-    actions += [a.text for a in OOM_CLASS_ACTIONS.get(diagnosis, [])]
+    if kind is not None:  # the contraindications about another engine left out (advice/jobtext.py)
+        for o in options:
+            o["preconditions"] = lines_for(o["preconditions"], kind)
+            o["contraindications"] = lines_for(o["contraindications"], kind)
+    class_actions = [str(line_for(a.text, kind)) for a in OOM_CLASS_ACTIONS.get(diagnosis, [])]
+    if kind == "unknown" and any(isinstance(a.text, JobText) for a in OOM_CLASS_ACTIONS.get(diagnosis, [])):
+        actions.append(UNKNOWN_JOB_NOTE)
+    actions += class_actions
     for o in options:
         if o["applies"] is True:
             actions.append(f"set {o['env']} (not if: {o['contraindications'][0]})")
@@ -142,11 +194,14 @@ def snapshot_playbook(diagnosis: str, settings: dict, dm: dict, oom: dict | None
 
 
 def attach_snapshot_playbooks(doc: dict, findings: list[Finding]) -> tuple[dict, list[Finding]]:
-    """Replace each finding's playbook context (set by the analysis) with its playbook; refresh ``doc``."""
+    """Replace each finding's playbook context (set by the analysis) with its playbook, in the knobs of the job the
+    snapshot's frames show (``doc["job"]``); refresh ``doc``."""
+    kind = (doc.get("job") or {}).get("kind")
     for f in findings:
         ctx = (f.playbook or {}).get("context") if isinstance(f.playbook, dict) else None
         if ctx is not None:
-            f.playbook = snapshot_playbook(ctx["diagnosis"], ctx["settings"], ctx["dm"], ctx["oom"])
+            f.playbook = snapshot_playbook(ctx["diagnosis"], ctx["settings"], ctx["dm"], ctx["oom"], kind)
+            f.context.setdefault("job_kind", kind)
     doc["findings"] = [f.to_dict() for f in findings]
     doc["playbook"] = findings[0].playbook if findings else None
     return doc, findings
@@ -162,4 +217,4 @@ def diagnose_snapshot(snap: Snapshot, **kw) -> tuple[dict, list[Finding]]:
 
 
 __all__ = ["snapshot_playbook", "attach_snapshot_playbooks", "diagnose_snapshot",
-           "EXPANDABLE_SEGMENTS", "MAX_SPLIT_SIZE", "GC_THRESHOLD", "OOM_CLASS_ACTIONS"]
+           "EXPANDABLE_SEGMENTS", "MAX_SPLIT_SIZE", "GC_THRESHOLD", "OOM_CLASS_ACTIONS", "UNKNOWN_JOB_NOTE"]

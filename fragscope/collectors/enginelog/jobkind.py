@@ -19,6 +19,20 @@ MARKERS: dict[str, tuple[str, ...]] = {
     "training": ("torch/autograd/", ".backward(", "optimizer.step(", "training_step", "/trainer.py"),
     "desktop": ("ComfyUI", "comfy/", "stable-diffusion-webui"),
 }
+# kind -> path fragments of its Python modules, as stack frames name them (a memory snapshot's ``frames``:
+# ``filename`` with "/" separators). A training loop by what only training runs: backward, optimizer steps and
+# trainers (torch.no_grad / inference_mode wrappers live in torch/autograd/ too, so that folder alone says nothing).
+FRAME_MARKERS: dict[str, tuple[str, ...]] = {
+    "vllm": ("/vllm/",),
+    "sglang": ("/sglang/",),
+    "tgi": ("/text_generation_server/",),
+    "trtllm": ("/tensorrt_llm/",),
+    "triton": ("/tritonserver/", "/triton_python_backend_utils"),
+    "training": ("/torch/optim/", "/transformers/trainer.py", "/trl/trainer/", "/lightning/pytorch/trainer/",
+                 "/pytorch_lightning/trainer/", "/accelerate/accelerator.py"),
+    "desktop": ("/comfy/", "/ComfyUI/", "/stable-diffusion-webui/"),
+}
+BACKWARD_FRAMES = ("backward", "_engine_run_backward", "run_backward")  # function names under torch/ only training runs
 SERVING = ("vllm", "sglang", "tgi", "triton", "trtllm")
 KINDS = SERVING + ("training", "desktop", "unknown")
 # Lines looked at: the head of the log (a server's own logger names are on every line it prints) and the
@@ -48,6 +62,20 @@ def job_kind(markers: set[str] | frozenset[str], sources=()) -> str:
         if k in seen:
             return k
     return "unknown"
+
+
+def frame_kind(filename: str, name: str = "") -> tuple[str, int] | None:
+    """The kind a stack frame's module belongs to, and where in ``filename`` its marker starts (to quote the path
+    from there on, without the user's directories); None: no kind's code."""
+    f = "/" + filename.replace("\\", "/").lstrip("/")
+    for kind, marks in FRAME_MARKERS.items():
+        for m in marks:
+            i = f.find(m)
+            if i >= 0:
+                return kind, i
+    if name in BACKWARD_FRAMES and "/torch/" in f:
+        return "training", f.find("/torch/")
+    return None
 
 
 # The knobs of each kind, so that advice names a setting of the program that produced the evidence (flag names are
