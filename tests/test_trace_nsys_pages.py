@@ -231,3 +231,94 @@ def test_a_file_that_cannot_be_mapped_is_read_by_sql(tmp_path, monkeypatch):
     monkeypatch.setattr(mmap, "mmap", no_map)
     tl = read_nsys(str(p))
     assert tl.meta["reader"] == "stdlib" and np.array_equal(tl.op_start, ref.op_start)
+
+
+def _wide_rows(n: int, seed: int) -> list[tuple]:
+    """Rows whose layouts repeat in runs (as an export's: the same widths row after row) and sometimes
+    change: integers of every width and sign, NULLs, 0 and 1 (no bytes), short and long blobs before the
+    wanted columns (payloads of 128 bytes and more: 2-byte length varints)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    run = None
+    for i in range(n):
+        if run is None or rng.random() < 0.01:
+            run = (int(rng.integers(0, len(EDGES))), int(rng.integers(0, 140)), rng.random() < 0.3)
+        x = EDGES[run[0]] if rng.random() < 0.9 else EDGES[int(rng.integers(0, len(EDGES)))]
+        pad = None if run[2] else bytes(run[1])
+        y = None if i % 17 == 0 else int(rng.integers(-2 ** 62, 2 ** 62)) >> (run[0] * 3)
+        out.append((pad, i % 3, x, y, 7 + i % 4, 2 ** 48 + (i << 24) if run[2] else i))
+    return out
+
+
+@pytest.mark.parametrize("page_size", [512, 4096])
+def test_row_decode_reads_what_the_byte_decode_reads(tmp_path, monkeypatch, page_size):
+    """The row decode (fixed positions per layout) against the byte-at-a-time decode and SQLite, on rows
+    whose layouts run and change, rowids of 1 to 9 bytes, more layouts in a block than it takes, a wanted
+    column past the first bytes gathered (the row width grown) and past what it ever gathers."""
+    p = _db(tmp_path / "w.sqlite", [], page_size=page_size,
+            schema="pad BLOB, c INTEGER, x INTEGER, y INTEGER, s INTEGER, g INTEGER, "
+                   "i1 INTEGER, i2 INTEGER, i3 INTEGER, i4 INTEGER, far INTEGER")
+    rows = _wide_rows(6000, seed=page_size)
+    rng = np.random.default_rng(2)
+    ids = np.unique(np.concatenate([np.arange(1, 3000), rng.integers(3000, 2 ** 63 - 1, 3000, dtype=np.int64)]))
+    big = 2 ** 62
+    c = sqlite3.connect(p)
+    c.executemany("INSERT INTO T (rowid, pad, c, x, y, s, g, i1, i2, i3, i4, far) VALUES "
+                  "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                  [(int(r), *row, *([big] * 4 if j % 500 < 250 else [1] * 4), j)
+                   for j, (r, row) in enumerate(zip(ids.tolist(), rows))])
+    c.commit()
+    c.close()
+    cols = [Column("x", -1), Column("y", -5), Column("s"), Column("g", 0, field=(3, 3)), Column("c", 0, [1]),
+            Column("far")]
+    ref = _sql(p, ["ifnull(x, -1)", "ifnull(y, -5)", "s", f"g & {0xFFFFFF << 24}", "ifnull(c = 1, 0)", "far"])
+    by_bytes = []
+    real_cells = nsys_pages._cells
+
+    def cells(buf, cell, *a):
+        by_bytes.append(cell.size)
+        return real_cells(buf, cell, *a)
+
+    monkeypatch.setattr(nsys_pages, "_cells", cells)
+    for block, width, most in ((7, 64, 256), (1 << 16, 48, 256), (1 << 16, 64, 64)):
+        monkeypatch.setattr(nsys_pages, "BLOCK_CELLS", block)
+        monkeypatch.setattr(nsys_pages, "ROW_BYTES", width)  # 48: grown at the first block
+        monkeypatch.setattr(nsys_pages, "_MAX_ROW_BYTES", most)  # 64: "far" past it, those rows by bytes
+        got = {}
+        for mode in (False, True):
+            monkeypatch.setattr(nsys_pages, "ROW_DECODE", mode)
+            got[mode] = _pages(p, cols)
+            got[(mode, "near")] = _pages(p, cols[:4], keep=("s", [7, 9]))
+        for a, b, r in zip(got[False], got[True], ref):
+            assert a.tolist() == b.tolist() == r.tolist()
+        for a, b in zip(got[(False, "near")], got[(True, "near")]):
+            assert a.tolist() == b.tolist()
+        assert got[(True, "near")][2].tolist() == [v for v in ref[2].tolist() if v in (7, 9)]
+    # (the byte decode read all rows when the row decode was off, and some of them when it was on: rows of a
+    # block's ninth layout and later, long blobs' 2-byte serial types, 'far' past 64 bytes)
+    assert 0 < min(by_bytes) and max(by_bytes) < 6000
+
+
+def test_row_decode_checks_each_row_as_the_byte_decode(tmp_path, monkeypatch):
+    """A row the byte decode refuses (a REAL among the wanted values, a row longer than its payload) is
+    refused by the row decode too, in a block whose other rows share one layout."""
+    rows = [(None, 1, 2, 3, 4, 5, 6)] * 500
+    for bad in ((None, 1, 2.5, 3, 4, 5, 6), (None, 1, "zz", 3, 4, 5, 6)):
+        p = _db(tmp_path / f"b{len(str(bad))}.sqlite", rows[:300] + [bad] + rows[300:],
+                schema="pad BLOB, c INTEGER, x INTEGER, y INTEGER, s INTEGER, g INTEGER, h INTEGER")
+        for mode in (False, True):
+            monkeypatch.setattr(nsys_pages, "ROW_DECODE", mode)
+            assert "not an integer" in _unsupported(p, [Column("x"), Column("s")])
+    # a payload length cut short under one row's values: the same refusal either way
+    p = _db(tmp_path / "p.sqlite", rows, schema="pad BLOB, c INTEGER, x INTEGER, y INTEGER, s INTEGER, g INTEGER, "
+                                                "h INTEGER")
+    raw = bytearray(p.read_bytes())
+    leaf = next(off for off in range(4096, len(raw), 4096) if raw[off] == 0x0D)  # the first table leaf page
+    ptr = int.from_bytes(raw[leaf + 16:leaf + 18], "big")  # its fifth row
+    raw[leaf + ptr] = 3  # that row's payload: 3 bytes, shorter than its header and values
+    p.write_bytes(bytes(raw))
+    msgs = []
+    for mode in (False, True):
+        monkeypatch.setattr(nsys_pages, "ROW_DECODE", mode)
+        msgs.append(_unsupported(p, [Column("x"), Column("s")]))
+    assert msgs[0] == msgs[1] == "row longer than its payload"

@@ -26,6 +26,15 @@ from .safefile import NotRegularFile, open_regular_fd
 
 BLOCK_CELLS = 1 << 16  # rows decoded per step: every temporary stays in the CPU's cache
 _MAX_DEPTH = 40  # b-tree levels (a real table has 3-5)
+# The row decode (_rows): each row's first ROW_BYTES bytes (grown up to _MAX_ROW_BYTES when a layout needs
+# more) gathered in one step; rows whose layout (the lengths of their first varints, the header length and
+# the serial types up to the last wanted column) is one of a block's first _MAX_LAYOUTS layouts are read at
+# fixed positions; the others, and every row when ROW_DECODE is off, one byte at a time (_cells).
+ROW_DECODE = True
+ROW_BYTES = 64
+_MAX_ROW_BYTES = 256
+_MIN_ROW_BYTES = 48  # the varints (9 bytes each at most) and the layout's 16 bytes after them
+_MAX_LAYOUTS = 8
 # bytes of a value by serial type: 0-9 integers, NULL and REAL, 10 and 11 reserved, 12 and more blobs and text
 # (-1: reserved), and by any one-byte serial type (0-127); _LUT_INT: -1 for all but NULL and the integers
 _LUT = np.array([0, 1, 2, 3, 4, 6, 8, 8, 0, 0, -1, -1] + [(t - 12) >> 1 for t in range(12, 128)], dtype=np.int64)
@@ -146,11 +155,12 @@ def _read(buf: np.ndarray, root: int, idx: list[int], names: list[str], cols: li
         fields[nm] = next(iter(uses))[0] if alone and next(iter(uses))[1] else None
     at = 0
     col_of = dict(zip(names, idx))
+    width = [ROW_BYTES]  # bytes of each row gathered by the row decode (grown when a layout needs more)
     maxcol = max(idx)
     for lo, hi, n in blocks:
         # each block's rows decoded in place, where the result's next rows go (then packed when filtered)
         dest = {nm: outs[nm][at:at + n] if nm in shown else scratch[:n] for nm in names}
-        vals = _block(buf, base[lo:hi], ncell[lo:hi], usable, col_of, maxcol, dest, fields)
+        vals = _block(buf, base[lo:hi], ncell[lo:hi], usable, col_of, maxcol, dest, fields, width)
         m = None
         if keep is not None:
             v, isnull = vals[keep[0]]
@@ -267,23 +277,33 @@ def _varint(buf: np.ndarray, at: np.ndarray, value: bool = True) -> tuple[np.nda
 
 
 def _block(buf: np.ndarray, base: np.ndarray, ncell: np.ndarray, usable: int, col_of: dict[str, int], maxcol: int,
-           dest: dict[str, np.ndarray], fields: dict) -> dict[str, tuple[np.ndarray, np.ndarray | None]]:
+           dest: dict[str, np.ndarray], fields: dict, width: list[int]) -> dict[str, tuple[np.ndarray, np.ndarray | None]]:
     """The wanted columns (value, NULL 0; where NULL, or None when none is) of the rows of a block of leaf
-    pages; the values written into ``dest``'s arrays when given."""
+    pages; the values written into ``dest``'s arrays."""
     n = int(ncell.sum())
     if (ncell * 2 + 8 > usable).any():
         raise Unsupported("cell count")
-    first = np.cumsum(ncell) - ncell
-    which = np.repeat(np.arange(base.size), ncell)
-    pbase = base[which]
-    k = np.arange(n) - first[which]
-    k *= 2
-    k += pbase
-    k += 8
-    ptr = _u16(buf, k)
+    # the pages' cell pointer arrays (big-endian 2-byte offsets from byte 8 of each leaf page), each page's
+    # copied at once, then its first ncell pointers in order
+    mc = int(ncell.max())
+    arrays = np.ndarray((buf.size - 2 * mc + 1,), dtype=np.dtype((np.void, 2 * mc)), buffer=buf, strides=(1,))
+    ptr = arrays[base + 8].view(">u2").reshape(base.size, mc)[np.arange(mc) < ncell[:, None]].astype(np.int64)
+    pbase = np.repeat(base, ncell)
     if ((ptr < 8) | (ptr >= usable)).any():
         raise Unsupported("cell pointer")
     cell = pbase + ptr
+    if ROW_DECODE:
+        got = _rows(buf, cell, usable, pbase, col_of, maxcol, dest, fields, width)
+        if got is not None:
+            return got
+    return _cells(buf, cell, pbase, usable, col_of, maxcol, dest, fields)
+
+
+def _cells(buf: np.ndarray, cell: np.ndarray, pbase: np.ndarray, usable: int, col_of: dict[str, int], maxcol: int,
+           dest: dict[str, np.ndarray], fields: dict) -> dict[str, tuple[np.ndarray, np.ndarray | None]]:
+    """The wanted columns of the rows whose cells start at ``cell`` (on the pages at ``pbase``), any
+    layout, one byte of the file at a time: each row's own positions followed (serial types, then the
+    values' bytes)."""
     plen, l1 = _varint(buf, cell)
     cell += l1
     _, l2 = _varint(buf, cell, value=False)
@@ -367,3 +387,248 @@ def _block(buf: np.ndarray, base: np.ndarray, ncell: np.ndarray, usable: int, co
     if (body > end).any():
         raise Unsupported("row longer than its payload")
     return got
+
+
+def _row_byte(R: np.ndarray, off, rowbase: np.ndarray | None) -> np.ndarray:
+    """Byte ``off`` of each row of R: a strided column when ``off`` is one number, else each row's own."""
+    if isinstance(off, int):
+        return R[:, off]
+    return R.reshape(-1)[rowbase + off]
+
+
+def _row_varint(R: np.ndarray, off, rowbase: np.ndarray | None) -> tuple[np.ndarray, object]:
+    """Varints at ``off`` of each row of R (as :func:`_varint`): values, and lengths (one int when all
+    are 1 byte long, the common case)."""
+    b = _row_byte(R, off, rowbase)
+    v = b.astype(np.int64)
+    cont = b >= 0x80
+    if not cont.any():
+        return v, 1
+    v &= 0x7F
+    ln = np.ones(R.shape[0], dtype=np.int64)
+    if rowbase is None:
+        rowbase = np.arange(R.shape[0], dtype=np.int64) * R.shape[1]
+    for i in range(1, 9):
+        b = _row_byte(R, off + i if isinstance(off, int) else off + i, rowbase)
+        nv = v << (8 if i == 8 else 7)
+        nv |= b if i == 8 else (b & 0x7F)
+        np.copyto(v, nv, where=cont)
+        ln += cont
+        if i == 8:
+            break
+        cont &= b >= 0x80
+        if not cont.any():
+            break
+    lo = int(ln.min())
+    return v, (lo if lo == int(ln.max()) else ln)
+
+
+def _gather_rows(buf: np.ndarray, cell: np.ndarray, W: int) -> np.ndarray:
+    """(rows, W) bytes: W bytes of the file from each cell on (zeros past the file's end: bytes no check
+    lets a value be read from)."""
+    view = np.ndarray((buf.size - W + 1,), dtype=np.dtype((np.void, W)), buffer=buf, strides=(1,))
+    limit = buf.size - W
+    if int(cell.max()) <= limit:
+        return view[cell].view(np.uint8).reshape(cell.size, W)
+    near = cell > limit  # (rows of the file's last page, near its end)
+    R = np.empty((cell.size, W), dtype=np.uint8)
+    R[~near] = view[cell[~near]].view(np.uint8).reshape(-1, W)
+    tail = np.zeros(2 * W, dtype=np.uint8)
+    tail[:W] = buf[limit:]
+    R[near] = np.ndarray((W + 1,), dtype=np.dtype((np.void, W)), buffer=tail,
+                         strides=(1,))[cell[near] - limit].view(np.uint8).reshape(-1, W)
+    return R
+
+
+def _rowid_length(R: np.ndarray, l1, rowbase: np.ndarray | None):
+    """Length of the rowid varint of each row of R, at ``l1`` (the payload length's varint length): one
+    int when every row's is the first row's (rowids of one block of a table are close: the common case,
+    checked on the continuation bits of one column per byte), else per row."""
+    if isinstance(l1, int):
+        ln = 1
+        while ln < 9 and R[0, l1 + ln - 1] >= 0x80:
+            ln += 1
+        if all(bool((R[:, l1 + i] >= 0x80).all()) for i in range(ln - 1)) and \
+                (ln == 9 or bool((R[:, l1 + ln - 1] < 0x80).all())):
+            return ln
+        rowbase = np.arange(R.shape[0], dtype=np.int64) * R.shape[1]
+    cont = _row_byte(R, l1, rowbase) >= 0x80
+    ln = np.ones(R.shape[0], dtype=np.int64)
+    for i in range(1, 9):
+        ln += cont
+        if i == 8:
+            break
+        cont &= _row_byte(R, l1 + i, rowbase) >= 0x80
+        if not cont.any():
+            break
+    return ln
+
+
+def _wide(R: np.ndarray, off: int, size: int, out: np.ndarray) -> None:
+    """The big-endian signed integers of ``size`` bytes at byte ``off`` of each row of R, into ``out``:
+    one strided read of a 1, 2, 4 or 8-byte big-endian view (3 and 6 bytes: the 4 or 8 bytes ending
+    with the value, the bytes before it shifted out, sign-extended)."""
+    wide = {1: 1, 2: 2, 3: 4, 4: 4, 6: 8, 8: 8}[size]
+    view = np.ndarray((R.shape[0],), dtype=np.dtype(f">i{wide}") if wide > 1 else np.int8, buffer=R,
+                      offset=off - (wide - size), strides=(R.shape[1],))
+    np.copyto(out, view, casting="unsafe")
+    if wide != size:
+        sh = 64 - 8 * size
+        out <<= sh
+        out >>= sh
+
+
+def _rows(buf: np.ndarray, cell: np.ndarray, usable: int, pbase: np.ndarray, col_of: dict[str, int], maxcol: int,
+          dest: dict[str, np.ndarray], fields: dict, width: list[int]) -> dict | None:
+    """:func:`_cells`'s result for the same rows, or None (then _cells reads them all): each row's first
+    bytes gathered at once (one copy of ``width[0]`` bytes per row, from a view of the file whose
+    elements are that many bytes starting at every byte), then, for the rows sharing a layout (the
+    varints' lengths, the header length and the serial types up to the last wanted column, compared as
+    two integers per row), each wanted column read at its fixed position by one strided read of a
+    big-endian view: no per-row offsets, no byte-at-a-time gathers. Same checks as _cells, row for row;
+    the rows of other layouts go to _cells.
+
+    Why: _cells costs about 190 ns per row of the kernel table (30 one-byte gathers and the per-row offset
+    arithmetic between them), this about 40 (bench/bench_trace.py, docs/performance.md)."""
+    n = cell.size
+    k = maxcol + 2  # the header's length (one byte) and the serial types of columns 0 .. maxcol
+    if n == 0 or k > 16 or any(f is not None and f[0] + f[1] >= 8 for f in fields.values()):
+        return None
+    wanted = {c: name for name, c in col_of.items()}
+    while True:
+        W = width[0] = max(width[0], _MIN_ROW_BYTES)
+        if buf.size < W:
+            return None
+        R = _gather_rows(buf, cell, W)
+        rowbase = None
+        plen, l1 = _row_varint(R, 0, None)
+        if not isinstance(l1, int):
+            rowbase = np.arange(n, dtype=np.int64) * W
+        l2 = _rowid_length(R, l1, rowbase)
+        if not isinstance(l2, int) and rowbase is None:
+            rowbase = np.arange(n, dtype=np.int64) * W
+        r = l1 + l2  # where the record (its header) starts in the row
+        end = cell + r
+        end += plen
+        if (plen > usable - 35).any() or (end > pbase + usable).any():
+            raise Unsupported("overflowing or broken row")
+        del end
+        if isinstance(r, int):
+            groups = [(None, r)]
+        else:
+            counts = np.bincount(r)
+            groups = [(np.flatnonzero(r == v), int(v)) for v in np.flatnonzero(counts)]
+            if len(groups) == 1:
+                groups = [(None, groups[0][1])]
+        got: dict[str, list] = {name: [dest[name], None] for name in col_of}
+        left: list[np.ndarray] = []
+        retry = False
+        for rows, r0 in groups:
+            Rs = R if rows is None else R[rows]
+            retry = _layouts(Rs, rows, r0, plen if rows is None else plen[rows], k, maxcol, wanted, fields, got, left,
+                             width, n)
+            if retry:
+                break
+        if not retry:
+            break
+    if left:
+        rest = np.concatenate(left) if len(left) > 1 else left[0]
+        sub = _cells(buf, cell[rest], pbase[rest], usable, col_of, maxcol,
+                     {name: np.empty(rest.size, dtype=np.int64) for name in col_of}, fields)
+        for name, (v, isnull) in sub.items():
+            got[name][0][rest] = v
+            if isnull is not None:
+                if got[name][1] is None:
+                    got[name][1] = np.zeros(n, dtype=bool)
+                got[name][1][rest] = isnull
+    return {name: (v, isnull) for name, (v, isnull) in got.items()}
+
+
+def _layouts(Rs: np.ndarray, rows: np.ndarray | None, r: int, plen: np.ndarray, k: int, maxcol: int,
+             wanted: dict[int, str], fields: dict, got: dict, left: list, width: list[int], n: int) -> bool:
+    """The rows of Rs (whose records start at byte ``r``; ``rows``: their places in the block, None: all)
+    by layout, up to _MAX_LAYOUTS layouts; the rest appended to ``left``. True: a layout needs more bytes
+    per row than gathered (``width`` grown: gather again)."""
+    W = Rs.shape[1]
+    ns = Rs.shape[0]
+    key = np.ndarray((ns,), dtype="<u8", buffer=Rs, offset=r, strides=(W,)) & np.uint64((1 << (8 * min(k, 8))) - 1)
+    key2 = None
+    if k > 8:
+        key2 = np.ndarray((ns,), dtype="<u8", buffer=Rs, offset=r + 8, strides=(W,)) & np.uint64((1 << (8 * (k - 8))) - 1)
+    rem = None  # the rows (of Rs) not decoded yet; None: all
+    for _ in range(_MAX_LAYOUTS):
+        j = 0 if rem is None else int(rem[0])
+        if rem is None:
+            eq = key == key[j]
+            if key2 is not None:
+                eq &= key2 == key2[j]
+        else:
+            eq = key[rem] == key[j]
+            if key2 is not None:
+                eq &= key2[rem] == key2[j]
+        if eq.all():
+            g, rem_next = rem, np.zeros(0, dtype=np.int64)
+        else:
+            g = np.flatnonzero(eq) if rem is None else rem[eq]
+            rem_next = np.flatnonzero(~eq) if rem is None else rem[~eq]
+        lay = Rs[j, r:r + k].tolist()
+        hlen, types = lay[0], lay[1:]
+        if hlen >= 0x80 or max(types) >= 0x80:
+            left.append(_at(rows, g, ns))  # (a header of 128 bytes or more, a long text or blob: _cells)
+        else:
+            if hlen - 1 < maxcol + 1:
+                raise Unsupported("row with fewer columns than the table")
+            sizes = []
+            for c, t in enumerate(types):
+                size = int((_LUT_INT if c in wanted else _LUT)[t])
+                if size < 0:
+                    raise Unsupported("value that is not an integer" if c in wanted else "reserved serial type")
+                sizes.append(size)
+            body = r + hlen
+            need = body + sum(sizes)
+            if need > W:
+                if need > _MAX_ROW_BYTES:
+                    left.append(_at(rows, g, ns))
+                else:
+                    width[0] = -(-need // 8) * 8
+                    return True
+            else:
+                pl = plen if g is None else plen[g]
+                if (pl < need - r).any():
+                    raise Unsupported("row longer than its payload")
+                Rg = Rs if g is None else Rs[g]
+                whole = rows is None and g is None
+                at = None if whole else _at(rows, g, ns)
+                off = body
+                for c, t in enumerate(types):
+                    name = wanted.get(c)
+                    if name is not None:
+                        v = got[name][0]
+                        out = v if whole else np.empty(Rg.shape[0], dtype=np.int64)
+                        if t in (0, 8, 9):
+                            out.fill(1 if t == 9 else 0)
+                        else:
+                            _wide(Rg, off, sizes[c], out)
+                        f = fields.get(name)
+                        if f is not None:
+                            out &= ((1 << (8 * f[1])) - 1) << (8 * f[0])
+                        if not whole:
+                            v[at] = out
+                        if t == 0:
+                            if got[name][1] is None:
+                                got[name][1] = np.zeros(n, dtype=bool)
+                            got[name][1][slice(None) if whole else at] = True
+                    off += sizes[c]
+        rem = rem_next
+        if rem.size == 0:
+            return False
+    left.append(_at(rows, rem, ns))
+    return False
+
+
+def _at(rows: np.ndarray | None, g: np.ndarray | None, ns: int) -> np.ndarray:
+    """Places in the block of rows ``g`` of a group (None: all of it) whose rows are at ``rows`` (None:
+    the whole block)."""
+    if g is None:
+        return np.arange(ns, dtype=np.int64) if rows is None else rows
+    return g if rows is None else rows[g]
