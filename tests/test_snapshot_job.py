@@ -136,6 +136,15 @@ def test_without_frames_the_job_is_unknown_and_engine_flags_are_labelled(cls):
         assert unlabelled(line) == [], line
 
 
+def test_the_html_report_says_the_job_and_its_frames(tmp_path):
+    out = tmp_path / "snap.html"
+    p = cli("snapshot", fixture("tgi"), "--fail-on", "never", "--html", out)
+    assert p.returncode == 0, p.stderr
+    html = out.read_text()
+    assert "Job: <b>tgi</b> (TGI (text-generation-inference): text_generation_server/layers/linear.py:40" in html
+    assert "vLLM" not in html
+
+
 def test_frames_of_no_known_program_leave_the_job_unknown():
     # the committed fixture's own stacks: /app/model.py, /app/serve.py
     d = snapshot_json(SNAP / "fragmented_oom.pickle")

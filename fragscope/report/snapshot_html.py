@@ -24,6 +24,10 @@ def render_snapshot_html(doc: dict, map_rows: list[dict], segments_in_scope: int
                     f"PYTORCH_CUDA_ALLOC_CONF=<code>{esc(repr(s.get('alloc_conf')))}</code></p>")
     else:
         body.append('<p class="small">Allocator settings: not recorded in this snapshot (older PyTorch).</p>')
+    job = doc.get("job")
+    if isinstance(job, dict):  # what took the snapshot, from its stack frames: the fixes name its settings
+        told = "; ".join(str(e) for e in job.get("evidence") or []) or job.get("note") or ""
+        body.append(f"<p>Job: <b>{esc(job.get('kind'))}</b>{(' (' + esc(told) + ')') if told else ''}</p>")
     devs = doc.get("devices") or []
     if devs:
         body.append("<h2>Devices</h2><table><thead><tr><th>GPU</th><th>verdict</th><th>reserved</th><th>allocated</th>"
