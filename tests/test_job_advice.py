@@ -138,3 +138,17 @@ def test_playbook_for_a_kind_keeps_plain_lines_and_drops_other_jobs_lines():
     assert un["immediate"] == ["plain", "neutral"] and un["durable"][0]["text"] == "vLLM: --enforce-eager"
     assert all(type(x) is str for x in un["immediate"])
     assert json.loads(json.dumps(pb.to_dict()))["immediate"] == ["plain", "neutral"]
+
+
+def test_kv_pressure_computed_fixes_in_the_jobs_flags():
+    """The computed fixes of a preemption storm: SGLang's cap and memory share for an SGLang log, vLLM's for a vLLM
+    log or a metrics window (whose figures come from vLLM's config)."""
+    from fragscope.playbooks import computed_actions
+
+    peers = {"ids": frozenset(), "settings": {"--mem-fraction-static": (0.83, "kv-pool-undersized")}}
+    sg = computed_actions("kv-cache-pressure", {"job_kind": "sglang", "running": 40, "_peers": peers},
+                          {"gpu_memory_utilization": 0.9})
+    assert sg[0].startswith("Cap --max-running-requests at ~32") and "--mem-fraction-static 0.83" in sg[1]
+    assert not [x for x in sg if foreign(x, "sglang")], sg
+    vl = computed_actions("kv-cache-pressure", {"running": 40}, {"gpu_memory_utilization": 0.9})
+    assert vl[0].startswith("Cap --max-num-seqs at ~32") and "--gpu-memory-utilization 0.90 → 0.93" in vl[1]

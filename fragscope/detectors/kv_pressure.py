@@ -336,24 +336,29 @@ def actions(ctx: dict, config: dict) -> list[str]:
     if ctx.get("crash_line"):  # one preemption, then the run died: the crash is what to read (detectors/logs.py)
         return [f"Read the crash at line {int(ctx['crash_line'])} (its traceback's last line names the error; diagnose "
                 "logs lists it when it is an OOM); one preemption needs no change of its own."]
-    gmu = _f(config.get("gpu_memory_utilization"))
+    kind = ctx.get("job_kind")
+    # the job's own flags (a log's job_kind); vLLM's where the finding does not say (a metrics window, vLLM's config)
+    cap_flag = (KNOBS[kind].get("concurrency") if kind in KNOBS else None) or "--max-num-seqs"
+    vllm_sizing = kind in (None, "vllm")  # the --gpu-memory-utilization arithmetic is vLLM's
+    gmu = _f(config.get("gpu_memory_utilization")) if vllm_sizing else None
     running = _f(ctx.get("running"))
     cap = _f(ctx.get("cap_sequences"))
-    u_need = _f(ctx.get("needed_gpu_memory_utilization"))
+    u_need = _f(ctx.get("needed_gpu_memory_utilization")) if vllm_sizing else None
     if cap:  # the log's own arithmetic (detectors/log_queue.py): what the pool holds at the observed length
-        acts.append(f"Cap {ctx.get('batch_flag') or '--max-num-seqs'} at {max(1, int(cap))} (what the pool holds at "
+        acts.append(f"Cap {ctx.get('batch_flag') or cap_flag} at {max(1, int(cap))} (what the pool holds at "
                     "the observed length), or add replicas.")
         if u_need is not None:
             acts.append(f"Or grow the pool: --gpu-memory-utilization {u_need:.2f} holds the configured batch at that "
                         "length, if NVML shows that memory free at peak (fragscope size --log FILE --recording REC).")
         return acts
     if running:
-        acts.append(f"Cap --max-num-seqs at ~{max(1, int(running * 0.8))} (80 % of the {running:.0f} sequences "
+        acts.append(f"Cap {cap_flag} at ~{max(1, int(running * 0.8))} (80 % of the {running:.0f} sequences "
                     f"running at the edge) or add replicas.")
     peers = ctx.get("_peers") or {}
     sized = {k: v for k, v in (peers.get("settings") or {}).items()
-             if k in ("--gpu-memory-utilization", "--kv-cache-memory-bytes")}
-    kvb = _f(config.get("kv_cache_memory_bytes"))
+             if k in ("--gpu-memory-utilization", "--kv-cache-memory-bytes", "--mem-fraction-static")
+             and (k == "--mem-fraction-static") == (kind == "sglang")}
+    kvb = _f(config.get("kv_cache_memory_bytes")) if vllm_sizing else None
     if sized:
         # kv-pool-undersized measured the headroom: its value, not a rule of thumb (docs/sizing.md)
         flag, (value, by) = next(iter(sized.items()))
