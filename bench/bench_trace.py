@@ -360,7 +360,8 @@ def cx(table, cols, where):
 def pages(table, cols, keep):
     from fragscope.collectors.nsys_pages import Column, read_table  # (numpy and the stdlib only)
     c = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
-    return read_table(c, path, table, [Column(*a) for a in cols], keep)
+    return read_table(c, path, table, [Column(a[0], a[1], a[2], tuple(a[3]), tuple(a[4]) if a[4] else None)
+                                       for a in cols], keep)
 fn = {"connectorx": cx, "pages": pages}.get(reader, stdlib)
 th = [threading.Thread(target=fn, args=q) for q in queries]
 for t in th: t.start()
@@ -379,7 +380,7 @@ def _plain_floor(p: Path, reader: str, reps: int, env: dict) -> float:
         real_pages = nsys_pages.read_table
 
         def rec_pages(conn, path, table, cols, keep=None):
-            sent.append([table, [[c.name, c.null, c.isin, list(c.also)] for c in cols], keep])
+            sent.append([table, [[c.name, c.null, c.isin, list(c.also), c.field] for c in cols], keep])
             return real_pages(conn, path, table, cols, keep)
 
         nsys_pages.read_table = rec_pages
