@@ -10,7 +10,7 @@ import random
 import numpy as np
 import pytest
 
-from fragscope.collectors import kineto, kineto_events
+from fragscope.collectors import kineto, kineto_events, kineto_loop
 from fragscope.collectors.kineto import _exact_ns, read_kineto, us_to_ns
 from fragscope.collectors.kineto_times import _one_large_shape, text_times, texts_ns
 from fragscope.collectors.kineto_events import Dec, raw_value
@@ -110,8 +110,9 @@ def test_epoch_text_trace_reads_the_same_with_and_without_bulk(tmp_path, monkeyp
     p = tmp_path / "epoch.json.gz"
     p.write_bytes(gzip.compress(json.dumps({"traceEvents": ev}).encode()))
     bulk = read_kineto(str(p))
+    monkeypatch.setattr(kineto, "_lean_timeline", lambda raw, path: None)  # (the lean pass: its own bulk reading)
     monkeypatch.setattr(kineto, "texts_ns", lambda vals, np=None: None)
-    monkeypatch.setattr(kineto, "text_times", lambda raws: list(raws))
+    monkeypatch.setattr(kineto_loop, "text_times", lambda raws: list(raws))
     one_by_one = read_kineto(str(p))
     for f in ("op_start", "op_end", "call_start", "call_end", "op_launch"):
         assert np.array_equal(getattr(bulk, f), getattr(one_by_one, f)), f

@@ -18,11 +18,11 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from .. import vec
-from ..timeline_model import (KERNEL, MEMCPY, MEMSET, Timeline, TraceError, classify_api, copy_kind_from_name,
-                              workload_marker)
-from .kineto_events import (FLOAT_EXACT_US, TYPED, Dec, Fallback, NeedTextTimes, Raw, decode_trace, event_from_dict,
-                            raw_value)
-from .kineto_times import text_times, texts_ns
+from ..timeline_model import KERNEL, Timeline, TraceError, classify_api, copy_kind_from_name
+from .kineto_events import TYPED, Dec, Fallback, NeedTextTimes, decode_lean, decode_trace, event_from_dict, raw_value
+from .kineto_loop import BadValue, event_loop, hashable
+from .kineto_pass import Columns, LeanNeedsText, lean_columns, texts_ns_at
+from .kineto_times import texts_ns
 from .trace_io import DEFAULT_MAX_JSON_BYTES, read_json_bytes
 
 if TYPE_CHECKING:
@@ -30,17 +30,7 @@ if TYPE_CHECKING:
 
 __all__ = ["read_kineto", "timeline_from_events", "Timeline", "TraceError"]
 
-_GPU_CATS = {"kernel": KERNEL, "Kernel": KERNEL, "gpu_memcpy": MEMCPY, "Memcpy": MEMCPY,
-             "gpu_memset": MEMSET, "Memset": MEMSET}
-_HOST_CATS = {"cuda_runtime", "cuda_driver", "Runtime", "cuda_runtime_api", "Driver"}
-# Categories whose ProfilerStep#N rows are not steps: the GPU-side copy of each CPU annotation
-# (gpu_user_annotation, one per stream that ran work in the step).
-_NOT_STEP_CATS = {"gpu_user_annotation"}
-# Host-side rows whose names can mark the workload (training vs serving).
-_MARK_CATS = {"cpu_op", "user_annotation", "python_function", "Operator", "cpu_instant_event"}
-
-_TS_MAX_US = (1 << 62) // 1000  # |ts|, |dur| in µs whose ns fit int64 with room for sums (year 2116)
-_I64 = 1 << 63
+_Bad, _hashable = BadValue, hashable
 _Dec = Dec  # (the name the checks below use)
 
 
@@ -73,41 +63,6 @@ def _stdlib_only() -> bool:
     return os.environ.get("FRAGSCOPE_JSON_DECODER", "").strip().lower() == "stdlib"
 
 
-class _Bad(Exception):
-    """A field holding a number out of range (caught and reported with the file and event)."""
-
-
-def _int(v, default: int = -1, field: str = "value") -> int:
-    """An id from a JSON value: ints, integral floats and decimal strings; ``default`` for anything
-    else; _Bad when out of int64's range."""
-    if isinstance(v, bool):
-        return default
-    if isinstance(v, int):
-        out = v
-    elif isinstance(v, float):
-        if v != v or v in (float("inf"), float("-inf")):
-            return default
-        out = int(v)
-    elif isinstance(v, str) and not isinstance(v, _Dec):
-        try:
-            out = int(v)
-        except ValueError:
-            return default
-    else:
-        return default
-    if not -_I64 <= out < _I64:
-        raise _Bad(f"{field} {str(v)[:30]} out of the 64-bit range")
-    return out
-
-
-_NO_ARGS = event_from_dict({"args": {}}).args  # an event without args: every field None
-
-
-def _hashable(v):
-    """pid / tid / flow id as a dict key: scalars only (a list or object becomes None)."""
-    return v if isinstance(v, (int, float, str)) else None
-
-
 def read_kineto(path: str, max_json_bytes: int = DEFAULT_MAX_JSON_BYTES) -> Timeline:
     """Parse a Kineto trace file into a Timeline. Raises TraceError (one line) on bad input."""
     with _gc_paused():
@@ -116,6 +71,10 @@ def read_kineto(path: str, max_json_bytes: int = DEFAULT_MAX_JSON_BYTES) -> Time
 
 def _read_kineto(path: str, max_json_bytes: int) -> Timeline:
     raw = _load_raw(path, max_json_bytes)
+    if not _stdlib_only():
+        tl = _lean_timeline(raw, path)
+        if tl is not None:
+            return tl
     events, doc = decode_trace(raw, path, "stdlib" if _stdlib_only() else "auto")
     if not events:
         raise TraceError(f"cannot read {path}: empty trace (no events)")
@@ -128,6 +87,34 @@ def _read_kineto(path: str, max_json_bytes: int) -> Timeline:
     except Fallback:  # a value the typed decoding leaves to the stdlib decoder
         events, doc = decode_trace(raw, path, "stdlib")
         return _timeline(events, path, doc)
+
+
+class _NeedFull(Exception):
+    """The lean rows do not do for this trace (an op no call links: the flows would be read)."""
+
+
+def _lean_timeline(raw: bytes, path: str) -> Timeline | None:
+    """The Timeline from the lean schemas and pass (kineto_pass), or None where they do not read the trace (the
+    full schemas and the per-event loop then do, as before)."""
+    lean = decode_lean(raw)
+    if lean is None:
+        return None
+    events, doc, text = lean
+    try:
+        c = lean_columns(events, text)
+    except LeanNeedsText:  # epoch-µs float times: decoded again with their text kept
+        del events
+        lean = decode_lean(raw, True)
+        if lean is None:
+            return None
+        events, doc, text = lean
+        c = lean_columns(events, text)
+    if c is None:
+        return None
+    try:
+        return _timeline_of(c, events, len(events), path, doc)
+    except (_NeedFull, _Bad):  # (_Bad: the per-event loop words which value)
+        return None
 
 
 def timeline_from_events(events: list, source: str = "", doc: dict | None = None) -> Timeline:
@@ -147,151 +134,22 @@ def _timeline(events: list, source: str, doc: dict) -> Timeline:
         raise TraceError(f"cannot read {source}: {e}") from None
 
 
-def _num(v) -> bool:
-    """A usable time value: an int, a finite float or a large number's text, within _TS_MAX_US."""
-    if isinstance(v, float):
-        return -_TS_MAX_US <= v <= _TS_MAX_US  # (False for NaN)
-    if isinstance(v, int):
-        if isinstance(v, bool):
-            return False
-        if -_TS_MAX_US <= v <= _TS_MAX_US:
-            return True
-        raise _Bad(f"time {str(v)[:30]} µs out of range")
-    return isinstance(v, _Dec)
-
-
 def _from_events(events: list, n_events: int, source: str, doc: dict) -> Timeline:
-    """One pass over typed events (kineto_events.Event or its stdlib twin): ts, dur, pid, tid, id may be
-    JSON text (Raw) still, converted here only where they are used."""
-    o_dev: list[int] = []
-    o_stream: list[int] = []
-    o_kind: list[int] = []
-    o_ts: list = []
-    o_dur: list = []
-    o_corr: list[int] = []
-    o_bytes: list[int] = []
-    o_names: list[str] = []
-    c_ts: list = []
-    c_dur: list = []
-    c_corr: list[int] = []
-    c_name: list[int] = []
-    marker_of: dict[str, str | None] = {}
-    c_ev: list = []  # host calls' events, for their locations
-    name_ids: dict[str, int] = {}
-    steps: list[tuple] = []
-    flow_ev: list = []  # ac2g flow events: turned into links only if some GPU op has no correlation
-    o_loc: dict[int, tuple] = {}
-    o_comm: list[int] = []
-    marks: dict[str, int] = {}
-    mark_names: dict[str, list[str]] = {}
-    n_x = 0
-    exact = False  # a time came as a large number's text: convert every time exactly
-    gpu_cats, host_cats, ts_max, i64, f_exact = _GPU_CATS, _HOST_CATS, _TS_MAX_US, _I64, FLOAT_EXACT_US
-    no_args = _NO_ARGS
-    typed = bool(events) and type(events[0]) in TYPED
-    # Times kept as JSON text (epoch µs with sub-µs digits): converted in one pass, in event order
-    next_text_time = iter(text_times([e.ts for e in events if e.ph == "X" and type(e.ts) is Raw]
-                                      if typed else ())).__next__
-    for e in events:
-        ph = e.ph
-        if ph == "X":
-            n_x += 1
-            cat = e.cat
-            if type(cat) is not str and not isinstance(cat, str):
-                cat = ""
-            kind = gpu_cats.get(cat)
-            ts = e.ts
-            if type(ts) is Raw:
-                ts = next_text_time()  # (this event's, converted in bulk above)
-                if type(ts) is Raw:
-                    ts = raw_value(ts)
-            dur = e.dur
-            # Inline checks for the common types (plain ints and floats in range); anything else takes the
-            # general checks (_num, _int), which skip, convert or raise as before.
-            t1, t2 = type(ts), type(dur)
-            if typed:
-                # A float this large comes only from msgspec's numeric schema (the stdlib hook keeps its
-                # text): its ns need the text.
-                if t1 is float and (ts >= f_exact or ts <= -f_exact):
-                    raise NeedTextTimes
-                if t2 is float and (dur >= f_exact or dur <= -f_exact):
-                    raise Fallback
-            if t1 is _Dec and (t2 is float or t2 is int) and -ts_max <= dur <= ts_max:
-                exact = True  # (epoch µs with sub-µs digits: the large number's text, checked when converted)
-            elif not ((t1 is float or t1 is int) and (t2 is float or t2 is int) and -ts_max <= ts <= ts_max
-                      and -ts_max <= dur <= ts_max):
-                if not _num(ts) or not _num(dur):
-                    continue
-                if type(ts) is _Dec or type(dur) is _Dec:
-                    exact = True
-            args = e.args
-            if args is None:
-                args = no_args
-            name = e.name
-            if type(name) is not str and not isinstance(name, str):
-                name = ""
-            if kind is not None:
-                v = args.device
-                if v is None:
-                    v = raw_value(e.pid)
-                o_dev.append(v if type(v) is int and -i64 <= v < i64 else _int(v, field="device"))
-                v = args.stream
-                if v is None:
-                    v = raw_value(e.tid)
-                o_stream.append(v if type(v) is int and -i64 <= v < i64 else _int(v, field="stream"))
-                o_kind.append(kind)
-                o_ts.append(ts)
-                o_dur.append(dur)
-                corr = args.correlation
-                if type(corr) is not int or not -i64 <= corr < i64:
-                    corr = _int(corr, field="correlation")
-                o_corr.append(corr)
-                if corr < 0:
-                    o_loc[len(o_ts) - 1] = (_hashable(raw_value(e.pid)), _hashable(raw_value(e.tid)), ts)
-                if kind == KERNEL:
-                    o_bytes.append(-1)
-                    if "ccl" in name and (name.startswith(("nccl", "hccl")) or "ncclKernel" in name
-                                          or "ncclDevKernel" in name):
-                        o_comm.append(len(o_ts) - 1)
-                    o_names.append("")
-                else:
-                    o_bytes.append(_int(args.bytes, field="bytes"))
-                    o_names.append(name)
-            elif cat in host_cats:
-                nid = name_ids.get(name)
-                if nid is None:
-                    nid = name_ids[name] = len(name_ids)
-                c_ts.append(ts)
-                c_dur.append(dur)
-                corr = args.correlation
-                if type(corr) is not int or not -i64 <= corr < i64:
-                    corr = _int(corr, field="correlation")
-                c_corr.append(corr)
-                c_name.append(nid)
-                c_ev.append(e)  # its location (pid, tid, ts), built only if flows are needed
-            else:
-                if name.startswith("ProfilerStep#") and cat not in _NOT_STEP_CATS:
-                    steps.append((ts, dur))
-                elif cat in _MARK_CATS:
-                    m = marker_of.get(name, 0)
-                    if m == 0:  # (names repeat: one test per distinct name)
-                        m = marker_of[name] = workload_marker(name)
-                    if m is not None:
-                        marks[m] = marks.get(m, 0) + 1
-                        ex = mark_names.setdefault(m, [])
-                        if len(ex) < 3 and name not in ex:
-                            ex.append(name)
-        elif ph == "s" or ph == "f":
-            cat = e.cat
-            if cat == "ac2g":
-                flow_ev.append(e)
-            elif cat == "fwdbwd" and ph == "s":  # autograd's forward -> backward links: a training step
-                marks["backward_links"] = marks.get("backward_links", 0) + 1
-    if n_x == 0:
+    """The Timeline of typed events (kineto_events.Event or its stdlib twin), through the per-event loop."""
+    return _timeline_of(event_loop(events, bool(events) and type(events[0]) in TYPED), events, n_events, source, doc)
+
+
+def _timeline_of(c: Columns, events: list, n_events: int, source: str, doc: dict) -> Timeline:
+    """The Timeline of a trace's rows (``events`` only for the error naming what the trace holds instead)."""
+    if c.n_x == 0:
         raise TraceError(f"cannot read {source}: not a PyTorch profiler trace (no complete 'X' events)")
-    if not o_ts:
+    if not c.o_ts:
         raise TraceError(f"cannot read {source}: no GPU activity (no kernel, memcpy or memset events{_cats_seen(events)})"
                          "; profile with ProfilerActivity.CUDA")
+    o_dev, o_stream, o_kind, o_ts, o_dur, o_corr, o_bytes, o_names, o_loc, o_comm = \
+        c.o_dev, c.o_stream, c.o_kind, c.o_ts, c.o_dur, c.o_corr, c.o_bytes, c.o_names, c.o_loc, c.o_comm
+    c_ts, c_dur, c_corr, c_name, c_ev, name_ids, steps = c.c_ts, c.c_dur, c.c_corr, c.c_name, c.c_ev, c.name_ids, \
+        c.steps
 
     # The columns: numpy arrays, or for a small trace Python lists behind the same operations (fragscope.vec):
     # the same values, without numpy's import.
@@ -299,7 +157,11 @@ def _from_events(events: list, n_events: int, source: str, doc: dict) -> Timelin
         import numpy as np
     else:
         np = vec
-    if exact:
+    if c.texts is not None:  # time texts of one shape (kineto_pass): o_ts, c_ts, the steps' starts are rows
+        op_start, op_end = _text_ns(c.texts, o_ts, o_dur, np)
+        call_start, call_end = _text_ns(c.texts, c_ts, c_dur, np)
+        step_s, step_e = _text_ns(c.texts, [s[0] for s in steps], [s[1] for s in steps], np)
+    elif c.exact:
         op_start, op_end = _exact_ns(o_ts, o_dur, np)
         call_start, call_end = _exact_ns(c_ts, c_dur, np)
         step_s, step_e = _exact_ns([s[0] for s in steps], [s[1] for s in steps], np)
@@ -321,7 +183,10 @@ def _from_events(events: list, n_events: int, source: str, doc: dict) -> Timelin
     op_corr = np.asarray(o_corr, dtype=np.int64)
     call_corr = np.asarray(c_corr, dtype=np.int64)
     op_launch = link_by_key(op_corr, call_corr)
-    if flow_ev and (op_launch < 0).any():
+    if c.lean and (op_launch < 0).any():
+        raise _NeedFull
+    flow_ev = c.flows() if (op_launch < 0).any() else ()
+    if flow_ev:
         flows_s, flows_f = _flows(flow_ev)
     else:
         flows_f = None
@@ -355,6 +220,7 @@ def _from_events(events: list, n_events: int, source: str, doc: dict) -> Timelin
         # newer Kineto: ts on its own clock, unix ns = ts * 1000 + baseTimeNanoseconds (as HTA converts)
         epoch = base
     dist = doc.get("distributedInfo")
+    marks, mark_names = c.marks, c.mark_names
     meta = {"schema_version": _scalar(doc.get("schemaVersion")), "events": n_events,
             "trace_name": _scalar(doc.get("traceName")),
             "distributed_rank": _scalar(dist.get("rank")) if isinstance(dist, dict) else None}
@@ -456,7 +322,16 @@ def _exact_ns(ts: list, dur: list, np=None) -> tuple[np.ndarray, np.ndarray]:
     start = texts_ns(ts, None if np is vec else np)
     if start is None:
         start = [us_to_ns(v) for v in ts]
-    start = np.asarray(start, dtype=np.int64)
+    return _with_durations(np.asarray(start, dtype=np.int64), dur, np)
+
+
+def _text_ns(texts: tuple, rows: list, dur: list, np) -> tuple[np.ndarray, np.ndarray]:
+    """start, end in int ns of the rows of time texts of one shape (kineto_pass), as _exact_ns gives them."""
+    start = texts_ns_at(texts, rows, None if np is vec else np)
+    return _with_durations(np.asarray(start, dtype=np.int64), dur, np)
+
+
+def _with_durations(start, dur: list, np) -> tuple[np.ndarray, np.ndarray]:
     if dur and set(map(type, dur)) == {float}:  # round(v * 1000) of each, as us_to_ns (half to even both)
         d = np.rint(np.asarray(dur, dtype=np.float64) * 1000.0).astype(np.int64)
     else:

@@ -29,8 +29,8 @@ except ImportError:  # pragma: no cover - exercised with FRAGSCOPE_JSON_DECODER=
     class Raw:  # type: ignore[no-redef]  # (never instantiated: `type(x) is Raw` is simply False)
         pass
 
-__all__ = ["Dec", "Event", "EventTextTime", "Args", "parse_float", "decode_trace", "event_from_dict", "raw_value",
-           "Fallback", "NeedTextTimes", "TYPED"]
+__all__ = ["Dec", "Event", "EventTextTime", "Args", "parse_float", "decode_trace", "decode_lean", "event_from_dict",
+           "raw_value", "Fallback", "NeedTextTimes", "TYPED", "LEAN_X", "LEAN_FLOW_START"]
 
 # A float JSON number below this many µs (2**41 µs, 25 days) converts to ns exactly enough (its float64
 # step is under 0.5 ns); above it (epoch µs: 1.7e15, where float64 keeps 0.25 µs steps) the number is kept
@@ -112,6 +112,40 @@ if msgspec is not None:
     _DECODERS = {False: msgspec.json.Decoder(_Doc), True: msgspec.json.Decoder(_DocTextTime)}
     _ANY = msgspec.json.Decoder(float_hook=parse_float)
     TYPED = (Event, EventTextTime)
+
+    # The lean schemas (kineto_pass): one struct per phase ("ph", the union's tag), each with only what the
+    # analysis reads of it; a phase not listed here, or an event without one, fails the decode (the full
+    # schemas above then read the file).
+    class LeanX(msgspec.Struct, tag_field="ph", tag="X", gc=False):
+        cat: Union[str, None] = None
+        name: Union[str, None] = None
+        ts: Union[int, float, None] = None
+        dur: Union[int, float, None] = 0
+        args: Union[Args, None] = None
+
+    class LeanXText(msgspec.Struct, tag_field="ph", tag="X", gc=False):
+        cat: Union[str, None] = None
+        name: Union[str, None] = None
+        ts: Raw = None
+        dur: Union[int, float, None] = 0
+        args: Union[Args, None] = None
+
+    class LeanFlowStart(msgspec.Struct, tag_field="ph", tag="s", gc=False):
+        cat: Union[str, None] = None
+
+    # The other phases of the Trace Event Format (https://docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU)
+    _LEAN_OTHER = tuple(msgspec.defstruct(f"LeanPhase{i}", [], tag_field="ph", tag=ph, gc=False)
+                        for i, ph in enumerate(("B", "E", "i", "I", "C", "b", "n", "e", "S", "T", "p", "F", "t",
+                                                "f", "P", "O", "N", "D", "M", "V", "v", "R", "c", "(", ")")))
+
+    def _lean_doc(x):
+        return msgspec.defstruct("LeanDoc", [("traceEvents", list[Union[(x, LeanFlowStart, *_LEAN_OTHER)]]),
+                                             *((k, Raw, None) for k in _META)], gc=False)
+
+    _META = ("schemaVersion", "traceName", "baseTimeNanoseconds", "distributedInfo")
+    _LEAN_DECODERS = {False: msgspec.json.Decoder(_lean_doc(LeanX)), True: msgspec.json.Decoder(_lean_doc(LeanXText))}
+    LEAN_X = {False: LeanX, True: LeanXText}
+    LEAN_FLOW_START = LeanFlowStart
 else:
     class Args:  # type: ignore[no-redef]
         __slots__ = ("device", "stream", "correlation", "bytes")
@@ -127,8 +161,10 @@ else:
             self.pid, self.tid, self.id, self.args = pid, tid, id, args
 
     EventTextTime = Event
-    _DECODERS = _ANY = None
+    _DECODERS = _ANY = _LEAN_DECODERS = None
     TYPED = ()
+    LEAN_X = {False: None, True: None}
+    LEAN_FLOW_START = None
 
 
 class _DictArgs:
@@ -211,6 +247,22 @@ def decode_trace(raw: bytes, path: str, mode: str = "auto") -> tuple[list, dict]
     else:
         raise TraceError(f"cannot read {path}: not a PyTorch profiler trace (JSON {type(doc).__name__})")
     return events, doc
+
+
+def decode_lean(raw: bytes, text: bool | None = None) -> tuple[list, dict, bool] | None:
+    """The trace's events in the lean schemas (kineto_pass), its metadata as ``decode_trace`` gives it, and
+    whether the times are text (``text``; None: as the first ``"ts"`` looks); None where msgspec is missing or
+    the lean schemas do not read the file (``decode_trace`` then reads it, or says why not)."""
+    if _LEAN_DECODERS is None:
+        return None
+    if text is None:
+        text = _text_times_likely(raw)
+    try:
+        doc = _LEAN_DECODERS[text].decode(raw)
+        meta = {k: raw_value(getattr(doc, k)) for k in _META}
+    except (msgspec.DecodeError, msgspec.ValidationError, ValueError, RecursionError, Fallback):
+        return None
+    return doc.traceEvents, meta, text
 
 
 def _text_times_likely(raw: bytes) -> bool:
