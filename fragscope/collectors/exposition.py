@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import math
+import os
 
 from ..model import Sample, Window
 from ..signals import SIGNALS
@@ -24,10 +25,9 @@ from .exposition_syntax import (ENV_MAX_POINTS, ENV_MAX_SERIES, MAX_POINTS, MAX_
 from .inputs import (ENV_MAX_DECOMPRESSED, MAX_DECOMPRESSED_BYTES, MAX_FILE_BYTES, SNIFF_BYTES, GunzipCapped,
                      InputError, check_regular, describe_binary, describe_text, env_int, iter_lines, open_binary,
                      reader_of)
-from .scrapes import build_window
 
 __all__ = ["ParseError", "LineCache", "Parsed", "parse_labels", "parse_lines", "parse_text", "scrape_samples",
-           "scrape_kept", "read_recording",
+           "scrape_kept", "read_recording", "parse_recording", "recording_window",
            "MAX_SERIES", "MAX_POINTS", "ENV_MAX_SERIES", "ENV_MAX_POINTS"]
 
 # A run of this many lines without a sample (blank lines, comments, junk) is not metrics text: a gzip
@@ -117,13 +117,20 @@ def read_recording(path: str, scrape_interval_s: float | None = None, *, scrape_
     variables FRAGSCOPE_MAX_SERIES, FRAGSCOPE_MAX_POINTS, FRAGSCOPE_MAX_DECOMPRESSED_BYTES.
     """
     try:
-        return _read(path, scrape_interval_s, scrape_time, max_series, max_points, max_decompressed_bytes)
+        p, st = parse_recording(path, scrape_interval_s, max_series=max_series, max_points=max_points,
+                                max_decompressed_bytes=max_decompressed_bytes)
+        return recording_window(path, p, st, scrape_interval_s, scrape_time=scrape_time)
     except InputError as e:
         raise ParseError(str(e)) from None
 
 
-def _read(path: str, interval: float | None, scrape_time: float | None, max_series: int | None,
-          max_points: int | None, max_decompressed: int | None) -> Window:
+def parse_recording(path: str, scrape_interval_s: float | None = None, *, max_series: int | None = None,
+                    max_points: int | None = None,
+                    max_decompressed_bytes: int | None = None) -> tuple[Parsed, os.stat_result]:
+    """The first half of :func:`read_recording`, without numpy: the checks, the read and the parse of
+    ``path``, and its stat (the second half, :func:`recording_window`, makes the window). Raises
+    ParseError, or InputError (read_recording turns it into a ParseError)."""
+    interval = scrape_interval_s
     if interval is not None and not (isinstance(interval, (int, float)) and math.isfinite(interval)
                                      and 0 < interval <= 86400):
         raise ParseError(f"scrape interval {interval!r}: expected a number of seconds in (0, 86400]")
@@ -134,7 +141,7 @@ def _read(path: str, interval: float | None, scrape_time: float | None, max_seri
         raise ParseError(f"{path}: {st.st_size} bytes is larger than the 4 GiB limit")
     series_cap = max_series or env_int(ENV_MAX_SERIES, MAX_SERIES)
     points_cap = max_points or env_int(ENV_MAX_POINTS, MAX_POINTS)
-    cap = max_decompressed or env_int(ENV_MAX_DECOMPRESSED, MAX_DECOMPRESSED_BYTES)
+    cap = max_decompressed_bytes or env_int(ENV_MAX_DECOMPRESSED, MAX_DECOMPRESSED_BYTES)
     fh = open_binary(path)
     try:
         gz = fh.peek(2)[:2] == b"\x1f\x8b"
@@ -160,6 +167,14 @@ def _read(path: str, interval: float | None, scrape_time: float | None, max_seri
             raise ParseError(f"{path}: truncated gzip stream") from None
     finally:
         fh.close()
+    return p, st
+
+
+def recording_window(path: str, p: Parsed, st: os.stat_result, scrape_interval_s: float | None = None, *,
+                     scrape_time: float | None = None) -> Window:
+    """The second half of :func:`read_recording`: the window of what :func:`parse_recording` gave for
+    ``path`` (``p``, ``st``), with the same arguments. Raises ParseError."""
+    interval = scrape_interval_s
     if p.scrape_mode:
         if not p.saw_meta and not any(k.name.startswith(_KNOWN_PREFIXES) or k.name in _KNOWN_NAMES
                                       for k in p.cols):
@@ -167,6 +182,8 @@ def _read(path: str, interval: float | None, scrape_time: float | None, max_seri
             raise ParseError(f"{path}: sample without a timestamp, and nothing marks the file as a /metrics scrape "
                              f"(no # HELP/# TYPE line, no metric fragscope reads; first: {first[:60]!r}); "
                              "save a whole scrape (curl -s URL/metrics > FILE) or record with timestamps")
+        from .scrapes import build_window  # (numpy: the parse above runs without it, collectors/prefetch.py)
+
         anchor = scrape_time if scrape_time is not None else st.st_mtime
         w = build_window(p.cols, p.types, p.segments, path, anchor, interval)
         w.notes[:0] = p.notes

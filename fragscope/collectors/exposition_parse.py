@@ -17,7 +17,7 @@ from .exposition_paste import (NUM_TAIL, PASTE_START, could_continue, depaste, i
 from .exposition_syntax import (MS_THRESHOLD, NAME_RE, US_THRESHOLD, ENV_MAX_POINTS, ENV_MAX_SERIES,
                                 ParseError, bad_bound, big_timestamp, family_type, valid_sample, parse_labels)
 from .inputs import MAX_LINE_CHARS, OVERLONG
-from .scrapes import GENERIC_PREFIXES, SegmentTracker, bulk_window
+from .segments import GENERIC_PREFIXES, SegmentTracker
 
 # A run of this many lines without a sample (blank lines, comments, junk) is not metrics text: a gzip
 # bomb of newlines stops here (~0.3 s) instead of at the decompression cap.
@@ -93,6 +93,8 @@ class Parsed:
     truncated: bool = False  # the text ended inside a sample line
 
     def to_window(self, source: str = "") -> Window:
+        from .scrapes import bulk_window  # (numpy: not imported with the parser, see collectors/segments.py)
+
         w = bulk_window(self.cols, source=source, types=self.types)
         w.notes.extend(self.notes)
         if w.dropped_points:
