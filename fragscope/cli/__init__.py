@@ -127,6 +127,10 @@ def _entry(prog: str, lane_args: list[str] | None) -> None:
     if lane_args is not None and not completing and not debug:
         code = trace_lane(lane_args, prog)
     if code is None:
+        if lane_args is not None and not completing:
+            from .file_lane import prefetch
+
+            prefetch(lane_args)  # a plain `diagnose FILE`: its parse starts in a child while click & co. load
         from .groups import diagnose_group, fragscope_group, run_and_exit
 
         run_and_exit(diagnose_group if prog == "diagnose" else fragscope_group, prog)

@@ -31,6 +31,12 @@ def _read_file(path: str, scrape_interval: str | None):
     if scrape_interval:  # the spacing of scrapes saved without timestamps (curl output)
         kwargs["scrape_interval_s"] = agent_cmds.parse_duration_flag(scrape_interval, "--scrape-interval")
     try:
+        if not kwargs:
+            from ..collectors.prefetch import read as read_prefetched
+
+            window = read_prefetched(path)  # the console entry's child parsed it (cli/file_lane.py)
+            if window is not None:
+                return window
         return read_recording(path, **kwargs)
     except ParseError as e:
         if e.reader:

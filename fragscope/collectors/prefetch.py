@@ -1,0 +1,185 @@
+"""``diagnose FILE``'s read in a forked child while the parent imports numpy, click and the detectors.
+
+A whole ``diagnose FILE`` process spends about as long importing (the interpreter, numpy, click, the
+detectors: ~0.2 s) as it spends parsing an 8-hour recording (~0.2 s), one after the other on one core.
+The parse needs none of those imports (:func:`.exposition.parse_recording` runs without numpy), so the
+console entry forks a child that parses the file while the parent imports; the child hands back what it
+parsed, its columns as ``array('d')`` (one pickle of ~3.4 MB for 213k points, ~4 ms to write, ~1 ms to
+read back), and the parent makes the window (:func:`.exposition.recording_window`) as the reader
+would have. The same floats, the same errors (a ParseError comes back as its message and reader); when
+anything else goes wrong in the child (an OSError, a crash) the parent reads the file itself.
+Figures: docs/performance.md ("Recording ingest: the parse beside the imports").
+
+Only where it can pay: Linux (fork), at least two CPUs this process may run on, no thread started yet,
+a file large enough that its parse outweighs the fork and the hand-back, and not when the command shows
+a progress bar for it (a terminal, a large input: the bar is drawn by the process that reads).
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+# A plain file smaller than this parses in a few ms (~1 µs a line of ~110 bytes): less than the fork and
+# the hand-back save; a gzipped one expands ~20x (docs/collectors.md#recordings).
+MIN_BYTES = 512 * 1024
+MIN_GZIP_BYTES = 32 * 1024
+
+_PENDING: dict[str, tuple[int, int]] = {}  # path -> (child pid, read end of its pipe)
+spawned = 0  # children started by this process (tests)
+
+
+def worthwhile(path: str) -> bool:
+    """Whether reading ``path`` in a child can pay here (see the module's docstring)."""
+    if not sys.platform.startswith("linux") or not hasattr(os, "fork"):
+        return False
+    try:
+        if len(os.sched_getaffinity(0)) < 2:
+            return False
+    except (AttributeError, OSError):
+        return False
+    threading = sys.modules.get("threading")
+    if threading is not None and threading.active_count() != 1:
+        return False
+    from .safefile import OBSERVE_MIN_BYTES
+
+    try:
+        size = os.stat(path).st_size
+        with open(path, "rb") as fh:
+            gz = fh.read(2) == b"\x1f\x8b"
+    except OSError:
+        return False  # (the reader says what is wrong, in the parent)
+    if size < (MIN_GZIP_BYTES if gz else MIN_BYTES):
+        return False
+    try:
+        bar = sys.stderr.isatty() and not os.environ.get("NO_COLOR_PROGRESS")  # as cli.base.install_progress
+    except (AttributeError, ValueError):
+        bar = False
+    return not (bar and size >= OBSERVE_MIN_BYTES)
+
+
+def start(path: str) -> bool:
+    """Fork a child that parses ``path`` when it pays here (:func:`worthwhile`); True when one was started."""
+    return worthwhile(path) and spawn(path)
+
+
+def spawn(path: str) -> bool:
+    """Fork a child that parses ``path`` as :func:`.exposition.read_recording` with its defaults does;
+    True when one was started (:func:`take` and :func:`read` get its result)."""
+    if path in _PENDING:
+        return False
+    from .exposition import parse_recording  # (before the fork: the child imports nothing)
+
+    r, w = os.pipe()
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(r)
+        os.close(w)
+        return False
+    if pid == 0:  # the child: never returns
+        _child(path, w, parse_recording)
+    os.close(w)
+    _PENDING[path] = (pid, r)
+    global spawned
+    spawned += 1
+    import atexit
+
+    atexit.register(_abandon)
+    return True
+
+
+def _child(path: str, w: int, parse_recording) -> None:
+    code = 1
+    try:
+        import gc
+        import pickle
+        import signal
+        from array import array
+
+        from .exposition import ParseError
+        from .inputs import InputError
+
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # Ctrl-C: the parent answers it; this one just ends
+        gc.disable()  # (a short-lived process that makes no cycles)
+        try:
+            p, st = parse_recording(path)
+        except (ParseError, InputError) as e:
+            msg = ("error", str(e), getattr(e, "reader", None))
+        else:
+            p.cols = {k: (array("d", ts), array("d", vs)) for k, (ts, vs) in p.cols.items()}
+            msg = ("ok", p, st)
+        data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
+        with open(w, "wb") as fh:
+            fh.write(data)
+        code = 0
+    except BaseException:  # noqa: BLE001 - the parent reads the file itself and says what is wrong
+        pass
+    finally:
+        os._exit(code)  # no teardown, no atexit, no flush of the parent's buffers
+
+
+def take(path: str):
+    """What the child parsed for ``path``: (Parsed, os.stat_result) with its columns as numpy arrays (a
+    recording with timestamps) or lists (scrapes), as :func:`.exposition.parse_recording` returns them;
+    None when no child read it or it failed (the caller reads the file itself). Raises the child's
+    ParseError."""
+    pending = _PENDING.pop(path, None)
+    if pending is None:
+        return None
+    pid, r = pending
+    if not _PENDING:
+        import atexit
+
+        atexit.unregister(_abandon)
+    try:
+        with open(r, "rb") as fh:
+            data = fh.read()
+    finally:
+        os.waitpid(pid, 0)
+    if not data:
+        return None
+    import pickle
+
+    msg = pickle.loads(data)
+    if msg[0] == "error":
+        from .exposition import ParseError
+
+        raise ParseError(msg[1], msg[2])
+    p, st = msg[1], msg[2]
+    if p.scrape_mode:  # scrapes.build_window reads lists (small inputs)
+        p.cols = {k: (ts.tolist(), vs.tolist()) for k, (ts, vs) in p.cols.items()}
+    else:  # scrapes.bulk_window concatenates arrays: the same float64 values as from the lists
+        import numpy as np
+
+        p.cols = {k: (np.frombuffer(ts, dtype=np.float64), np.frombuffer(vs, dtype=np.float64))
+                  for k, (ts, vs) in p.cols.items()}
+    return p, st
+
+
+def read(path: str):
+    """The window of ``path`` from its child (:func:`.exposition.read_recording`'s result and errors), or
+    None when no child read it (the caller reads it)."""
+    from .exposition import ParseError, recording_window
+    from .inputs import InputError
+
+    try:
+        got = take(path)
+        if got is None:
+            return None
+        return recording_window(path, got[0], got[1])
+    except InputError as e:
+        raise ParseError(str(e)) from None
+
+
+def _abandon() -> None:
+    """At exit: children whose result nobody took (a command line that failed before reading) are ended."""
+    import signal
+
+    while _PENDING:
+        _, (pid, r) = _PENDING.popitem()
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except OSError:
+            pass
+        os.close(r)

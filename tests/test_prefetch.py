@@ -1,0 +1,154 @@
+"""``diagnose FILE``'s parse in a forked child (fragscope/collectors/prefetch.py): the window and the errors are
+read_recording's, bit for bit; the console entry starts it only for a plain command line and the output of the
+whole command is the same with it and without."""
+from __future__ import annotations
+
+import glob
+import gzip
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from fragscope.cli.file_lane import plain_file
+from fragscope.collectors import prefetch
+from fragscope.collectors.exposition import ParseError, read_recording
+
+DATA = os.path.join(os.path.dirname(__file__), "data")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLE = os.path.join(ROOT, "examples", "fragmentation-incident.om.gz")
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="fork only")
+
+
+def _same_window(a, b) -> None:
+    assert list(a.series) == list(b.series)  # the order the reader met the series in
+    for k, s in a.series.items():
+        t = b.series[k]
+        assert s.type == t.type and s.key == t.key, k
+        assert s.ts.dtype == t.ts.dtype == np.float64 and s.values.dtype == t.values.dtype == np.float64
+        assert s.ts.tobytes() == t.ts.tobytes() and s.values.tobytes() == t.values.tobytes(), k  # NaN, -0.0 too
+    for f in ("start", "end", "source", "dropped_points", "notes", "timestamps", "scrapes",
+              "scrape_interval_known"):
+        x, y = getattr(a, f), getattr(b, f)
+        assert x == y or (x != x and y != y), f
+
+
+def _via_child(path: str):
+    assert prefetch.spawn(path)
+    return prefetch.read(path)
+
+
+def _inputs() -> list[str]:
+    files = [EXAMPLE, os.path.join(DATA, "collectors", "vllm_v1_cncf_kops.metrics.txt"),
+             os.path.join(DATA, "collectors", "dcgm_l4_cncf_kops.metrics.txt")]
+    files += sorted(glob.glob(os.path.join(DATA, "collectors", "pastes", "*.txt")))[:3]
+    files += sorted(glob.glob(os.path.join(DATA, "collectors", "scrapes", "*")))[:3]
+    return files
+
+
+@pytest.mark.parametrize("path", _inputs(), ids=os.path.basename)
+def test_child_gives_read_recordings_window_or_error(path):
+    try:
+        want = read_recording(path)
+    except ParseError as e:
+        with pytest.raises(ParseError) as got:
+            _via_child(path)
+        assert (str(got.value), got.value.reader) == (str(e), e.reader)
+    else:
+        _same_window(_via_child(path), want)
+
+
+def test_recording_with_nan_duplicates_ms_and_dcgm_blanks_is_the_same(tmp_path):
+    p = tmp_path / "odd.prom"
+    lines = ["# TYPE vllm:num_requests_running gauge"]
+    for i in range(300):
+        lines.append(f'vllm:num_requests_running{{model_name="m"}} {"NaN" if i % 17 == 0 else i * 0.1} '
+                     f"{1_700_000_000_000 + 15_000 * (i - (i % 50 == 0))}")
+        lines.append(f'DCGM_FI_DEV_FB_USED{{gpu="0"}} {9.2e18 if i % 13 == 0 else -0.0 if i % 7 == 0 else i} '
+                     f"{1_700_000_000_000 + 15_000 * i}")
+    p.write_text("\n".join(lines) + "\n")
+    _same_window(_via_child(str(p)), read_recording(str(p)))
+
+
+@pytest.mark.parametrize("content,reader", [(b"\x00\x01garbage" * 50, None),
+                                            (b'{"traceEvents": [{"ph": "X"}]}', "trace"),
+                                            (b"", None)])
+def test_errors_come_back_as_the_readers(tmp_path, content, reader):
+    p = tmp_path / "bad.txt"
+    p.write_bytes(content)
+    with pytest.raises(ParseError) as want:
+        read_recording(str(p))
+    with pytest.raises(ParseError) as got:
+        _via_child(str(p))
+    assert (str(got.value), got.value.reader) == (str(want.value), want.value.reader)
+    assert want.value.reader == reader or reader is None
+
+
+def test_truncated_gzip_and_missing_file(tmp_path):
+    p = tmp_path / "cut.om.gz"
+    with open(EXAMPLE, "rb") as fh:
+        p.write_bytes(fh.read()[:20000])
+    for path in (str(p), str(tmp_path / "absent.om")):
+        with pytest.raises(ParseError) as want:
+            read_recording(path)
+        with pytest.raises(ParseError) as got:
+            _via_child(path)
+        assert str(got.value) == str(want.value)
+
+
+def test_nothing_pending_reads_none_and_abandoned_children_are_ended(tmp_path):
+    assert prefetch.read(EXAMPLE) is None
+    assert prefetch.spawn(EXAMPLE) and not prefetch.spawn(EXAMPLE)  # one child per path
+    prefetch._abandon()  # what the exit handler does when the command never read it
+    assert prefetch.read(EXAMPLE) is None
+
+
+def test_small_files_are_parsed_in_process(tmp_path):
+    p = tmp_path / "small.om"
+    p.write_text('m{a="1"} 1 1700000000\n# EOF\n')
+    assert not prefetch.worthwhile(str(p))
+    big = tmp_path / "big.om.gz"
+    with open(EXAMPLE, "rb") as fh:
+        big.write_bytes(fh.read())
+    assert len(gzip.decompress(big.read_bytes())) > prefetch.MIN_BYTES
+
+
+@pytest.mark.parametrize("args,want", [
+    (["F"], "F"),
+    (["F", "--format", "json", "--fail-on", "never"], "F"),
+    (["--no-color", "--since", "1h", "F", "--html", "out.html"], "F"),
+    (["F", "--format", "xml"], None),  # click's error, not a read
+    (["F", "--format", "json", "--format", "human"], None),
+    (["F", "--scrape-interval", "15s"], None),  # changes how the file is read
+    (["F", "--format=json"], None),
+    (["F", "G"], None),
+    (["trace", "F"], None),
+    (["F", "--debug"], None),
+    (["--vllm", "http://x:8000"], None),
+    (["F", "--format"], None),
+    ([], None),
+    (["missing"], None),
+])
+def test_plain_file_command_lines(tmp_path, monkeypatch, args, want):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "F").write_text("m 1 1700000000\n")
+    (tmp_path / "G").write_text("m 1 1700000000\n")
+    assert plain_file(args) == want
+
+
+def test_diagnose_file_output_same_with_the_child_and_without(capsys):
+    """The console entry in a fresh interpreter (the child reads the file) against click in this process."""
+    from fragscope.cli import cli_exit_code, diagnose_group
+
+    args = [EXAMPLE, "--format", "json", "--fail-on", "warning"]
+    code = ("import sys; from fragscope.collectors import prefetch; from fragscope.cli import diagnose_main\n"
+            "try:\n    diagnose_main()\nfinally:\n    print(prefetch.spawned, file=sys.stderr)\n")
+    p = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": ROOT}, cwd=ROOT)
+    rc = cli_exit_code(diagnose_group, "diagnose", args)
+    out, err = capsys.readouterr()
+    assert (p.returncode, p.stdout, p.stderr) == (rc, out, err + "1\n") and rc == 1
+    assert '"allocator-fragmentation"' in out
