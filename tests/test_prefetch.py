@@ -102,7 +102,7 @@ def test_truncated_gzip_and_missing_file(tmp_path):
 def test_nothing_pending_reads_none_and_abandoned_children_are_ended(tmp_path):
     assert prefetch.read(EXAMPLE) is None
     assert prefetch.spawn(EXAMPLE) and not prefetch.spawn(EXAMPLE)  # one child per path
-    prefetch._abandon()  # what the exit handler does when the command never read it
+    prefetch.abandon()  # what the console entry does when the command never read it
     assert prefetch.read(EXAMPLE) is None
 
 
@@ -139,16 +139,23 @@ def test_plain_file_command_lines(tmp_path, monkeypatch, args, want):
     assert plain_file(args) == want
 
 
-def test_diagnose_file_output_same_with_the_child_and_without(capsys):
-    """The console entry in a fresh interpreter (the child reads the file) against click in this process."""
+def test_diagnose_file_output_same_with_the_child_and_without(capsys, tmp_path):
+    """The console entry in a fresh interpreter (the child reads the file; the process ends through os._exit
+    once the report is written) against click in this process: the same stdout, stderr, exit code and HTML."""
     from fragscope.cli import cli_exit_code, diagnose_group
 
-    args = [EXAMPLE, "--format", "json", "--fail-on", "warning"]
-    code = ("import sys; from fragscope.collectors import prefetch; from fragscope.cli import diagnose_main\n"
-            "try:\n    diagnose_main()\nfinally:\n    print(prefetch.spawned, file=sys.stderr)\n")
+    html = tmp_path / "r.html"
+    args = [EXAMPLE, "--format", "json", "--fail-on", "warning", "--html", str(html)]
+    code = ("import atexit, os, sys\natexit._clear()\nfrom fragscope.collectors import prefetch\n"
+            "from fragscope.cli import diagnose_main\nreal, me = os._exit, os.getpid()\n"
+            "os._exit = lambda c: (os.getpid() == me and (sys.stderr.write(f'exit-now {prefetch.spawned}'),\n"
+            "                                            sys.stderr.flush()), real(c))\n"
+            "diagnose_main()\n")
     p = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120,
                        env={**os.environ, "PYTHONPATH": ROOT}, cwd=ROOT)
+    html_entry = html.read_bytes()
     rc = cli_exit_code(diagnose_group, "diagnose", args)
     out, err = capsys.readouterr()
-    assert (p.returncode, p.stdout, p.stderr) == (rc, out, err + "1\n") and rc == 1
+    assert (p.returncode, p.stdout, p.stderr) == (rc, out, err + "exit-now 1") and rc == 1
     assert '"allocator-fragmentation"' in out
+    assert html_entry == html.read_bytes() and html_entry.rstrip().endswith(b"</html>")

@@ -127,13 +127,16 @@ def _entry(prog: str, lane_args: list[str] | None) -> None:
     if lane_args is not None and not completing and not debug:
         code = trace_lane(lane_args, prog)
     if code is None:
-        if lane_args is not None and not completing:
-            from .file_lane import prefetch
+        from . import file_lane  # a plain `diagnose FILE`: its parse starts in a child while click & co. load
 
-            prefetch(lane_args)  # a plain `diagnose FILE`: its parse starts in a child while click & co. load
+        child = lane_args is not None and not completing and file_lane.prefetch(lane_args)
         from .groups import diagnose_group, fragscope_group, run_and_exit
 
-        run_and_exit(diagnose_group if prog == "diagnose" else fragscope_group, prog)
+        try:
+            run_and_exit(diagnose_group if prog == "diagnose" else fragscope_group, prog)
+        finally:
+            if child:
+                file_lane.abandon()
         return
     from .base import exit_now
 

@@ -9,7 +9,7 @@ import click
 
 from ..model import Report, Severity
 from . import agent_cmds, fleet_cmds
-from .common import EXIT_FINDINGS, EXIT_OK, fail
+from .common import EXIT_FINDINGS, EXIT_OK, exit_without_teardown, fail
 from .render import print_report, report_exit_code
 
 FORMATS = click.Choice(["human", "json"])
@@ -151,6 +151,8 @@ def run_cmd(ctx: click.Context, file: str | None, fmt: str, fail_on: str, html: 
 
             report = diagnose(window)
     print_report(report, fmt, window=window, color=color, html=html)
+    if file:  # one file read and closed, the report written: the process may end without its teardown
+        exit_without_teardown()  # (freeing numpy's and every module's objects: 30-70 ms of diagnose FILE)
     return report_exit_code(report, fail_on)
 
 

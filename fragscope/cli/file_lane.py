@@ -45,10 +45,19 @@ def plain_file(args: list[str]) -> str | None:
     return files[0]
 
 
-def prefetch(args: list[str]) -> None:
-    """Start reading FILE in a child process when ``args`` is a plain ``diagnose FILE`` (above) and it pays."""
+def prefetch(args: list[str]) -> bool:
+    """Start reading FILE in a child process when ``args`` is a plain ``diagnose FILE`` (above) and it pays;
+    True when one was started (then :func:`abandon` at the end of the command)."""
     file = plain_file(args)
-    if file is not None:
-        from ..collectors.prefetch import start
+    if file is None:
+        return False
+    from ..collectors.prefetch import start
 
-        start(file)
+    return start(file)
+
+
+def abandon() -> None:
+    """End a child whose file the command did not read (it failed first)."""
+    from ..collectors.prefetch import abandon as end_children
+
+    end_children()

@@ -82,9 +82,6 @@ def spawn(path: str) -> bool:
     _PENDING[path] = (pid, r)
     global spawned
     spawned += 1
-    import atexit
-
-    atexit.register(_abandon)
     return True
 
 
@@ -127,10 +124,6 @@ def take(path: str):
     if pending is None:
         return None
     pid, r = pending
-    if not _PENDING:
-        import atexit
-
-        atexit.unregister(_abandon)
     try:
         with open(r, "rb") as fh:
             data = fh.read()
@@ -171,8 +164,11 @@ def read(path: str):
         raise ParseError(str(e)) from None
 
 
-def _abandon() -> None:
-    """At exit: children whose result nobody took (a command line that failed before reading) are ended."""
+def abandon() -> None:
+    """End the children whose result nobody took (the command failed before reading its file, or read it
+    differently): the console entry calls this as it exits. (Not an atexit handler: one registered keeps
+    the command from ending without the interpreter's teardown, cli.base.exit_now. A child whose parent was
+    killed ends when it hands back its result: no reader.)"""
     import signal
 
     while _PENDING:
