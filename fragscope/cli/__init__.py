@@ -120,16 +120,17 @@ def _crash(prog: str, e: BaseException) -> int:
 
 def _entry(prog: str, lane_args: list[str] | None) -> None:
     """Run the console entry ``prog``: ``lane_args`` (the arguments after ``diagnose``) through trace_lane
-    when given, every other command line through click."""
+    when given, every other command line through click (a plain ``diagnose FILE`` starts reading its file in
+    a child process first: file_lane)."""
     completing = f"_{prog.upper()}_COMPLETE" in os.environ  # click's shell completion asks the groups
     debug = "--debug" in (lane_args or ()) or os.environ.get("FRAGSCOPE_DEBUG")  # (a traceback shows the path)
     code = None
-    if lane_args is not None and not completing and not debug:
+    from . import file_lane  # a plain `diagnose FILE`: its parse starts in a child while the rest loads
+
+    child = lane_args is not None and not completing and file_lane.prefetch(lane_args)
+    if lane_args is not None and not completing and not debug and not child:
         code = trace_lane(lane_args, prog)
     if code is None:
-        from . import file_lane  # a plain `diagnose FILE`: its parse starts in a child while click & co. load
-
-        child = lane_args is not None and not completing and file_lane.prefetch(lane_args)
         from .groups import diagnose_group, fragscope_group, run_and_exit
 
         try:
