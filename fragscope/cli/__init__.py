@@ -125,9 +125,10 @@ def _entry(prog: str, lane_args: list[str] | None) -> None:
     completing = f"_{prog.upper()}_COMPLETE" in os.environ  # click's shell completion asks the groups
     debug = "--debug" in (lane_args or ()) or os.environ.get("FRAGSCOPE_DEBUG")  # (a traceback shows the path)
     code = None
-    from . import file_lane  # a plain `diagnose FILE`: its parse starts in a child while the rest loads
+    from .file_lane import abandon, prefetch  # (not `from . import`: this package's __getattr__ loads click)
 
-    child = lane_args is not None and not completing and file_lane.prefetch(lane_args)
+    # a plain `diagnose FILE`: its parse starts in a child process while the rest loads
+    child = lane_args is not None and not completing and prefetch(lane_args)
     if lane_args is not None and not completing and not debug and not child:
         code = trace_lane(lane_args, prog)
     if code is None:
@@ -137,7 +138,7 @@ def _entry(prog: str, lane_args: list[str] | None) -> None:
             run_and_exit(diagnose_group if prog == "diagnose" else fragscope_group, prog)
         finally:
             if child:
-                file_lane.abandon()
+                abandon()
         return
     from .base import exit_now
 
