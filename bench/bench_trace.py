@@ -221,7 +221,7 @@ def bench_crossover(tmp: Path, reps: int) -> None:
     env = installed_env(tmp / "pycache")
     print(f"== Kineto columns: Python lists against numpy, whole process, best of {reps}; load average "
           f"{os.getloadavg()[0]:.2f}; the bar: {vec.NUMPY_MIN_ROWS:,} ops + calls")
-    for rows in (1_000, 5_000, 10_000, 20_000, 40_000):
+    for rows in (1_000, 5_000, 10_000, 20_000, 25_000, 30_000, 40_000):
         p = gen_kineto(tmp / f"gen_{rows}.json.gz", rows // 2)
         line = f"   {rows:7,} ops + calls:"
         for side in ("python", "numpy"):
