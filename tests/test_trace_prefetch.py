@@ -33,7 +33,8 @@ def test_a_file_changed_after_the_prefetch_is_read_again(tmp_path):
     assert trace_io.read_json_bytes(str(p)) == b"[1, 2]"
 
 
-@pytest.mark.parametrize("content", [b"[1, 2, 3]", gzip.compress(b"[1]")[:12], b"\x1f\x8b" + b"\x00" * 30, b""])
+@pytest.mark.parametrize("content", [b"[1, 2, 3]", gzip.compress(b"[1]", mtime=0)[:12], b"\x1f\x8b" + b"\x00" * 30, b""],
+                         ids=["plain-json", "truncated-gzip", "gzip-magic-only", "empty"])
 def test_not_gzip_or_broken_reads_as_without(tmp_path, content):
     p = tmp_path / "t.json"
     p.write_bytes(content)
