@@ -140,7 +140,7 @@ def _read(buf: np.ndarray, root: int, idx: list[int], names: list[str], cols: li
     ends = np.searchsorted(np.cumsum(ncell), np.arange(BLOCK_CELLS, total + BLOCK_CELLS, BLOCK_CELLS), side="right")
     blocks = []
     lo = 0
-    for hi in np.unique(np.append(ends, leaves.size)).tolist():
+    for hi in sorted(set(ends.tolist()) | {leaves.size}):  # (np.unique imports numpy.ma: 15-60 ms here)
         n = int(ncell[lo:hi].sum()) if hi > lo else 0
         if n:
             blocks.append((lo, hi, n))
