@@ -165,8 +165,13 @@ def _call(d: Diagnosis, fn, frame: Frame):
 
 
 def _add(report: Report, findings: list[Finding], frame: Frame, basis: str | None = None) -> None:
+    from .collectors.enginelog.jobkind import metrics_job_kind
+
+    kind = metrics_job_kind(frame.sources.values())  # whose metrics: the playbook names that engine's knobs
     for f in findings:
         f.context["_config"] = dict(frame.config)
+        if kind is not None:
+            f.context.setdefault("job_kind", kind)
         if basis:
             f.basis = basis
         report.findings.append(f)

@@ -87,6 +87,12 @@ def test_a_tgi_oom_names_tgis_memory_share_and_batch_limits():
     assert "gpu_memory_utilization" not in human and "gpu-memory-utilization" not in human
 
 
+def test_a_vllm_servers_fragmentation_keeps_its_rolling_restart():
+    pb = log_json("vllm_v1_oom.log")["findings"][0]["playbook"]
+    assert pb["immediate"][0].startswith("Restart the engine (rolling, one replica at a time)")
+    assert pb["durable"][0]["text"].startswith("Lower gpu_memory_utilization")
+
+
 def test_a_training_loops_fragmentation_has_no_serving_advice():
     pb = log_json("torch_oom_llamacookbook320_training_fragmentation.log")["findings"][0]["playbook"]
     lines = playbook_lines(pb)
@@ -152,3 +158,28 @@ def test_kv_pressure_computed_fixes_in_the_jobs_flags():
     assert not [x for x in sg if foreign(x, "sglang")], sg
     vl = computed_actions("kv-cache-pressure", {"running": 40}, {"gpu_memory_utilization": 0.9})
     assert vl[0].startswith("Cap --max-num-seqs at ~32") and "--gpu-memory-utilization 0.90 → 0.93" in vl[1]
+
+
+def test_a_metrics_window_of_sglang_gets_sglangs_knobs():
+    """A window read from SGLang's own metrics (its docs' production page, tests/data/engines) is SGLang's job: its
+    kv-cache-pressure playbook names SGLang's settings, not vLLM's."""
+    from test_engines import SGL, _sglang_full, scrape
+
+    from fragscope.pipeline import diagnose
+
+    rep = diagnose(scrape(SGL, _sglang_full(tp_ranks=4, retracted=48.0)))
+    kv = next(x for x in rep.findings if x.id == "kv-cache-pressure")
+    assert kv.context["job_kind"] == "sglang"
+    lines = playbook_lines(kv.playbook)
+    assert any("--max-running-requests" in x for x in lines) and any("sglang:token_usage" in x for x in lines)
+    for line in lines:
+        assert foreign(line, "sglang") == [], line
+
+
+def test_metrics_of_one_engine_name_it_and_mixed_or_none_name_none():
+    from fragscope.collectors.enginelog.jobkind import metrics_job_kind
+
+    assert metrics_job_kind(["vllm:num_requests_running", "DCGM_FI_DEV_FB_USED"]) == "vllm"
+    assert metrics_job_kind(["tgi_queue_size"]) == "tgi"
+    assert metrics_job_kind(["nv_trt_llm_requests_active", "nv_inference_pending_request_count"]) is None
+    assert metrics_job_kind(["DCGM_FI_DEV_FB_USED", "fragscope_torch_reserved_bytes"]) is None

@@ -449,6 +449,10 @@ def _headroom(kind: str) -> str | None:
     return f"Lower {mem} by about 5 % of the GPU to leave the allocator headroom outside the KV pool." if mem else None
 
 
+_RESTART = ("Restart the engine (rolling, one replica at a time): fragmentation only clears when the process releases "
+            "its segments.")
+
+
 def _serving_only(text: str) -> JobText:
     """A line about a served replica: left out for a job that is not served (a training loop, a desktop application)."""
     return JobText(text, lambda kind: text if KNOBS[kind]["serving"] or kind == "unknown" else None)
@@ -458,8 +462,7 @@ PLAYBOOK = Playbook(
     ID, "PyTorch allocator fragmentation",
     "Memory the caching allocator holds is split into pieces too small for new requests; the engine "
     "runs smaller batches, preempts and stalls on allocation retries while the GPU looks busy.",
-    [JobText("Restart the engine (rolling, one replica at a time): fragmentation only clears when the "
-             "process releases its segments.", lambda kind: None if KNOBS[kind]["serving"] else restart(kind)),
+    [JobText(_RESTART, lambda kind: _RESTART if KNOBS[kind]["serving"] or kind == "unknown" else restart(kind)),
      _serving_only("If a restart is impossible right now: drain traffic from this replica to healthy peers.")],
     [Action(JobText(_HEADROOM, _headroom),
             [JobText("the KV pool can shrink by that share without hitting kv-cache-pressure (KV-cache usage peaks "

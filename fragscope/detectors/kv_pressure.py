@@ -399,9 +399,11 @@ _share = _knob("memory", _SHARE, "gpu_memory_utilization (e.g. 0.90 → 0.92–0
 _len = _knob("length", _LEN, "max_model_len")
 
 
-def _line(template: str, *knobs):
-    """A line naming settings: ``template`` with each ``{}`` filled by a knob picker (kind -> setting)."""
-    return JobText(template.format(*(k(None) for k in knobs)), lambda kind: template.format(*(k(kind) for k in knobs)))
+def _line(template: str, *knobs, **by_kind):
+    """A line naming settings: ``template`` with each ``{}`` filled by a knob picker (kind -> setting); ``by_kind``:
+    a kind's own wording instead."""
+    return JobText(template.format(*(k(None) for k in knobs)), lambda kind: template.format(*(k(kind) for k in knobs)),
+                   **by_kind)
 
 
 def _preempted(kind: str) -> str:
@@ -424,8 +426,10 @@ PLAYBOOK = Playbook(
     "The KV block pool is full; the scheduler preempts running sequences to free blocks and redoes "
     "their work, requests queue and TTFT's tail explodes.",
     ["Shed or redirect load: route new requests to replicas with KV headroom.",
-     _line("Cap concurrency now (a restart): lower {} or the gateway's concurrency limit.", _cap)],
-    [Action(_line("Set {} near the batch the pool can hold.", _cap),
+     _line("Cap concurrency now (a restart): lower {} or the gateway's concurrency limit.", _cap,
+           vllm="Cap concurrency now: lower max_num_seqs (restart needed) or the gateway's concurrency limit.")],
+    [Action(_line("Set {} near the batch the pool can hold.", _cap,
+                  vllm="Cap max_num_seqs near the batch the pool can hold."),
             ["the preemptions come from too many concurrent sequences"],
             ["a throughput-optimised batch job: a lower cap reduces throughput"]),
      Action(_line("Give the KV cache more memory: raise {}.", _share),

@@ -33,6 +33,9 @@ FRAME_MARKERS: dict[str, tuple[str, ...]] = {
     "desktop": ("/comfy/", "/ComfyUI/", "/stable-diffusion-webui/"),
 }
 BACKWARD_FRAMES = ("backward", "_engine_run_backward", "run_backward")  # function names under torch/ only training runs
+# kind -> the prefix of its own metric names (a metrics window's signal sources: fragscope/signals.py)
+METRIC_PREFIXES: dict[str, str] = {"vllm": "vllm:", "sglang": "sglang:", "tgi": "tgi_", "trtllm": "nv_trt_llm_",
+                                   "triton": "nv_inference_"}
 SERVING = ("vllm", "sglang", "tgi", "triton", "trtllm")
 KINDS = SERVING + ("training", "desktop", "unknown")
 # Lines looked at: the head of the log (a server's own logger names are on every line it prints) and the
@@ -62,6 +65,13 @@ def job_kind(markers: set[str] | frozenset[str], sources=()) -> str:
         if k in seen:
             return k
     return "unknown"
+
+
+def metrics_job_kind(metric_names) -> str | None:
+    """The serving engine whose own metric names a window reads, when exactly one engine's appear (Triton serving
+    TensorRT-LLM shows both families: not one engine's knobs); None otherwise (DCGM and the probe alone say nothing)."""
+    kinds = {k for m in metric_names for k, p in METRIC_PREFIXES.items() if m.startswith(p)}
+    return kinds.pop() if len(kinds) == 1 else None
 
 
 def frame_kind(filename: str, name: str = "") -> tuple[str, int] | None:
