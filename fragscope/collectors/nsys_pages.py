@@ -492,7 +492,7 @@ def _rows(buf: np.ndarray, cell: np.ndarray, usable: int, pbase: np.ndarray, col
     the rows of other layouts go to _cells.
 
     Why: _cells costs about 190 ns per row of the kernel table (30 one-byte gathers and the per-row offset
-    arithmetic between them), this about 40 (bench/bench_trace.py, docs/performance.md)."""
+    arithmetic between them), this about 50 (bench/bench_trace.py, docs/performance.md)."""
     n = cell.size
     k = maxcol + 2  # the header's length (one byte) and the serial types of columns 0 .. maxcol
     if n == 0 or k > 16 or any(f is not None and f[0] + f[1] >= 8 for f in fields.values()):
