@@ -74,6 +74,14 @@ def run_detectors(window: Window) -> Report:
     return report
 
 
+def load_detectors() -> None:
+    """Import what :func:`diagnose` runs (the window diagnoses' modules and what they import, ~45 ms), as
+    it would on its first call: ``diagnose FILE`` does it while a child process parses the file
+    (cli/diagnose_cmd.py, collectors/prefetch.py)."""
+    REGISTRY.window()
+    from .detectors import batching  # noqa: F401 - (_triton_batch_shifts)
+
+
 def diagnose(window: Window) -> Report:
     """Run every registered window detector over ``window`` and attach playbooks."""
     report = run_detectors(window)

@@ -73,8 +73,11 @@ def _reroute(ctx: click.Context, other: OtherKind, file: str, fmt: str, fail_on:
 def diagnose_path(path: str, since: str | None = None, scrape_interval: str | None = None):
     """A recording or scrape FILE; ``since`` keeps its last DURATION (ending at its last sample).
     Returns (window, report)."""
-    from ..pipeline import diagnose
+    from ..collectors.prefetch import pending
+    from ..pipeline import diagnose, load_detectors
 
+    if not scrape_interval and pending(path):
+        load_detectors()  # while the console entry's child parses the file (imports it would do after the read)
     window = _read_file(path, scrape_interval)
     if since:
         secs = agent_cmds.parse_duration_flag(since, "--since")

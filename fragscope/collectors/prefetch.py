@@ -115,6 +115,11 @@ def _child(path: str, w: int, parse_recording) -> None:
         os._exit(code)  # no teardown, no atexit, no flush of the parent's buffers
 
 
+def pending(path: str) -> bool:
+    """Whether a child is reading ``path`` (its result not taken yet)."""
+    return path in _PENDING
+
+
 def take(path: str):
     """What the child parsed for ``path``: (Parsed, os.stat_result) with its columns as numpy arrays (a
     recording with timestamps) or lists (scrapes), as :func:`.exposition.parse_recording` returns them;
