@@ -107,10 +107,17 @@ def test_nothing_pending_reads_none_and_abandoned_children_are_ended(tmp_path):
     assert prefetch.read(EXAMPLE) is None
 
 
-def test_small_files_are_parsed_in_process(tmp_path):
+def test_small_files_are_parsed_in_process(tmp_path, monkeypatch):
     p = tmp_path / "small.om"
     p.write_text('m{a="1"} 1 1700000000\n# EOF\n')
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
     assert not prefetch.worthwhile(str(p))
+    monkeypatch.setenv(prefetch.ENV_READ_CHILD, "1")
+    import threading
+
+    assert prefetch.worthwhile(str(p)) == (sys.platform.startswith("linux") and threading.active_count() == 1)
+    monkeypatch.setenv(prefetch.ENV_READ_CHILD, "0")
+    assert not prefetch.worthwhile(EXAMPLE)
     big = tmp_path / "big.om.gz"
     with open(EXAMPLE, "rb") as fh:
         big.write_bytes(fh.read())
@@ -153,7 +160,7 @@ def test_diagnose_file_output_same_with_the_child_and_without(capsys, tmp_path):
             "                                            sys.stderr.flush()), real(c))\n"
             "diagnose_main()\n")
     p = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "PYTHONPATH": ROOT}, cwd=ROOT)
+                       env={**os.environ, "PYTHONPATH": ROOT, prefetch.ENV_READ_CHILD: "1"}, cwd=ROOT)
     html_entry = html.read_bytes()
     rc = cli_exit_code(diagnose_group, "diagnose", args)
     out, err = capsys.readouterr()

@@ -10,9 +10,12 @@ would have. The same floats, the same errors (a ParseError comes back as its mes
 anything else goes wrong in the child (an OSError, a crash) the parent reads the file itself.
 Figures: docs/performance.md ("Recording ingest: the parse beside the imports").
 
-Only where it can pay: Linux (fork), at least two CPUs this process may run on, no thread started yet,
+Only where it can pay: Linux (fork), at least two CPUs this process may run on and a load average below
+their number (on a busy machine the child finds no idle core, and the fork, the copies of written pages and
+the hand-back cost CPU: ~60 ms more than one process at load 7 on the 2-core VM), no thread started yet,
 a file large enough that its parse outweighs the fork and the hand-back, and not when the command shows
 a progress bar for it (a terminal, a large input: the bar is drawn by the process that reads).
+``FRAGSCOPE_READ_CHILD=0`` never forks; ``=1`` forks whatever the load and the size (Linux, no thread).
 """
 from __future__ import annotations
 
@@ -24,21 +27,27 @@ import sys
 MIN_BYTES = 512 * 1024
 MIN_GZIP_BYTES = 32 * 1024
 
+ENV_READ_CHILD = "FRAGSCOPE_READ_CHILD"
+
 _PENDING: dict[str, tuple[int, int]] = {}  # path -> (child pid, read end of its pipe)
 spawned = 0  # children started by this process (tests)
 
 
 def worthwhile(path: str) -> bool:
     """Whether reading ``path`` in a child can pay here (see the module's docstring)."""
-    if not sys.platform.startswith("linux") or not hasattr(os, "fork"):
-        return False
-    try:
-        if len(os.sched_getaffinity(0)) < 2:
-            return False
-    except (AttributeError, OSError):
+    forced = os.environ.get(ENV_READ_CHILD, "").strip()
+    if forced == "0" or not sys.platform.startswith("linux") or not hasattr(os, "fork"):
         return False
     threading = sys.modules.get("threading")
     if threading is not None and threading.active_count() != 1:
+        return False
+    if forced == "1":
+        return True
+    try:
+        cpus = len(os.sched_getaffinity(0))
+        if cpus < 2 or os.getloadavg()[0] >= cpus:
+            return False
+    except (AttributeError, OSError):
         return False
     from .safefile import OBSERVE_MIN_BYTES
 
