@@ -168,3 +168,18 @@ def test_diagnose_file_output_same_with_the_child_and_without(capsys, tmp_path):
     assert '"allocator-fragmentation"' in out
     gen = re.compile(rb"generated \d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ")  # the HTML's clock line
     assert gen.sub(b"", html_entry) == gen.sub(b"", html.read_bytes()) and html_entry.rstrip().endswith(b"</html>")
+
+
+def test_child_killed_while_it_hands_back_reads_none(tmp_path):
+    """A child killed halfway through its hand-back (the OOM killer) leaves part of a pickle in the pipe: the
+    caller reads the file itself (None), never an unpickling traceback."""
+    import select
+    import signal
+
+    assert prefetch.spawn(EXAMPLE)
+    pid, r = prefetch._PENDING[EXAMPLE]
+    # the pickle of this recording is larger than a pipe's buffer: the child blocks in its write once the
+    # buffer is full (bounded wait: the parse takes well under a second)
+    assert select.select([r], [], [], 30.0)[0], "the child wrote nothing in 30 s"
+    os.kill(pid, signal.SIGKILL)
+    assert prefetch.read(EXAMPLE) is None

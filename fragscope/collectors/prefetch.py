@@ -138,12 +138,16 @@ def take(path: str):
     if pending is None:
         return None
     pid, r = pending
+    status = -1
     try:
         with open(r, "rb") as fh:
             data = fh.read()
     finally:
-        os.waitpid(pid, 0)
-    if not data:
+        try:
+            status = os.waitpid(pid, 0)[1]
+        except ChildProcessError:
+            pass
+    if not data or status != 0:  # a child killed while it wrote (the OOM killer) hands back part of a pickle
         return None
     import pickle
 
