@@ -7,9 +7,9 @@ one-line error).
 """
 from __future__ import annotations
 
-from ..timeline_model import KERNEL, workload_marker
+from ..timeline_model import KERNEL
 from .kineto_events import FLOAT_EXACT_US, Dec, Fallback, NeedTextTimes, Raw, event_from_dict, raw_value
-from .kineto_pass import GPU_CATS, HOST_CATS, I64, MARK_CATS, NOT_STEP_CATS, TS_MAX_US, Columns
+from .kineto_pass import GPU_CATS, HOST_CATS, I64, MARK_CATS, NOT_STEP_CATS, TS_MAX_US, Columns, count_marker
 from .kineto_times import text_times
 
 __all__ = ["BadValue", "as_id", "hashable", "usable_time", "event_loop"]
@@ -179,14 +179,7 @@ def event_loop(events: list, typed: bool) -> Columns:
                 if name.startswith("ProfilerStep#") and cat not in _NOT_STEP_CATS:
                     steps.append((ts, dur))
                 elif cat in _MARK_CATS:
-                    m = marker_of.get(name, 0)
-                    if m == 0:  # (names repeat: one test per distinct name)
-                        m = marker_of[name] = workload_marker(name)
-                    if m is not None:
-                        marks[m] = marks.get(m, 0) + 1
-                        ex = mark_names.setdefault(m, [])
-                        if len(ex) < 3 and name not in ex:
-                            ex.append(name)
+                    count_marker(name, marker_of, marks, mark_names)
         elif ph == "s" or ph == "f":
             cat = e.cat
             if cat == "ac2g":

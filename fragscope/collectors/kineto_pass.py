@@ -69,6 +69,19 @@ class Columns:
         self.lean = False
 
 
+def count_marker(name: str, marker_of: dict, marks: dict, mark_names: dict) -> None:
+    """Count a host event named ``name`` that may mark the workload (timeline_model.workload_marker), keeping up
+    to three example names per marker; ``marker_of`` remembers each distinct name's answer (names repeat)."""
+    m = marker_of.get(name, 0)
+    if m == 0:
+        m = marker_of[name] = workload_marker(name)
+    if m is not None:
+        marks[m] = marks.get(m, 0) + 1
+        ex = mark_names.setdefault(m, [])
+        if len(ex) < 3 and name not in ex:
+            ex.append(name)
+
+
 class _Unusual(Exception):
     """Something the lean pass leaves to the full schema and the per-event loop."""
 
@@ -172,14 +185,7 @@ def _lean(events: list, text: bool) -> Columns:
             elif name.startswith("ProfilerStep#") and cat not in not_step:
                 steps.append((ts, dur))
             elif cat in mark_cats:
-                m = marker_of.get(name, 0)
-                if m == 0:  # (names repeat: one test per distinct name)
-                    m = marker_of[name] = workload_marker(name)
-                if m is not None:
-                    marks[m] = marks.get(m, 0) + 1
-                    ex = mark_names.setdefault(m, [])
-                    if len(ex) < 3 and name not in ex:
-                        ex.append(name)
+                count_marker(name, marker_of, marks, mark_names)
         elif t is s_type and e.cat == "fwdbwd":  # autograd's forward -> backward links: a training step
             marks["backward_links"] = marks.get("backward_links", 0) + 1
     if not o_ts:
