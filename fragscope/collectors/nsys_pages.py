@@ -262,11 +262,18 @@ def _varint(buf: np.ndarray, at: np.ndarray, value: bool = True) -> tuple[np.nda
     cont = b >= 0x80
     if not cont.any():
         return v, ln
-    if value:
+    _varint_rest(v, ln, cont, lambda i: buf[i:][at])
+    return v, ln
+
+
+def _varint_rest(v: np.ndarray | None, ln: np.ndarray, cont: np.ndarray, byte_at) -> None:
+    """Bytes 1-8 of varints whose first byte is in ``v`` (None: lengths only) and ``cont`` says which go on:
+    ``byte_at(i)`` gives byte i of each; ``v`` and ``ln`` updated in place."""
+    if v is not None:
         v &= 0x7F
     for i in range(1, 9):
-        b = buf[i:][at]
-        if value:
+        b = byte_at(i)
+        if v is not None:
             nv = v << (8 if i == 8 else 7)
             nv |= b if i == 8 else (b & 0x7F)
             np.copyto(v, nv, where=cont)
@@ -276,7 +283,6 @@ def _varint(buf: np.ndarray, at: np.ndarray, value: bool = True) -> tuple[np.nda
         cont &= b >= 0x80
         if not cont.any():
             break
-    return v, ln
 
 
 def _block(buf: np.ndarray, base: np.ndarray, ncell: np.ndarray, usable: int, col_of: dict[str, int], maxcol: int,
@@ -407,21 +413,10 @@ def _row_varint(R: np.ndarray, off, rowbase: np.ndarray | None) -> tuple[np.ndar
     cont = b >= 0x80
     if not cont.any():
         return v, 1
-    v &= 0x7F
     ln = np.ones(R.shape[0], dtype=np.int64)
     if rowbase is None:
         rowbase = np.arange(R.shape[0], dtype=np.int64) * R.shape[1]
-    for i in range(1, 9):
-        b = _row_byte(R, off + i if isinstance(off, int) else off + i, rowbase)
-        nv = v << (8 if i == 8 else 7)
-        nv |= b if i == 8 else (b & 0x7F)
-        np.copyto(v, nv, where=cont)
-        ln += cont
-        if i == 8:
-            break
-        cont &= b >= 0x80
-        if not cont.any():
-            break
+    _varint_rest(v, ln, cont, lambda i: _row_byte(R, off + i, rowbase))
     lo = int(ln.min())
     return v, (lo if lo == int(ln.max()) else ln)
 
