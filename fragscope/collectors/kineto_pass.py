@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from ..timeline_model import KERNEL, MEMCPY, MEMSET, workload_marker
 from .kineto_events import FLOAT_EXACT_US, LEAN_FLOW_START, LEAN_X, Raw
+from .kineto_times import digit_rows
 
 __all__ = ["Columns", "lean_columns", "LeanNeedsText", "texts_ns_at", "GPU_CATS", "HOST_CATS", "NOT_STEP_CATS", "MARK_CATS",
            "TS_MAX_US", "I64"]
@@ -232,15 +233,7 @@ def texts_ns_at(texts: tuple, rows, np=None):
     digits, per, scale = texts
     if np is not None:
         rows = np.asarray(rows, dtype=np.intp)
-        d = np.frombuffer(digits, dtype=np.uint8).reshape(-1, per)[rows]
-        acc = np.zeros(rows.size, dtype=np.uint64)
-        ten = np.uint64(10)
-        for j in range(per):
-            acc *= ten
-            acc += d[:, j] - np.uint8(48)
-        if scale:
-            acc *= np.uint64(10 ** scale)
-        return acc.astype(np.int64)
+        return digit_rows(np.frombuffer(digits, dtype=np.uint8).reshape(-1, per)[rows], scale, np).astype(np.int64)
     ns = [int(digits[i * per:(i + 1) * per]) for i in rows]
     if scale:
         m = 10 ** scale

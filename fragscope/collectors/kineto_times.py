@@ -88,17 +88,23 @@ def texts_ns(vals: list, np=None):
     return ns
 
 
-def _digits_ns(digits: str, n: int, per: int, scale_digits: int, np):
-    """The ints written by ``n`` runs of ``per`` ASCII digits each, times 10**scale_digits, as int64 (None
-    above 2**62, as texts_ns): column by column over an (n, per) array of the digits' values."""
-    d = np.frombuffer(digits.encode("ascii"), dtype=np.uint8).reshape(n, per)
-    acc = np.zeros(n, dtype=np.uint64)
+def digit_rows(d, scale_digits: int, np):
+    """The numbers written by the rows of ``d`` (an (n, per) uint8 array of ASCII digits), times
+    10**scale_digits, as uint64 (exact below 10**19): summed column by column."""
+    acc = np.zeros(d.shape[0], dtype=np.uint64)
     ten = np.uint64(10)
-    for j in range(per):
+    for j in range(d.shape[1]):
         acc *= ten
         acc += d[:, j] - np.uint8(48)
     if scale_digits:
         acc *= np.uint64(10 ** scale_digits)
+    return acc
+
+
+def _digits_ns(digits: str, n: int, per: int, scale_digits: int, np):
+    """The ints written by ``n`` runs of ``per`` ASCII digits each, times 10**scale_digits, as int64 (None
+    above 2**62, as texts_ns): column by column over an (n, per) array of the digits' values."""
+    acc = digit_rows(np.frombuffer(digits.encode("ascii"), dtype=np.uint8).reshape(n, per), scale_digits, np)
     if int(acc.max()) > _NS_MAX:
         return None
     return acc.astype(np.int64)
