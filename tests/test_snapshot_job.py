@@ -2,8 +2,7 @@
 playbooks/snapshot.py; docs/snapshot.md#job).
 
 Fixtures: tests/data/snapshot/<kind>_frames_oom.pickle, the committed fragmented_oom.pickle with its stacks renamed
-to each program's module paths (make_job_fixtures.py; tests/data/README_snapshot.md); the two real dumps of
-../shared/data/torch-snapshot where present (one recorded without frames, one with a FlexGen program's).
+to each program's module paths (make_job_fixtures.py; tests/data/README_snapshot.md).
 """
 from __future__ import annotations
 
@@ -21,7 +20,6 @@ from fragscope.collectors.snapshot_load import load_snapshot_bytes
 from fragscope.playbooks.snapshot import UNKNOWN_JOB_NOTE, diagnose_snapshot
 
 SNAP = Path(__file__).parent / "data" / "snapshot"
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "torch-snapshot"
 MiB, GiB = 1 << 20, 1 << 30
 KINDS = ("vllm", "sglang", "tgi", "training")
 
@@ -169,17 +167,6 @@ def test_a_serving_engine_wins_over_a_training_marker_in_the_same_snapshot():
     obj["segments"][0]["blocks"][0]["frames"] = stack_of("training")
     job = parse_snapshot(obj).job
     assert job["kind"] == "sglang" and [e.split(":")[0] for e in job["evidence"]] == ["SGLang", "a training loop"]
-
-
-@pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data/torch-snapshot is not here")
-def test_real_dumps_without_frames_and_with_an_unknown_programs_frames():
-    d = snapshot_json(SHARED / "docubox_dump_snapshot.pickle")  # recorded without context: frames []
-    assert d["job"]["kind"] == "unknown" and d["job"]["stacks_with_frames"] == 0
-    d = snapshot_json(SHARED / "llm-inference_oom_snapshot.pickle")  # legacy, frames in history: FlexGen's
-    assert d["job"]["kind"] == "unknown" and d["job"]["stacks_with_frames"] > 100
-    for f in d["findings"]:
-        for line in playbook_lines(f["playbook"]):
-            assert unlabelled(line) == [], line
 
 
 def test_every_kind_with_an_own_label_is_checked():
