@@ -172,3 +172,15 @@ def test_a_serving_engine_wins_over_a_training_marker_in_the_same_snapshot():
 def test_every_kind_with_an_own_label_is_checked():
     assert set(OWN) <= set(KINDS)
     assert os.path.exists(fixture("vllm"))
+
+
+def test_hostile_frames_and_rings_are_read_not_crashed_on():
+    """A frame's line beyond what an int converts to text (Python's 4,300-digit limit), and more device rings
+    than stacks to sample: the job is still told (fuzzing found both)."""
+    obj, _ = load_snapshot_bytes(fixture("vllm").read_bytes(), "x", 1 << 20)
+    stack = [dict(f) for f in stack_of("vllm")]
+    stack[0]["line"] = 10 ** 5000
+    obj["segments"][0]["blocks"][0]["frames"] = stack
+    obj["device_traces"] = [[{"frames": stack}] for _ in range(3000)]
+    job = parse_snapshot(obj).job
+    assert job["kind"] == "vllm" and not any("0000000000" in e for e in job["evidence"])

@@ -22,7 +22,8 @@ STACKS = 2048  # stacks sampled besides the OOMs' (about 1/4 from segments and b
 
 
 def _every(seq: list, k: int) -> list:
-    """About ``k`` items of ``seq``, evenly spread."""
+    """About ``k`` items of ``seq``, evenly spread (at least one: more rings than stacks to sample)."""
+    k = max(1, k)
     return seq if len(seq) <= k else seq[:: len(seq) // k]
 
 
@@ -88,7 +89,9 @@ def snapshot_job(obj, oom_entries=()) -> dict:
                     if hit is not None:
                         path = ("/" + fr["filename"].replace("\\", "/").lstrip("/"))[hit[1] + 1:]
                         line = fr.get("line")
-                        where = f"{path}:{line}" if isinstance(line, int) and not isinstance(line, bool) else path
+                        # (a line number as written by the profiler: a huge int would not even convert to text)
+                        ok = isinstance(line, int) and not isinstance(line, bool) and 0 <= line < 1 << 31
+                        where = f"{path}:{line}" if ok else path
                         j = (hit[0], f"{where} ({name})" if name else where)
                 seen[id(fr)] = j
             if j is not None:
