@@ -7,6 +7,8 @@ vLLM and SGLang by the parser's own line shapes (events' ``source``). Nothing is
 """
 from __future__ import annotations
 
+import re
+
 # kind -> substrings only that software prints (logger / module names, its server binary)
 MARKERS: dict[str, tuple[str, ...]] = {
     "tgi": ("text_generation_launcher", "text_generation_router", "text_generation_client",
@@ -42,11 +44,15 @@ KINDS = SERVING + ("training", "desktop", "unknown")
 # lines of tracebacks and errors (module paths); the rest (stats lines, progress bars) is not scanned.
 HEAD_LINES = 500
 
+_ANY_MARKER = re.compile("|".join(re.escape(m) for marks in MARKERS.values() for m in marks))
+
 
 def note_markers(line: str, seen: set[str], line_no: int = 0) -> None:
     """Add to ``seen`` every kind whose marker is in ``line`` (only head, traceback and error lines)."""
     if line_no > HEAD_LINES and 'File "' not in line and "rror" not in line:
         return
+    if _ANY_MARKER.search(line) is None:  # one C-level scan: most lines name no kind (a log of one repeated
+        return                          # error line scanned each kind's markers: ~20 us a line)
     for kind, marks in MARKERS.items():
         if kind not in seen and any(m in line for m in marks):
             seen.add(kind)
