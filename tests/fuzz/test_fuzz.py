@@ -148,7 +148,10 @@ def test_reproducers_keep_the_contract(path):
 @pytest.mark.parametrize("reader", harness.READERS)
 def test_fuzz_long(reader, tmp_path):
     n = int(os.environ.get("FRAGSCOPE_FUZZ_N", "400"))  # .ci/run: a few hundred per reader; more on demand
-    rep = harness.fuzz(reader, n, seed=int(os.environ.get("FRAGSCOPE_FUZZ_SEED", "2")), timeout_s=10.0,
+    # timeout_s: a hang, not a speed bar (test_time_and_memory_grow_linearly checks growth). An 8 MiB bomb of one
+    # repeated engine error line is parsed at ~1.1-1.5 MB/s on a 2-core VM (6-7 s alone, over 10 s with the other
+    # worker beside it): 30 s leaves that room and still ends a loop that never would.
+    rep = harness.fuzz(reader, n, seed=int(os.environ.get("FRAGSCOPE_FUZZ_SEED", "2")), timeout_s=30.0,
                        subprocess_every=50, sub_timeout_s=60.0, mem_bytes=4 << 30, workdir=str(tmp_path),
                        bomb_mib=8.0)
     print(f"{reader}: {rep.tried} inputs, {rep.bytes_total / 1e6:.1f} MB, exit codes {rep.exit_codes}, "
