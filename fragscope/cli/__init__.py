@@ -60,21 +60,6 @@ def plain_trace_args(args: list[str]) -> tuple[str, str, str] | None:
     return files[0], fmt, fail_on
 
 
-def _plain_file(args: list[str]) -> str | None:
-    """The one FILE of ``trace [--format X] [--fail-on Y] FILE`` (any order) when it is an existing file, from
-    the words alone (plain_trace_args checks the option values)."""
-    files, i = [], 1
-    while i < len(args):
-        if args[i] in ("--format", "--fail-on"):
-            i += 2
-            continue
-        files.append(args[i])
-        i += 1
-    if len(files) != 1 or len(args) > 6 or not files[0] or files[0].startswith("-") or not os.path.isfile(files[0]):
-        return None
-    return files[0]
-
-
 def _streams_plain() -> bool:
     """stdout and stderr are text streams click would write to as they are (an encoding other than ASCII)."""
     import codecs
@@ -94,15 +79,13 @@ def trace_lane(args: list[str], prog: str) -> int | None:
     code, handling its errors as groups.cli_exit_code does; None when the command line is not one."""
     if os.name == "nt" or not _streams_plain():
         return None
-    if len(args) >= 2 and args[0] == "trace" and not sys.stderr.isatty():  # (a terminal: the progress bar reads)
-        one = _plain_file(args)
-        if one is not None:
-            from ..collectors.trace_io import prefetch_json_bytes
-
-            prefetch_json_bytes(one)  # a gzip trace inflates on another core while the modules load
     plain = plain_trace_args(args)
     if plain is None:
         return None
+    if not sys.stderr.isatty():  # (a terminal: the progress bar reads the file)
+        from ..collectors.trace_io import prefetch_json_bytes
+
+        prefetch_json_bytes(plain[0])  # a gzip trace inflates on another core while the modules load
     from .base import CommandError, install_progress
     from .trace_run import run_trace
 
