@@ -61,6 +61,21 @@ def _stacks(obj, oom_entries) -> tuple[list, list]:
     return sampled, oom
 
 
+def _judge(fr) -> tuple[str, str] | None:
+    """(kind, "path:line (name)") of one frame, or None: not a dict with a filename, or no kind's code."""
+    if not (isinstance(fr, dict) and isinstance(fr.get("filename"), str)):
+        return None
+    name = fr.get("name") if isinstance(fr.get("name"), str) else ""
+    hit = frame_kind(fr["filename"], name)
+    if hit is None:
+        return None
+    line = fr.get("line")
+    # (a line number as written by the profiler: a huge int would not even convert to text)
+    ok = isinstance(line, int) and not isinstance(line, bool) and 0 <= line < 1 << 31
+    where = f"{hit[1]}:{line}" if ok else hit[1]
+    return hit[0], f"{where} ({name})" if name else where
+
+
 def snapshot_job(obj, oom_entries=()) -> dict:
     """The ``job`` of docs/snapshot.md: ``kind`` (a ``KNOBS`` kind), ``name``, ``stacks_read`` (stacks looked at),
     ``stacks_with_frames``, ``evidence`` (per kind seen: an example frame and in how many of the stacks read, the
@@ -82,18 +97,7 @@ def snapshot_job(obj, oom_entries=()) -> dict:
         for fr in stack:
             j = seen.get(id(fr), False)
             if j is False:
-                j = None
-                if isinstance(fr, dict) and isinstance(fr.get("filename"), str):
-                    name = fr.get("name") if isinstance(fr.get("name"), str) else ""
-                    hit = frame_kind(fr["filename"], name)
-                    if hit is not None:
-                        path = ("/" + fr["filename"].replace("\\", "/").lstrip("/"))[hit[1] + 1:]
-                        line = fr.get("line")
-                        # (a line number as written by the profiler: a huge int would not even convert to text)
-                        ok = isinstance(line, int) and not isinstance(line, bool) and 0 <= line < 1 << 31
-                        where = f"{path}:{line}" if ok else path
-                        j = (hit[0], f"{where} ({name})" if name else where)
-                seen[id(fr)] = j
+                j = seen[id(fr)] = _judge(fr)
             if j is not None:
                 kinds.add(j[0])
                 example.setdefault(j[0], j[1])

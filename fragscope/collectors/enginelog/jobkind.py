@@ -80,17 +80,17 @@ def metrics_job_kind(metric_names) -> str | None:
     return kinds.pop() if len(kinds) == 1 else None
 
 
-def frame_kind(filename: str, name: str = "") -> tuple[str, int] | None:
-    """The kind a stack frame's module belongs to, and where in ``filename`` its marker starts (to quote the path
-    from there on, without the user's directories); None: no kind's code."""
+def frame_kind(filename: str, name: str = "") -> tuple[str, str] | None:
+    """The kind a stack frame's module belongs to, and the path from its marker on ("/" separators, without the
+    user's directories: what to quote); None: no kind's code."""
     f = "/" + filename.replace("\\", "/").lstrip("/")
     for kind, marks in FRAME_MARKERS.items():
         for m in marks:
             i = f.find(m)
             if i >= 0:
-                return kind, i
+                return kind, f[i + 1:]
     if name in BACKWARD_FRAMES and "/torch/" in f:
-        return "training", f.find("/torch/")
+        return "training", f[f.find("/torch/") + 1:]
     return None
 
 
