@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # (columns are numpy arrays or fragscope.vec.Vec: each functi
 def quantiles_of_ns(values_ns: np.ndarray, qs=(50, 90, 99), zeros: int = 0) -> dict | None:
     """Quantiles in seconds of ``zeros`` zeros followed by ``values_ns`` (all > 0 when ``zeros``), with
     np.percentile's arithmetic (its default linear interpolation, operation for operation: the same
-    floats). Reorders ``values_ns`` in place (numpy: a partition, the values at the ranks read in their
+    floats). Reorders ``values_ns`` in place (numpy: partitions, the values at the ranks read in their
     sorted places; a list: sorted): callers pass scratch arrays.
 
     Why not np.percentile: its copy and its partition cost more (28 ms on 2 M values), and its first call
