@@ -501,6 +501,14 @@ def test_quantiles_replay_numpy_percentile():
             ref = {f"p{q}": float(v) / 1e9 for q, v in zip(qs, np.percentile(a, list(qs)))}
             assert quantiles_of_ns(a.copy(), qs) == ref
             assert quantiles_of_ns(a[a > 0].copy(), qs, zeros=int((a == 0).sum())) == ref
+    # larger arrays: each rank selected alone, or all at once where one value is common (both ways exact)
+    for t in range(16):
+        n = int(rng.integers(4097, 20_000))
+        a = rng.integers(1, int(rng.choice([5, 10**6, 2**62])), n)
+        a[rng.random(n) < rng.choice([0.0, 0.05, 0.3, 0.9])] = int(rng.choice([0, a[0]]))
+        for qs in ((50, 90, 99), (50, 99), (0, 100)):
+            ref = {f"p{q}": float(v) / 1e9 for q, v in zip(qs, np.percentile(a, list(qs)))}
+            assert quantiles_of_ns(a.copy(), qs) == ref
     assert quantiles_of_ns(np.zeros(0, dtype=np.int64)) is None
     assert quantiles_of_ns(np.zeros(0, dtype=np.int64), zeros=3) == {"p50": 0.0, "p90": 0.0, "p99": 0.0}
 

@@ -71,7 +71,16 @@ def _place_ranks(values: np.ndarray, ranks: list[int]) -> None:
     numpy 2.4): after placing rank r, the next rank is selected in the values after it only (all >= the
     value at r, so its rank there is the rank minus r + 1), and a rank right after the previous one is
     that remainder's minimum, swapped into place (an argmin: 2 ms). Three quantiles of 2 M values: 6-16
-    ms against 22-27 ms for one partition at the six ranks."""
+    ms against 22-27 ms for one partition at the six ranks.
+
+    The SIMD selection slows down when one value fills a large share of the array around a rank read (2 M
+    values, half of them one value: 38-150 ms; a tenth: 17 ms against 24): when one value is a tenth or
+    more of an evenly spaced sample of about 1,000, the generic partition at all the ranks at once."""
+    n = values.size
+    if n <= 4096 or _common_value(values[:: n // 1024]):
+        if ranks:
+            values.partition(ranks)
+        return
     lo = 0
     for r in ranks:
         rest = values[lo:]
@@ -81,6 +90,26 @@ def _place_ranks(values: np.ndarray, ranks: list[int]) -> None:
         else:
             rest.partition(r - lo)
         lo = r + 1
+
+
+def _common_value(sample: np.ndarray) -> bool:
+    """Whether one value is a tenth or more of ``sample`` (numpy)."""
+    np = xp_of(sample)
+    s = np.sort(sample)
+    # where each run of equal values ends, with one end before the first
+    ends = np.concatenate(([-1], np.flatnonzero(s[1:] != s[:-1]), [s.size - 1]))
+    return int(np.diff(ends).max()) * 10 >= s.size
+
+
+def ns_bound(t: float, up: bool):
+    """``t`` (ns, a float) as the integer that int64 values compare with as they compare with ``t``: rounded
+    up for ``>=`` and ``<``, down for ``>`` and ``<=``. numpy compares an int64 array with a float in
+    float64, converting each value (5-10 ms on 2 M values here, against 2 for an integer bound); an int64
+    below 2**53 converts exactly and the rounding of larger ones keeps their order, so the truth of each
+    comparison is the same. ``t`` itself where that does not hold (not finite, or 2**53 and more)."""
+    if not abs(t) < 2.0 ** 53:
+        return t
+    return math.ceil(t) if up else math.floor(t)
 
 
 def sec(ns) -> float:
@@ -281,10 +310,11 @@ def merged_spans(s: np.ndarray, e: np.ndarray, gap_starts: bool = False) -> dict
     a gap exists where the next start is after the running maximum end).
 
     ``gap_lengths``: the positive gaps in time order (``gap_starts``, when asked, where each begins);
-    the other ``n_gaps - gap_lengths.size`` gaps are 0."""
+    the other ``gap_zeros`` gaps are 0. (Keeping the zeros in, clipped, would spare gathering the
+    positive ones, but a selection among many equal values is slow: :func:`_place_ranks`.)"""
     np = xp_of(s)
     if s.size == 0:
-        return {"span_ns": 0, "busy_ns": 0, "idle_ns": 0, "gap_lengths": s, "gap_starts": s, "n_gaps": 0, "n": 0}
+        return {"span_ns": 0, "busy_ns": 0, "idle_ns": 0, "gap_lengths": s, "gap_starts": s, "gap_zeros": 0, "n": 0}
     cm = np.maximum.accumulate(e)
     span = int(cm[-1] - s[0])
     # the gaps, over the running maximum's buffer unless their start times are wanted
@@ -293,7 +323,7 @@ def merged_spans(s: np.ndarray, e: np.ndarray, gap_starts: bool = False) -> dict
     lengths = d[pos]
     idle = int(lengths.sum())
     out = {"span_ns": span, "busy_ns": span - idle, "idle_ns": idle, "gap_lengths": lengths,
-           "n_gaps": int(s.size) - 1, "n": int(s.size)}
+           "gap_zeros": int(s.size) - 1 - int(lengths.size), "n": int(s.size)}
     if gap_starts:
         out["gap_starts"] = cm[:-1][pos]
     return out
@@ -311,9 +341,11 @@ def _interval_fields(m: dict, cfg: Config) -> dict:
         "idle_ratio": (m["idle_ns"] / span) if span > 0 else None,
     }
     lengths = m["gap_lengths"]
-    long_gaps = int(xp_of(lengths).count_nonzero(lengths >= cfg.long_gap_s * 1e9))
+    np = xp_of(lengths)
+    long_ns = ns_bound(cfg.long_gap_s * 1e9, up=True)
+    long_gaps = int(np.count_nonzero(lengths >= long_ns))
     longest = lengths.max() if lengths.size else 0
-    gq = quantiles_of_ns(lengths, zeros=m["n_gaps"] - lengths.size)  # reorders the positive gaps in place
+    gq = quantiles_of_ns(lengths, zeros=m["gap_zeros"])  # reorders the gaps in place
     if gq is not None:
         gq["max"] = sec(longest)
     out["gap_seconds"] = gq
@@ -333,9 +365,12 @@ def _idle_breakdown(s: np.ndarray, e: np.ndarray, ls: np.ndarray, kw_ns: float) 
     prev_end = e[:-1]
     gap = s[1:] - prev_end
     host = ls[1:] > prev_end
-    kern = gap < kw_ns
+    kern = gap < ns_bound(kw_ns, up=True)
     kern &= ~host
-    h, k = int(gap[host].sum()), int(gap[kern].sum())
+    if np is vec:
+        h, k = int(gap[host].sum()), int(gap[kern].sum())
+    else:  # int64 dot products with the masks: the same wrapping int64 sums, without copying the gaps out
+        h, k = int(np.dot(gap, host)), int(np.dot(gap, kern))
     return np.array([h, k, int(gap.sum()) - h - k], dtype=np.float64)
 
 
@@ -356,7 +391,7 @@ def _launch_fields(first: np.ndarray, delay: np.ndarray, short_ok: np.ndarray, i
     ``short_ok``)."""
     np = xp_of(delay)
     d = delay[first]
-    n_out = int(np.count_nonzero(d > cfg.launch_delay_cutoff_s * 1e9))
+    n_out = int(np.count_nonzero(d > ns_bound(cfg.launch_delay_cutoff_s * 1e9, up=False)))
     lq = quantiles_of_ns(d, (50, 99))
     n_ok = int(np.count_nonzero(short_ok))
     return {
