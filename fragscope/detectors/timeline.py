@@ -20,7 +20,7 @@ from ..timeline_model import (COPY_HTOD, COPY_UVM_DTOD, COPY_UVM_DTOH, COPY_UVM_
                               SYNC, UM_CAUSES, Timeline, is_driver_launch_name)
 from .timeline_config import ALLOCATOR_STALLS, LAUNCH_BOUND, SYNC_BOUND, Config
 from .timeline_samples import trace_samples
-from .timeline_streams import THREAD_MIN_OPS, Device, merged_spans, quantiles_of_ns, sec
+from .timeline_streams import THREAD_MIN_OPS, Device, launch_flags, merged_spans, quantiles_of_ns, sec
 from .timeline_verdicts import judge
 from ..vec import xp_of
 
@@ -47,6 +47,8 @@ def analyse(tl: Timeline, cfg: Config = Config()) -> dict:
     work = _device_work(tl, sel, cfg)
     try:
         lstart, first_of_launch, delay, short_ok, is_short = _launch_columns(tl, sel, cfg)
+        flags = launch_flags(first_of_launch, short_ok, is_short)
+        del first_of_launch, short_ok, is_short
         syncing, small_h2d, pageable_async, sync = _syncing_calls(tl, cfg)
         start, end, linked = tl.op_start, tl.op_end, tl.op_launch >= 0
         if tl.n_ops:
@@ -68,8 +70,7 @@ def analyse(tl: Timeline, cfg: Config = Config()) -> dict:
                 return a if di is None else a[di]  # noqa: B023 -- used within this iteration
 
             last = d == work[-1][0]
-            dw.set_launch(take(lstart), take(first_of_launch), take(delay), take(short_ok), take(is_short), sync,
-                          extra=host_job if last else None)
+            dw.set_launch(take(lstart), take(flags), take(delay), sync, extra=host_job if last else None)
             devices.append(dw.result())
             if last:
                 host = dw.extra_result
