@@ -523,6 +523,16 @@ def test_analysis_threaded_equals_one_thread(tmp_path, monkeypatch):
     assert _analysis(tl) == ref
 
 
+def test_analysis_group_by_masks_equals_sort(tmp_path, monkeypatch):
+    """A device's few streams grouped by one mask per stream id: the same analysis as the sort."""
+    import fragscope.detectors.timeline_streams as streams
+
+    tl = read_nsys(str(make_nsys_mixed(tmp_path / "m.sqlite", n=1500)), reader="stdlib")
+    ref = _analysis(tl)
+    monkeypatch.setattr(streams, "GROUP_BY_MASKS", 0)
+    assert _analysis(tl) == ref
+
+
 def test_analysis_error_leaves_no_thread_waiting(tmp_path, monkeypatch):
     """An error in the analysis reaches the caller, and no worker thread is left waiting (the agent's
     captures run in a long-lived process)."""
