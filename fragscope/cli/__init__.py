@@ -2,10 +2,11 @@
 
 The click groups, their commands and their error handling live in ``groups`` (its names are this package's:
 ``from fragscope.cli import diagnose_group``). The console entries below import it for every command line
-but the plainest one: ``diagnose trace FILE`` with at most ``--format`` and ``--fail-on`` (the command
+but the plainest two: ``diagnose trace FILE`` with at most ``--format`` and ``--fail-on`` (the command
 line of a script or a notebook on one trace) runs the trace command's own function (trace_run.run_trace)
-without importing click, which is about half of a small trace's start-up. Anything else, ``--help`` and
-every error in reading the command line included, goes through click.
+without importing click, which is about half of a small trace's start-up; ``diagnose FILE`` with at most
+``--format``, ``--fail-on`` and ``--no-color`` runs file_run.run_file (file_lane.py). Anything else,
+``--help`` and every error in reading the command line included, goes through click.
 """
 from __future__ import annotations
 
@@ -60,10 +61,13 @@ def plain_trace_args(args: list[str]) -> tuple[str, str, str] | None:
     return files[0], fmt, fail_on
 
 
-def _streams_plain() -> bool:
-    """stdout and stderr are text streams click would write to as they are (an encoding other than ASCII)."""
+def lane_streams() -> bool:
+    """A command may run without click here: not Windows, and stdout and stderr are text streams click would
+    write to as they are (an encoding other than ASCII)."""
     import codecs
 
+    if os.name == "nt":
+        return False
     for s in (sys.stdout, sys.stderr):
         enc = getattr(s, "encoding", None)
         try:
@@ -77,7 +81,7 @@ def _streams_plain() -> bool:
 def trace_lane(args: list[str], prog: str) -> int | None:
     """Run a plain ``diagnose trace FILE`` (see :func:`plain_trace_args`) without click and return its exit
     code, handling its errors as groups.cli_exit_code does; None when the command line is not one."""
-    if os.name == "nt" or not _streams_plain():
+    if not lane_streams():
         return None
     plain = plain_trace_args(args)
     if plain is None:
@@ -86,13 +90,20 @@ def trace_lane(args: list[str], prog: str) -> int | None:
         from ..collectors.trace_io import prefetch_json_bytes
 
         prefetch_json_bytes(plain[0])  # a gzip trace inflates on another core while the modules load
-    from .base import CommandError, install_progress
+    from .base import install_progress
     from .trace_run import run_trace
 
     install_progress()  # a bar on stderr while reading a large input, on a terminal only
-    file, fmt, fail_on = plain
+    return lane_call(prog, run_trace, *plain)
+
+
+def lane_call(prog: str, run, *args) -> int | None:
+    """``run(*args)``, a command's own function run without click, with its errors answered as
+    groups.cli_exit_code answers them; its exit code (None: the command line goes to click after all)."""
+    from .base import CommandError
+
     try:
-        rc = run_trace(file, fmt, fail_on)
+        rc = run(*args)
     except (EOFError, KeyboardInterrupt):  # as click's Command.main and then cli_exit_code answer them
         from .base import echo
 
@@ -113,7 +124,7 @@ def trace_lane(args: list[str], prog: str) -> int | None:
         sys.exit(1)
     except Exception as e:  # noqa: BLE001 - as cli_exit_code: one line, exit 3, never a traceback
         return _crash(prog, e)
-    return rc if isinstance(rc, int) else 0
+    return rc if isinstance(rc, int) or rc is None else 0
 
 
 def _crash(prog: str, e: BaseException) -> int:
@@ -123,18 +134,24 @@ def _crash(prog: str, e: BaseException) -> int:
 
 
 def _entry(prog: str, lane_args: list[str] | None) -> None:
-    """Run the console entry ``prog``: ``lane_args`` (the arguments after ``diagnose``) through trace_lane
-    when given, every other command line through click (a plain ``diagnose FILE`` starts reading its file in
-    a child process first: file_lane)."""
+    """Run the console entry ``prog``: ``lane_args`` (the arguments after ``diagnose``) through trace_lane or
+    file_lane's run when given (a plain ``diagnose trace FILE`` or ``diagnose FILE``, without click), every
+    other command line through click (a plain ``diagnose FILE`` starts reading its file in a child process
+    first: file_lane)."""
     completing = f"_{prog.upper()}_COMPLETE" in os.environ  # click's shell completion asks the groups
     debug = "--debug" in (lane_args or ()) or os.environ.get("FRAGSCOPE_DEBUG")  # (a traceback shows the path)
     code = None
     from .file_lane import abandon, prefetch  # (not `from . import`: this package's __getattr__ loads click)
+    from .file_lane import run as file_lane
 
     # a plain `diagnose FILE`: its parse starts in a child process while the rest loads
     child = lane_args is not None and not completing and prefetch(lane_args)
-    if lane_args is not None and not completing and not debug and not child:
-        code = trace_lane(lane_args, prog)
+    if lane_args is not None and not completing and not debug:
+        code = None if child else trace_lane(lane_args, prog)
+        if code is None:
+            code = file_lane(lane_args, prog)  # a plain `diagnose FILE` without click
+        if child and code is not None:
+            abandon()  # (nothing when the command took the child's result)
     if code is None:
         from .groups import diagnose_group, fragscope_group, run_and_exit
 

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 
 import click
@@ -10,40 +9,11 @@ import click
 from ..model import Report, Severity
 from . import agent_cmds, fleet_cmds
 from .common import EXIT_FINDINGS, EXIT_OK, exit_without_teardown, fail
+from .file_run import OtherKind, diagnose_path  # noqa: F401 (diagnose_path: also the MCP tools')
 from .render import print_report, report_exit_code
 
 FORMATS = click.Choice(["human", "json"])
 FAIL_ON = click.Choice(["info", "warning", "critical", "never"])
-
-
-class OtherKind(Exception):
-    """FILE is something another ``diagnose`` subcommand reads (an engine log, a trace, a snapshot)."""
-
-    def __init__(self, reader: str, message: str) -> None:
-        super().__init__(message)
-        self.reader = reader
-
-
-def _read_file(path: str, scrape_interval: str | None):
-    from ..collectors.exposition import ParseError, read_recording
-
-    kwargs = {}
-    if scrape_interval:  # the spacing of scrapes saved without timestamps (curl output)
-        kwargs["scrape_interval_s"] = agent_cmds.parse_duration_flag(scrape_interval, "--scrape-interval")
-    try:
-        if not kwargs:
-            from ..collectors.prefetch import read as read_prefetched
-
-            window = read_prefetched(path)  # the console entry's child parsed it (cli/file_lane.py)
-            if window is not None:
-                return window
-        return read_recording(path, **kwargs)
-    except ParseError as e:
-        if e.reader:
-            raise OtherKind(e.reader, str(e)) from None
-        fail(str(e))
-    except OSError as e:
-        fail(f"{path}: {e.strerror or e}")
 
 
 def _reroute(ctx: click.Context, other: OtherKind, file: str, fmt: str, fail_on: str, html: str | None,
@@ -68,29 +38,6 @@ def _reroute(ctx: click.Context, other: OtherKind, file: str, fmt: str, fail_on:
     # after the report, so that an input error stays the one line the subcommand printed
     click.echo(f"diagnose: {file}: {what}; read as: diagnose {other.reader} {file}", err=True)
     return rc
-
-
-def diagnose_path(path: str, since: str | None = None, scrape_interval: str | None = None):
-    """A recording or scrape FILE; ``since`` keeps its last DURATION (ending at its last sample).
-    Returns (window, report)."""
-    from ..collectors.prefetch import pending
-    from ..pipeline import diagnose, load_detectors
-
-    if not scrape_interval and pending(path):
-        load_detectors()  # while the console entry's child parses the file (imports it would do after the read)
-    window = _read_file(path, scrape_interval)
-    if since:
-        secs = agent_cmds.parse_duration_flag(since, "--since")
-        end = window.end
-        if end is None or not math.isfinite(end):
-            fail(f"{path}: --since needs timestamps; the file has none")
-        kept = window.between(end - secs, end)
-        if not kept.series:
-            fail(f"{path}: no samples in its last {since}")
-        kept.notes.append(f"--since {since}: judged on the recording's last {secs:g} s "
-                          f"(of {end - window.start:.0f} s)")
-        window = kept
-    return window, diagnose(window)
 
 
 @click.command("run", context_settings={"ignore_unknown_options": False})

@@ -244,18 +244,29 @@ def parse_lines(lines: Iterable[str], default_ts: float | None = None, source: s
     ts_seen: dict[str, float] = {}
     learn = line_cache if mode == 3 else None
     om_ts = False  # a fast-path timestamp was in seconds (Parsed.openmetrics_ts)
-    for line in lines:
-        lineno += 1
-        since_sample += 1
-        if since_sample > max_lines_without_sample:
-            raise ParseError(f"{source}: {max_lines_without_sample:,} lines in a row without a sample "
-                             f"(line {lineno}): not metrics text")
-        if fast:
-            parts = line.rsplit(None, 2)
-            # A cached head is exactly what the full parser takes as the head (the text up to the last
-            # "}", or the first word): the two floats below parse only if neither holds a "}" or space.
-            if len(parts) == 3 and (entry := cache.get(parts[0], False)) is not False:
-                # A timestamp's text read once: the series of a scrape share it (-1.0: the full parser's)
+    last_head, last_entry = None, None  # the fast path's last series line head and its cache entry
+    it = iter(lines)
+    end = object()
+    while True:
+        if fast and since_sample < max_lines_without_sample:
+            # The recording's run of samples of series already seen, in this inner loop: one rsplit on " ",
+            # a dict hit, a float (the timestamp's text read once). A line that is anything else ends the run
+            # and goes to the full parser below (a head before other whitespace, or a trailing one, is not a
+            # cached head: each cached head is the full parser's, which ends in "}" or a name).
+            run_from = lineno
+            for line in it:
+                lineno += 1
+                parts = line.rsplit(" ", 2)
+                if len(parts) != 3:
+                    break
+                head = parts[0]
+                if head != last_head:
+                    entry = cache.get(head, False)
+                    if entry is False:
+                        break
+                    last_head, last_entry = head, entry
+                else:
+                    entry = last_entry
                 ts = ts_seen.get(parts[2])
                 try:
                     value = float(parts[1])
@@ -269,18 +280,33 @@ def parse_lines(lines: Iterable[str], default_ts: float | None = None, source: s
                             ts_seen.clear()
                         ts_seen[parts[2]] = ts
                 except ValueError:
-                    ts = -1.0  # the full parser says what is wrong
-                if ts >= 0.0:
-                    early_ok += 1
-                    since_sample = 0
-                    if entry is None or (entry[4] and value > DCGM_BLANK_THRESHOLD):
-                        continue
-                    entry[1].append(ts)
-                    entry[2].append(value)
-                    samples += 1
-                    if samples == points_cap:
-                        raise points_reached(source, points_cap, lineno)
+                    break  # the full parser says what is wrong
+                if ts < 0.0 or ts != ts:
+                    break
+                if entry is None or (entry[4] and value > DCGM_BLANK_THRESHOLD):
                     continue
+                entry[1].append(ts)
+                entry[2].append(value)
+                samples += 1
+                if samples == points_cap:
+                    raise points_reached(source, points_cap, lineno)
+            else:
+                if lineno > run_from:
+                    early_ok += lineno - run_from
+                    since_sample = 0
+                break  # the end of the input
+            if lineno - 1 > run_from:  # the samples before the line that ended the run
+                early_ok += lineno - 1 - run_from
+                since_sample = 0
+        else:
+            line = next(it, end)
+            if line is end:
+                break
+            lineno += 1
+        since_sample += 1
+        if since_sample > max_lines_without_sample:
+            raise ParseError(f"{source}: {max_lines_without_sample:,} lines in a row without a sample "
+                             f"(line {lineno}): not metrics text")
         if not line or line == "\n":
             continue
         if line[0] in PASTE_START:
