@@ -533,6 +533,26 @@ def test_analysis_group_by_masks_equals_sort(tmp_path, monkeypatch):
     assert _analysis(tl) == ref
 
 
+def test_launch_columns_in_blocks_equal_whole(tmp_path, monkeypatch):
+    """numpy's launch columns, a block of ops at a time (blocks of 7 here, one block by default): the same as
+    the whole-array form the pure-Python columns take, with and without a selection, linked or not."""
+    import fragscope.detectors.timeline as timeline
+
+    tl = read_nsys(str(make_nsys_mixed(tmp_path / "m.sqlite", n=1500)), reader="stdlib")
+    sel = tl.op_start < np.median(tl.op_start)
+    for s in (None, sel):
+        ref = timeline._launch_columns(tl, s, timeline.Config())
+        with monkeypatch.context() as m:
+            m.setattr(timeline, "LAUNCH_BLOCK", 7)
+            got = timeline._launch_columns(tl, s, timeline.Config())
+        with monkeypatch.context() as m:  # the whole-array form, on the same numpy columns
+            m.setattr(timeline, "vec", np)
+            whole = timeline._launch_columns(tl, s, timeline.Config())
+        assert (tl.op_launch < 0).any() and ref[3] == got[3] == whole[3]
+        for a, b, c in zip(ref[:3], got[:3], whole[:3]):
+            assert np.array_equal(a, b) and np.array_equal(a, c)
+
+
 def test_analysis_error_leaves_no_thread_waiting(tmp_path, monkeypatch):
     """An error in the analysis reaches the caller, and no worker thread is left waiting (the agent's
     captures run in a long-lived process)."""

@@ -143,6 +143,7 @@ class Device:
         self.groups: list = []  # per stream: its ops (a slice, or indices in start order)
         self.m: dict = {}
         self.comp_busy = 0
+        self.all_kernels = False  # every op of the device is a kernel (then so is every op of each stream)
         self.fields: dict = {}
         self.dev_launch: dict = {}
         self.extra_result = None
@@ -182,6 +183,7 @@ class Device:
         pmin, pmax = (int(self.pid.min()), int(self.pid.max())) if self.pid.size else (0, 0)
         key = self.sid if pmin == pmax else self.sid + (self.pid << 40)  # one process (or none known): by stream
         self.groups = _group(key)
+        self.all_kernels = bool((self.kd == KERNEL).all())
         self.grouped.set()
 
     def _merged(self) -> None:
@@ -189,7 +191,7 @@ class Device:
         # the gaps' start times are needed only to match them with synchronizing calls
         maybe_sync = bool(((ck == SYNC) | (ck == MEMCPY_SYNC) | (ck == MEMCPY_ASYNC)).any())
         self.m = m = merged_spans(s, e, gap_starts=maybe_sync)
-        if not comm.any() and bool((kd == KERNEL).all()):
+        if not comm.any() and self.all_kernels:
             self.comp_busy = m["busy_ns"]  # the same intervals
         else:
             compm = (kd == KERNEL) & ~comm
@@ -244,7 +246,9 @@ class Device:
         w = _idle_breakdown(s_, e_, ls[ix], cfg.kernel_wait_cutoff_s * 1e9)
         del s_, e_
         a0 = ix.start if type(ix) is slice else int(ix[0])
-        st = {"stream": int(sid[a0]), "ops": _op_counts(kd[ix])}
+        n = _size(ix)
+        st = {"stream": int(sid[a0]),
+              "ops": {"kernel": n, "memcpy": 0, "memset": 0} if self.all_kernels else _op_counts(kd[ix])}
         if pid[a0] >= 0:
             st["pid"] = int(pid[a0])
         st.update(_interval_fields(sm, cfg))
