@@ -125,8 +125,8 @@ class Device:
     The device's merged intervals and the grouping by (process, stream) need only the ops' times and
     streams; the rest waits for the per-op launch columns (``set_launch``). With ``threaded`` a worker
     thread starts on the former at once; then the worker and the thread calling ``result()`` share the
-    remaining tasks, largest first: the device's launch figures, each stream's figures, and an optional
-    ``extra`` task (the host figures). Streams come back in grouping order, their idle breakdowns summed
+    remaining tasks: each stream's figures (largest first), an optional ``extra`` task (the host figures),
+    and the device's launch figures. Streams come back in grouping order, their idle breakdowns summed
     in that order: the same floats as one thread."""
 
     def __init__(self, d: int, s, e, kd, comm, pid, sid, c_kind, cfg: Config, threaded: bool) -> None:
@@ -138,8 +138,10 @@ class Device:
         self.launch_set = threading.Event()
         self.grouped = threading.Event()
         self.lock = threading.Lock()
+        self.streams_done = threading.Condition(self.lock)  # notified when the last stream is done, or on an error
         self.tasks: list | None = None
         self.next = 0
+        self.streams_left = 0
         self.groups: list = []  # per stream: its ops (a slice, or indices in start order)
         self.m: dict = {}
         self.comp_busy = 0
@@ -163,8 +165,13 @@ class Device:
 
     def abort(self) -> None:
         """The caller failed: let the worker stop (it would otherwise wait for set_launch)."""
-        self.errors.append(RuntimeError("analysis aborted"))
+        self._fail(RuntimeError("analysis aborted"))
         self.launch_set.set()
+
+    def _fail(self, e: BaseException) -> None:
+        with self.lock:
+            self.errors.append(e)
+            self.streams_done.notify_all()  # (a thread waiting for the streams stops)
 
     def _worker(self) -> None:
         try:
@@ -176,7 +183,7 @@ class Device:
             self._fields()
             self._take()
         except BaseException as e:  # noqa: BLE001 -- re-raised by result()
-            self.errors.append(e)
+            self._fail(e)
             self.grouped.set()
 
     def _group(self) -> None:
@@ -210,7 +217,8 @@ class Device:
             cov[ok] = sync_cmend[j[ok]] + cfg.sync_tolerance_s * 1e9 >= m["gap_starts"][ok]
             sync_gap = int(m["gap_lengths"][cov].sum())
         m.pop("gap_starts", None)
-        f = {"ops": _op_counts(self.kd)}
+        n = int(self.kd.size)
+        f = {"ops": {"kernel": n, "memcpy": 0, "memset": 0} if self.all_kernels else _op_counts(self.kd)}
         f.update(_interval_fields(m, cfg))
         f["compute_seconds"] = sec(self.comp_busy)
         f["non_compute_seconds"] = sec(m["span_ns"] - self.comp_busy - m["idle_ns"])
@@ -218,12 +226,14 @@ class Device:
         self.fields, self.m = f, {}
 
     def _take(self) -> None:
-        """Run tasks until none is left: the device's launch figures (quantiles of all its launch delays),
-        the streams, largest first, then the extra task."""
+        """Run tasks until none is left: the streams, largest first, the extra task, then the device's launch
+        figures (quantiles of all its launch delays), which reorder the device's delays in place (no copy of
+        them) once every stream has gathered its own."""
         with self.lock:
             if self.tasks is None:
                 sizes = [_size(g) for g in self.groups]
-                self.tasks = [-1] + sorted(range(len(sizes)), key=lambda k: -sizes[k]) + ([-2] if self.extra else [])
+                self.tasks = sorted(range(len(sizes)), key=lambda k: -sizes[k]) + ([-2] if self.extra else []) + [-1]
+                self.streams_left = len(sizes)
         while not self.errors:
             with self.lock:
                 i, self.next = self.next, self.next + 1
@@ -231,11 +241,20 @@ class Device:
                 return
             k = self.tasks[i]
             if k == -1:
-                self.dev_launch = _launch_fields(*self.launch[1:], self.cfg, own=False)
+                with self.lock:
+                    while self.streams_left and not self.errors:
+                        self.streams_done.wait()
+                if self.errors:
+                    return
+                self.dev_launch = _launch_fields(*self.launch[1:], self.cfg, own=True)
             elif k == -2:
                 self.extra_result = self.extra()
             else:
                 self.out[k] = self._stream(k)
+                with self.lock:
+                    self.streams_left -= 1
+                    if not self.streams_left:
+                        self.streams_done.notify_all()
 
     def _stream(self, k: int) -> tuple[dict, np.ndarray]:
         s, e, kd, pid, sid, cfg = self.s, self.e, self.kd, self.pid, self.sid, self.cfg
@@ -269,7 +288,7 @@ class Device:
             try:
                 self._take()
             except BaseException as e:  # noqa: BLE001 -- re-raised below, after the worker stopped
-                self.errors.append(e)
+                self._fail(e)
             self.thread.join()
         if self.errors:
             raise self.errors[0]
