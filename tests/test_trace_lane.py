@@ -17,6 +17,8 @@ from fragscope.cli import plain_trace_args
 ROOT = Path(__file__).resolve().parent.parent
 TRACES = sorted(p for p in (ROOT / "tests" / "data" / "trace").rglob("*") if p.is_file())
 SMALL = ROOT / "tests" / "data" / "trace" / "hta_inference_rank1_runtime_kernel_cats.json.gz"
+ALEXNET = ROOT / "tests" / "data" / "trace" / "hta_alexnet_critical_path.json.gz"
+assert ALEXNET in TRACES  # its --format json and human runs are in test_every_trace_same_output_...
 ENTRY = {"diagnose": "from fragscope.cli import diagnose_main as m; m(lane={lane})",
          "fragscope": "from fragscope.cli import main as m; m(lane={lane})"}
 CLICK_LINE = re.compile(r"^import time: .*\|\s+click$", re.M)
@@ -86,13 +88,15 @@ def test_odd_names_missing_files_and_directories_same(tmp_path):
     assert _same(["trace", "-x.json"], cwd=tmp_path)  # an option to click
 
 
-LANE_FORMS = [[], ["--format", "json"], ["--format", "human"], ["--fail-on", "never"], ["--fail-on", "info"],
+# `trace FILE --format json|human` on this trace is test_every_trace_same_output_with_and_without_click's own
+# command line (the same four processes, the same assertions): not run twice
+LANE_FORMS = [[], ["--fail-on", "never"], ["--fail-on", "info"],
               ["--format", "json", "--fail-on", "warning"], ["--fail-on", "critical", "--format", "human"]]
 
 
 @pytest.mark.parametrize("opts", LANE_FORMS, ids=lambda o: " ".join(o) or "plain")
 def test_every_form_the_lane_reads_same_without_click(opts):
-    path = str(ROOT / "tests" / "data" / "trace" / "hta_alexnet_critical_path.json.gz")
+    path = str(ALEXNET)
     assert not _same(["trace", path, *opts] if len(opts) < 4 else ["trace", *opts, path])  # (FILE anywhere)
 
 
