@@ -257,8 +257,8 @@ def test_watch_nothing_sampled_is_an_error():
 
 
 # --- the command ----------------------------------------------------------------------------------
-def _diagnose(*args, **kw):
-    code = "import sys; sys.argv[0] = 'diagnose'; from fragscope.cli import diagnose_main; diagnose_main()"
+def _diagnose(*args, first: str = "", **kw):
+    code = first + "import sys; sys.argv[0] = 'diagnose'; from fragscope.cli import diagnose_main; diagnose_main()"
     kw.setdefault("cwd", ROOT)
     return subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, **kw)
@@ -310,7 +310,11 @@ def test_cli_url_first_verdict_names_a_storm_in_progress(site, monkeypatch, caps
 
 def test_cli_url_ctrl_c_prints_the_final_verdict(site):
     host, _ = site
-    p = _diagnose(host + "/v0/metrics", "--duration", "10m", "--interval", "0.5s", "--format", "json")
+    # Ctrl-C reaches the command as at a terminal. A suite started as a background job (`pytest ... &` in a
+    # script) has SIGINT ignored; children inherit that and Python then installs no KeyboardInterrupt
+    # handler, so the command sampled on for its 10 minutes: the child puts Python's own handler back first.
+    p = _diagnose(host + "/v0/metrics", "--duration", "10m", "--interval", "0.5s", "--format", "json",
+                  first="import signal; signal.signal(signal.SIGINT, signal.default_int_handler); ")
     deadline = time.monotonic() + 30
     buf = ""
     while "first verdict after" not in buf and time.monotonic() < deadline:
