@@ -120,7 +120,7 @@ def hostile_server():
 
 
 def _url_case(url: str, out: Path, fmts=("human", "json")) -> None:
-    short = ["--duration", "2s", "--interval", "1s"]
+    short = ["--duration", "1s", "--interval", "0.5s"]  # three scrapes, as tests/test_live_url.py samples
     _check([url, *short], "diagnose", fmts)
     _check([url, *short, "--html", str(out / "r.html")], "diagnose", fmts=(None,))
 
