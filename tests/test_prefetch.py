@@ -183,3 +183,46 @@ def test_child_killed_while_it_hands_back_reads_none(tmp_path):
     assert select.select([r], [], [], 30.0)[0], "the child wrote nothing in 30 s"
     os.kill(pid, signal.SIGKILL)
     assert prefetch.read(EXAMPLE) is None
+
+
+ORPHAN = """
+import sys, time
+import fragscope.collectors.exposition as e
+e.parse_recording = lambda path: time.sleep(600)  # a parse that outlives its parent
+from fragscope.collectors import prefetch
+assert prefetch.spawn(sys.argv[1])
+print(prefetch._PENDING[sys.argv[1]][0], flush=True)
+time.sleep(600)
+"""
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has ended (nobody reaped it yet)
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc")
+def test_child_ends_when_its_parent_is_killed():
+    """SIGKILL on `diagnose FILE` runs no handler: its read's child sees its parent gone and ends within a poll
+    (it would otherwise parse the whole file for nobody)."""
+    import signal
+    import time
+
+    parent = subprocess.Popen([sys.executable, "-c", ORPHAN, EXAMPLE], stdout=subprocess.PIPE, cwd=ROOT)
+    child = None
+    try:
+        child = int(parent.stdout.readline())
+        assert _running(child)
+        parent.kill()
+        parent.wait(timeout=30)
+        deadline = time.monotonic() + 10 * prefetch.ORPHAN_POLL_S + 5.0
+        while _running(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _running(child), "the child outlived its parent"
+    finally:
+        parent.kill()
+        if child is not None and _running(child):
+            os.kill(child, signal.SIGKILL)

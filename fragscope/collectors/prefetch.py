@@ -1,4 +1,4 @@
-"""``diagnose FILE``'s read in a forked child while the parent imports numpy, click and the detectors.
+"""``diagnose FILE``'s read in a forked child while the parent imports numpy and the detectors.
 
 A whole ``diagnose FILE`` process spends about as long importing (the interpreter, numpy, click, the
 detectors: ~0.2 s) as it spends parsing an 8-hour recording (~0.2 s), one after the other on one core.
@@ -8,6 +8,7 @@ parsed, its columns as ``array('d')`` (one pickle of ~3.4 MB for 213k points, ~4
 read back), and the parent makes the window (:func:`.exposition.recording_window`) as the reader
 would have. The same floats, the same errors (a ParseError comes back as its message and reader); when
 anything else goes wrong in the child (an OSError, a crash) the parent reads the file itself.
+A child whose parent is gone (killed: SIGKILL runs no handler) ends itself within ORPHAN_POLL_S.
 Figures: docs/performance.md ("Recording ingest: the parse beside the imports").
 
 Only where it can pay: Linux (fork), at least two CPUs this process may run on and a load average below
@@ -19,8 +20,10 @@ a progress bar for it (a terminal, a large input: the bar is drawn by the proces
 """
 from __future__ import annotations
 
+import _thread
 import os
 import sys
+import time
 
 # A plain file smaller than this parses in a few ms (~1 µs a line of ~110 bytes): less than the fork and
 # the hand-back save; a gzipped one expands ~20x (docs/collectors.md#recordings).
@@ -28,6 +31,7 @@ MIN_BYTES = 512 * 1024
 MIN_GZIP_BYTES = 32 * 1024
 
 ENV_READ_CHILD = "FRAGSCOPE_READ_CHILD"
+ORPHAN_POLL_S = 0.25  # how often the child looks whether its parent is still there
 
 _PENDING: dict[str, tuple[int, int]] = {}  # path -> (child pid, read end of its pipe)
 spawned = 0  # children started by this process (tests)
@@ -79,6 +83,7 @@ def spawn(path: str) -> bool:
     from .exposition import parse_recording  # (before the fork: the child imports nothing)
 
     r, w = os.pipe()
+    parent = os.getpid()
     try:
         pid = os.fork()
     except OSError:
@@ -86,7 +91,7 @@ def spawn(path: str) -> bool:
         os.close(w)
         return False
     if pid == 0:  # the child: never returns
-        _child(path, w, parse_recording)
+        _child(path, w, parse_recording, parent)
     os.close(w)
     _PENDING[path] = (pid, r)
     global spawned
@@ -94,7 +99,7 @@ def spawn(path: str) -> bool:
     return True
 
 
-def _child(path: str, w: int, parse_recording) -> None:
+def _child(path: str, w: int, parse_recording, parent: int) -> None:
     code = 1
     try:
         import gc
@@ -107,6 +112,7 @@ def _child(path: str, w: int, parse_recording) -> None:
 
         signal.signal(signal.SIGINT, signal.SIG_DFL)  # Ctrl-C: the parent answers it; this one just ends
         gc.disable()  # (a short-lived process that makes no cycles)
+        _thread.start_new_thread(_end_when_orphaned, (parent,))
         try:
             p, st = parse_recording(path)
         except (ParseError, InputError) as e:
@@ -122,6 +128,15 @@ def _child(path: str, w: int, parse_recording) -> None:
         pass
     finally:
         os._exit(code)  # no teardown, no atexit, no flush of the parent's buffers
+
+
+def _end_when_orphaned(parent: int) -> None:
+    """The child's watch on its parent: once the parent is gone (killed, SIGKILL included: no handler runs),
+    nobody will read what the child parses, so it ends within ORPHAN_POLL_S instead of parsing on (a 4 GiB
+    file is minutes of a core). A sleeping thread: the parse keeps the interpreter between its wake-ups."""
+    while os.getppid() == parent:
+        time.sleep(ORPHAN_POLL_S)
+    os._exit(1)
 
 
 def pending(path: str) -> bool:
