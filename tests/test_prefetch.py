@@ -177,7 +177,7 @@ def test_child_killed_while_it_hands_back_reads_none(tmp_path):
     import signal
 
     assert prefetch.spawn(EXAMPLE)
-    pid, r = prefetch._PENDING[EXAMPLE]
+    pid, r = prefetch._PENDING[EXAMPLE][0]
     # the pickle of this recording is larger than a pipe's buffer: the child blocks in its write once the
     # buffer is full (bounded wait: the parse takes well under a second)
     assert select.select([r], [], [], 30.0)[0], "the child wrote nothing in 30 s"
@@ -191,7 +191,7 @@ import fragscope.collectors.exposition as e
 e.parse_recording = lambda path: time.sleep(600)  # a parse that outlives its parent
 from fragscope.collectors import prefetch
 assert prefetch.spawn(sys.argv[1])
-print(prefetch._PENDING[sys.argv[1]][0], flush=True)
+print(prefetch._PENDING[sys.argv[1]][0][0], flush=True)
 time.sleep(600)
 """
 
@@ -226,3 +226,75 @@ def test_child_ends_when_its_parent_is_killed():
         parent.kill()
         if child is not None and _running(child):
             os.kill(child, signal.SIGKILL)
+
+
+def _split_file(tmp_path, name: str, lines: list[str]) -> str:
+    p = tmp_path / name
+    p.write_text("\n".join(lines) + "\n")
+    return str(p)
+
+
+def _two_families(n: int = 400, created_first: bool = False, eof_at: int | None = None, bad_at: int | None = None,
+                  ms: bool = False) -> list[str]:
+    out = [] if created_first else ["# TYPE vllm:num_preemptions counter"]
+    half = n // 2
+    for i in range(n):
+        if i == half:  # the second family is declared in the second half
+            out.append("# HELP vllm:kv_cache_usage_perc KV use.")
+            out.append("# TYPE vllm:kv_cache_usage_perc gauge")
+        t = 1_700_000_000 + 15 * i
+        ts = f"{t * 1000}" if ms else f"{t}"
+        out.append(f'vllm:num_preemptions_total{{model_name="m"}} {i // 3} {ts}')
+        out.append(f'vllm:num_preemptions_created{{model_name="m"}} 1699999000 {ts}')
+        if created_first and i == 5:
+            out.append("# TYPE vllm:num_preemptions counter")  # after samples of its _created series
+        if i >= half:
+            out.append(f'vllm:kv_cache_usage_perc{{model_name="m"}} {0.5 + (i % 7) / 100} {ts}')
+        if eof_at == i:
+            out.append("# EOF")
+        if bad_at == i:
+            out.append("vllm:num_preemptions_total{model_name= 1 2")
+    if eof_at is None:
+        out.append("# EOF")
+    return out
+
+
+@pytest.mark.parametrize("case,joined", [
+    ({}, True), ({"ms": True}, True),  # families across the cut, the second declared after it; milliseconds
+    ({"created_first": True}, False),  # a _created series typed untyped before its family's TYPE line
+    ({"eof_at": 60}, False),  # an # EOF in the first half: the rest is not read
+    ({"bad_at": 350}, False),  # an unparsable line in the second half: its note counts the whole file
+])
+def test_large_plain_file_read_in_two_halves_is_the_whole_files_read(tmp_path, monkeypatch, case, joined):
+    """Two children, each parsing a half of a large plain file (the second after the family types the
+    first declares), give read_recording's window bit for bit; where the halves cannot tell (notes, an # EOF,
+    a name typed differently in each), the caller reads the file whole."""
+    monkeypatch.setattr(prefetch, "SPLIT_MIN_BYTES", 1)
+    path = _split_file(tmp_path, "r.om", _two_families(**case))
+    cut = prefetch.split_point(path)
+    assert cut and 0 < cut < os.path.getsize(path)
+    assert prefetch.spawn(path) and len(prefetch._PENDING[path]) == 2
+    got = prefetch.read(path)
+    assert (got is not None) == joined
+    _same_window(got or read_recording(path), read_recording(path))
+
+
+def test_two_halves_over_the_caps_read_whole(tmp_path, monkeypatch):
+    from fragscope.collectors.exposition import ENV_MAX_POINTS
+
+    monkeypatch.setattr(prefetch, "SPLIT_MIN_BYTES", 1)
+    path = _split_file(tmp_path, "r.om", _two_families())
+    monkeypatch.setenv(ENV_MAX_POINTS, "450")  # each half holds fewer points (~300), the file more (600)
+    assert prefetch.spawn(path)
+    assert prefetch.read(path) is None
+    with pytest.raises(ParseError, match="points reached"):
+        read_recording(path)
+
+
+def test_declared_types_are_what_the_parse_of_the_lines_before_leaves():
+    from fragscope.collectors.exposition_parse import declared_types
+
+    text = ("# HELP a x\n# TYPE a counter\na_total 1 2\n#TYPE b gauge\nc 1 2\n# TYPE a gauge\n"
+            "# TYPE ray_vllm:x histogram\n# UNIT a seconds\n# EOF\n")
+    assert declared_types(text) == {"a": "gauge", "b": "gauge", "vllm:x": "histogram"}
+    assert declared_types("x 1 2\n") == {}

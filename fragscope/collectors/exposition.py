@@ -19,7 +19,7 @@ import os
 
 from ..model import Sample, Window
 from ..signals import SIGNALS
-from .exposition_parse import LineCache, Parsed, parse_lines
+from .exposition_parse import LineCache, Parsed, declared_types, merge_parts, parse_lines
 from .exposition_syntax import (ENV_MAX_POINTS, ENV_MAX_SERIES, MAX_POINTS, MAX_SERIES, ParseError,
                                 parse_labels)
 from .inputs import (ENV_MAX_DECOMPRESSED, MAX_DECOMPRESSED_BYTES, MAX_FILE_BYTES, SNIFF_BYTES, GunzipCapped,
@@ -125,11 +125,16 @@ def read_recording(path: str, scrape_interval_s: float | None = None, *, scrape_
 
 
 def parse_recording(path: str, scrape_interval_s: float | None = None, *, max_series: int | None = None,
-                    max_points: int | None = None,
-                    max_decompressed_bytes: int | None = None) -> tuple[Parsed, os.stat_result]:
+                    max_points: int | None = None, max_decompressed_bytes: int | None = None,
+                    span: tuple[int, int] | None = None) -> tuple[Parsed, os.stat_result]:
     """The first half of :func:`read_recording`, without numpy: the checks, the read and the parse of
     ``path``, and its stat (the second half, :func:`recording_window`, makes the window). Raises
-    ParseError, or InputError (read_recording turns it into a ParseError)."""
+    ParseError, or InputError (read_recording turns it into a ParseError).
+
+    ``span`` (start, end): only the lines between those byte offsets of a plain (not gzip) file, each on a
+    line start, parsed as they are where they stand in the file: after the family types the lines before
+    ``start`` declare (for one file read in two processes, :func:`.exposition_parse.merge_parts` joins
+    the halves; collectors/prefetch.py)."""
     interval = scrape_interval_s
     if interval is not None and not (isinstance(interval, (int, float)) and math.isfinite(interval)
                                      and 0 < interval <= 86400):
@@ -143,17 +148,27 @@ def parse_recording(path: str, scrape_interval_s: float | None = None, *, max_se
     points_cap = max_points or env_int(ENV_MAX_POINTS, MAX_POINTS)
     cap = max_decompressed_bytes or env_int(ENV_MAX_DECOMPRESSED, MAX_DECOMPRESSED_BYTES)
     fh = open_binary(path)
+    families = None
     try:
         gz = fh.peek(2)[:2] == b"\x1f\x8b"
         raw = io.BufferedReader(GunzipCapped(fh, cap, path), 1 << 16) if gz else fh
-        what = describe_binary(raw.peek(16)[:16])
-        if what:
-            raise ParseError(f"{path}: {what.replace('FILE', path)}", reader_of(what))
+        if span is not None:
+            if gz:
+                raise ValueError("a span of a gzip file")
+            start, end = span
+            if start:
+                families = declared_types(_decoded(fh.read(start)))
+            fh.seek(start)
+            raw = io.BytesIO(fh.read(end - start))
+        if not (span and span[0]):
+            what = describe_binary(raw.peek(16)[:16] if hasattr(raw, "peek") else raw.getvalue()[:16])
+            if what:
+                raise ParseError(f"{path}: {what.replace('FILE', path)}", reader_of(what))
         text = io.TextIOWrapper(raw, encoding="utf-8", errors="strict", newline=None)
         try:
             p = parse_lines(iter_lines(text), default_ts=None, source=path, scrapes=True,
                             max_series=series_cap, max_points=points_cap,
-                            max_lines_without_sample=_MAX_LINES_WITHOUT_SAMPLE)
+                            max_lines_without_sample=_MAX_LINES_WITHOUT_SAMPLE, families=families)
         except UnicodeDecodeError:
             raise ParseError(f"{path}: not text (binary data that is not gzip); expected OpenMetrics or "
                              "Prometheus text with timestamps, or a /metrics scrape") from None
@@ -168,6 +183,13 @@ def parse_recording(path: str, scrape_interval_s: float | None = None, *, max_se
     finally:
         fh.close()
     return p, st
+
+
+def join_parts(a: Parsed, b: Parsed) -> Parsed | None:
+    """A recording's parse from its two parts' (:func:`parse_recording` with ``span``), with the caps
+    :func:`parse_recording` applies; None when the file must be read whole (exposition_parse.merge_parts)."""
+    return merge_parts(a, b, env_int(ENV_MAX_SERIES, MAX_SERIES), env_int(ENV_MAX_POINTS, MAX_POINTS),
+                       _MAX_LINES_WITHOUT_SAMPLE)
 
 
 def recording_window(path: str, p: Parsed, st: os.stat_result, scrape_interval_s: float | None = None, *,
@@ -201,6 +223,12 @@ def recording_window(path: str, p: Parsed, st: os.stat_result, scrape_interval_s
     if not math.isfinite(w.start):
         raise ParseError(f"{path}: no finite sample values")
     return w
+
+
+def _decoded(data: bytes) -> str:
+    """``data`` as the reader's text stream decodes it (UTF-8, universal newlines)."""
+    text = data.decode("utf-8")
+    return text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text
 
 
 def _head_text(path: str, gz: bool, cap: int) -> str:

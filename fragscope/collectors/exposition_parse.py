@@ -91,6 +91,7 @@ class Parsed:
     ts_units: set = field(default_factory=set)  # "microseconds", "nanoseconds" when converted
     ignored_timestamps: int = 0  # scrape mode: samples whose own timestamp was ignored
     truncated: bool = False  # the text ended inside a sample line
+    tail_without_sample: int = 0  # lines after the last sample
 
     def to_window(self, source: str = "") -> Window:
         from .scrapes import bulk_window  # (numpy: not imported with the parser, see collectors/segments.py)
@@ -205,7 +206,7 @@ def parse_lines(lines: Iterable[str], default_ts: float | None = None, source: s
                 keep_created: bool = False, key_cache: dict | None = None, *, scrapes: bool = False,
                 max_series: int | None = None, max_points: int | None = None,
                 max_lines_without_sample: int = MAX_LINES_WITHOUT_SAMPLE,
-                line_cache: LineCache | None = None) -> Parsed:
+                line_cache: LineCache | None = None, families: dict[str, str] | None = None) -> Parsed:
     """Parse exposition text line by line.
 
     ``default_ts`` (unix seconds) applies to samples without a timestamp; when it is None such
@@ -217,10 +218,11 @@ def parse_lines(lines: Iterable[str], default_ts: float | None = None, source: s
     ~600 series every second then skips the label parsing (~60 % of the cost). ``max_series`` and
     ``max_points`` stop the parse with a ParseError naming the cap, as does a run of
     ``max_lines_without_sample`` lines without a sample. ``line_cache`` (live scrapes only) learns each
-    new series head for :meth:`LineCache.scrape`.
+    new series head for :meth:`LineCache.scrape`. ``families``: the family types declared before the first
+    line (:func:`declared_types`; the lines are the rest of a file, collectors/prefetch.py).
     """
     p = Parsed()  # p.bad_lines counts the unparsable lines as they come
-    family_types: dict[str, str] = {}
+    family_types: dict[str, str] = dict(families) if families else {}
     cache: dict[str, tuple | None] = {}
     early_ok = 0
     lineno = 0
@@ -423,6 +425,7 @@ def parse_lines(lines: Iterable[str], default_ts: float | None = None, source: s
                        "cut short; that sample is not read")
         p.truncated = True
     p.lines = lineno
+    p.tail_without_sample = since_sample
     p.openmetrics_ts = p.openmetrics_ts or om_ts
     p.samples = samples
     p.scrape_mode = mode == 2
@@ -576,6 +579,62 @@ def series_entry(p: Parsed, name: str, labels: tuple, family_types: dict[str, st
                              f"per input; raise it with {ENV_MAX_SERIES}=N if the file is genuine")
         col = p.cols[key] = ([], [])
     return (key, col[0], col[1], name.startswith(GENERIC_PREFIXES), name.startswith("DCGM_"))
+
+
+def declared_types(text: str) -> dict[str, str]:
+    """The family types the comment lines of a recording's ``text`` declare, as its parse leaves them."""
+    families: dict[str, str] = {}
+    scratch = Parsed()
+    starts = [0] if text.startswith("#") else []
+    i = text.find("\n#")
+    while i >= 0:
+        starts.append(i + 1)
+        i = text.find("\n#", i + 1)
+    for start in starts:
+        end = text.find("\n", start)
+        line = text[start:] if end < 0 else text[start:end]
+        if not line.startswith(("# EOF", "#EOF")):
+            read_meta_line(line, scratch, families, None)
+    return families
+
+
+# What a part's parse may have met for the two parts to join into the whole file's parse: nothing noted,
+# dropped, skipped or converted (a file with any of it is read whole: what its notes count spans both parts).
+_CLEAN = ("bad_lines", "junk_lines", "joined_lines", "table_rows", "bad_bounds", "ignored_timestamps", "notes",
+          "ts_units", "truncated", "scrape_mode")
+
+
+def merge_parts(a: Parsed, b: Parsed, max_series: int, max_points: int,
+                max_lines_without_sample: int) -> Parsed | None:
+    """The parse of a whole recording from those of its first part ``a`` and the rest ``b`` (b parsed after
+    a's family types, :func:`declared_types`): what parsing the file in one go gives, or None where the parts
+    cannot tell (anything noted or dropped, ``a`` past an ``# EOF``, a name typed differently in the parts,
+    the caps reached across the parts, a run of lines without samples across the cut); then the caller reads
+    the file whole. The columns are lists (the parts' lists, extended in place)."""
+    if any(getattr(a, f) or getattr(b, f) for f in _CLEAN) or a.saw_eof or not a.samples or not b.samples:
+        return None
+    if a.samples + b.samples >= max_points > 0 or a.tail_without_sample >= max_lines_without_sample:
+        return None
+    if any(a.types[n] != t for n, t in b.types.items() if n in a.types):
+        return None
+    cols = a.cols
+    for k, (ts, vs) in b.cols.items():
+        col = cols.get(k)
+        if col is None:
+            cols[k] = (ts, vs)
+        else:
+            col[0].extend(ts)
+            col[1].extend(vs)
+    if len(cols) > max_series > 0:
+        return None
+    for n, t in b.types.items():
+        a.types.setdefault(n, t)
+    a.lines += b.lines
+    a.samples += b.samples
+    a.tail_without_sample = b.tail_without_sample
+    for f in ("saw_eof", "saw_timestamps", "openmetrics", "openmetrics_ts", "saw_meta"):
+        setattr(a, f, getattr(a, f) or getattr(b, f))
+    return a
 
 
 def check_and_note(p: Parsed, source: str) -> None:
