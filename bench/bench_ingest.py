@@ -11,8 +11,9 @@ Prints, for one generated OpenMetrics file with every signal (~165k lines, ~19 M
 and the ratios, with the load average before and after (the machine may be shared: compare figures of one
 run). Target: `diagnose FILE` (whole process) <= 0.4x promtool's backfill (whole process); the in-process
 ratio is printed beside it. Whole processes run alternately, each with its CPU (user + sys, children it
-waited for included): `diagnose FILE` (its file parsed in a child process while it imports:
-fragscope/collectors/prefetch.py), the same command read in one process (no child), and promtool.
+waited for included): `diagnose FILE` (its file parsed in child processes while it imports, two halves of
+a large plain file: fragscope/collectors/prefetch.py), the same command read in one process (no child), and
+promtool.
 
 ``--churn N``: the short-lived-series case (issue 12: N series of 2 points each, one after the other over
 a long span, e.g. one series per request id). Runs N and 2N series, each in a fresh process (so peak RSS
@@ -211,7 +212,7 @@ def main() -> int:
         (t_prom, c_prom), (t_whole, c_whole), (t_one, c_one) = best["promtool"], best["diagnose"], best["one"]
         print(f"promtool tsdb create-blocks-from:    {t_prom:7.3f} s  (whole process; CPU {c_prom:.3f} s)")
         print(f"diagnose FILE --format json:         {t_whole:7.3f} s  (whole process; CPU {c_whole:.3f} s, "
-              f"its read's child included) [{status}]")
+              f"its read's children included) [{status}]")
         print(f"  the same, read in one process:     {t_one:7.3f} s  (CPU {c_one:.3f} s)")
         print(f"ratio fragscope (ingest+diagnose) / promtool, in-process: {t_all / t_prom:.2f}  "
               f"({'faster' if t_all <= t_prom else 'SLOWER'} than promtool)")
