@@ -294,7 +294,7 @@ def test_two_halves_over_the_caps_read_whole(tmp_path, monkeypatch):
 def test_declared_types_are_what_the_parse_of_the_lines_before_leaves():
     from fragscope.collectors.exposition_parse import declared_types
 
-    text = ("# HELP a x\n# TYPE a counter\na_total 1 2\n#TYPE b gauge\nc 1 2\n# TYPE a gauge\n"
-            "# TYPE ray_vllm:x histogram\n# UNIT a seconds\n# EOF\n")
-    assert declared_types(text) == {"a": "gauge", "b": "gauge", "vllm:x": "histogram"}
-    assert declared_types("x 1 2\n") == {}
+    text = (b"# HELP a x\n# TYPE a counter\na_total 1 2\n#TYPE b gauge\r\nc 1 2\r# TYPE a gauge\n"
+            b"# TYPE ray_vllm:x histogram\n# UNIT a seconds\n# TYPE c summary\n# EOF\n")
+    assert declared_types(text) == {"a": "gauge", "b": "gauge", "vllm:x": "histogram", "c": "summary"}
+    assert declared_types(b"x 1 2\n") == {} and declared_types(b"# TYPE z gauge") == {"z": "gauge"}

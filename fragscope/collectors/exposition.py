@@ -157,7 +157,10 @@ def parse_recording(path: str, scrape_interval_s: float | None = None, *, max_se
                 raise ValueError("a span of a gzip file")
             start, end = span
             if start:
-                families = declared_types(_decoded(fh.read(start)))
+                import mmap
+
+                with mmap.mmap(fh.fileno(), start, access=mmap.ACCESS_READ) as head:  # (no copy of the half)
+                    families = declared_types(head)
             fh.seek(start)
             raw = io.BytesIO(fh.read(end - start))
         if not (span and span[0]):
@@ -223,12 +226,6 @@ def recording_window(path: str, p: Parsed, st: os.stat_result, scrape_interval_s
     if not math.isfinite(w.start):
         raise ParseError(f"{path}: no finite sample values")
     return w
-
-
-def _decoded(data: bytes) -> str:
-    """``data`` as the reader's text stream decodes it (UTF-8, universal newlines)."""
-    text = data.decode("utf-8")
-    return text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text
 
 
 def _head_text(path: str, gz: bool, cap: int) -> str:

@@ -581,18 +581,22 @@ def series_entry(p: Parsed, name: str, labels: tuple, family_types: dict[str, st
     return (key, col[0], col[1], name.startswith(GENERIC_PREFIXES), name.startswith("DCGM_"))
 
 
-def declared_types(text: str) -> dict[str, str]:
-    """The family types the comment lines of a recording's ``text`` declare, as its parse leaves them."""
+def declared_types(data) -> dict[str, str]:
+    """The family types the comment lines of a recording's start ``data`` (bytes, or an mmap of them: UTF-8,
+    any line ends) declare, as its parse leaves them. Only the comment lines are decoded."""
     families: dict[str, str] = {}
     scratch = Parsed()
-    starts = [0] if text.startswith("#") else []
-    i = text.find("\n#")
-    while i >= 0:
-        starts.append(i + 1)
-        i = text.find("\n#", i + 1)
-    for start in starts:
-        end = text.find("\n", start)
-        line = text[start:] if end < 0 else text[start:end]
+    starts = [0] if data[:1] == b"#" else []
+    cr = data.find(b"\r") >= 0
+    for sep in (b"\n#", b"\r#") if cr else (b"\n#",):  # a comment line starts after a line end (\n, \r\n, \r)
+        i = data.find(sep)
+        while i >= 0:
+            starts.append(i + 1)
+            i = data.find(sep, i + 1)
+    n = len(data)
+    for start in sorted(starts):
+        ends = [e for e in (data.find(b"\n", start), data.find(b"\r", start) if cr else -1) if e >= 0]
+        line = bytes(data[start:min(ends) if ends else n]).decode("utf-8")
         if not line.startswith(("# EOF", "#EOF")):
             read_meta_line(line, scratch, families, None)
     return families
