@@ -110,7 +110,7 @@ def test_nothing_pending_reads_none_and_abandoned_children_are_ended(tmp_path):
 def test_small_files_are_parsed_in_process(tmp_path, monkeypatch):
     p = tmp_path / "small.om"
     p.write_text('m{a="1"} 1 1700000000\n# EOF\n')
-    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    monkeypatch.setattr(prefetch, "busy", lambda: (0.0, 0))
     assert not prefetch.worthwhile(str(p))
     monkeypatch.setenv(prefetch.ENV_READ_CHILD, "1")
     import threading
@@ -298,3 +298,24 @@ def test_declared_types_are_what_the_parse_of_the_lines_before_leaves():
             b"# TYPE ray_vllm:x histogram\n# UNIT a seconds\n# TYPE c summary\n# EOF\n")
     assert declared_types(text) == {"a": "gauge", "b": "gauge", "vllm:x": "histogram", "c": "summary"}
     assert declared_types(b"x 1 2\n") == {} and declared_types(b"# TYPE z gauge") == {"z": "gauge"}
+
+
+def test_busy_cpus_read_in_process_or_in_one_child(tmp_path, monkeypatch):
+    """The 1-minute load average lags: the tasks running right now decide too. Another task on each CPU: no
+    child; one CPU left: one child; both idle: two halves."""
+    import threading
+
+    if threading.active_count() != 1 or not sys.platform.startswith("linux"):
+        pytest.skip("forks only from a process without threads, on Linux")
+    monkeypatch.delenv(prefetch.ENV_READ_CHILD, raising=False)
+    for name in ("SPLIT_MIN_BYTES", "MIN_BYTES"):
+        monkeypatch.setattr(prefetch, name, 1)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    path = _split_file(tmp_path, "r.om", _two_families())
+    load, others = prefetch.busy()
+    assert load >= 0.0 and others >= 0
+    for busy, children in (((0.5, 2), 0), ((2.5, 0), 0), ((0.5, 1), 1), ((0.5, 0), 2)):
+        monkeypatch.setattr(prefetch, "busy", lambda b=busy: b)
+        assert prefetch.start(path) == bool(children)
+        assert len(prefetch._PENDING.get(path, [])) == children
+        prefetch.abandon()

@@ -16,9 +16,10 @@ dropped in either half, no ``# EOF`` before the cut, every name typed alike in b
 together) and reads the file itself otherwise.
 Figures: docs/performance.md ("Recording ingest: the parse beside the imports").
 
-Only where it can pay: Linux (fork), at least two CPUs this process may run on and a load average below
-their number (on a busy machine the child finds no idle core, and the fork, the copies of written pages and
-the hand-back cost CPU: ~60 ms more than one process at load 7 on the 2-core VM), no thread started yet,
+Only where it can pay: Linux (fork), at least two CPUs this process may run on, a load average and a
+number of other tasks running right now (:func:`busy`) below their number (on a busy machine the child
+finds no idle core, and the fork, the copies of written pages and the hand-back cost CPU: ~60 ms more than
+one process at load 7 on the 2-core VM), no thread started yet,
 a file large enough that its parse outweighs the fork and the hand-back, and not when the command shows
 a progress bar for it (a terminal, a large input: the bar is drawn by the process that reads).
 ``FRAGSCOPE_READ_CHILD=0`` never forks; ``=1`` forks whatever the load and the size (Linux, no thread).
@@ -59,7 +60,8 @@ def worthwhile(path: str) -> bool:
         return True
     try:
         cpus = len(os.sched_getaffinity(0))
-        if cpus < 2 or os.getloadavg()[0] >= cpus:
+        load, others = busy()
+        if cpus < 2 or load >= cpus or others >= cpus:
             return False
     except (AttributeError, OSError):
         return False
@@ -80,20 +82,42 @@ def worthwhile(path: str) -> bool:
     return not (bar and size >= OBSERVE_MIN_BYTES)
 
 
+def busy() -> tuple[float, int]:
+    """(the 1-minute load average, the other tasks running right now): /proc/loadavg's running count less this
+    process, which sees a load that began seconds ago where the average lags by a minute; 0 where it cannot
+    be read."""
+    try:
+        with open("/proc/loadavg") as fh:
+            fields = fh.read().split()
+        return float(fields[0]), max(0, int(fields[3].split("/")[0]) - 1)
+    except (OSError, ValueError, IndexError):
+        return os.getloadavg()[0], 0
+
+
 def start(path: str) -> bool:
-    """Fork a child that parses ``path`` when it pays here (:func:`worthwhile`); True when one was started."""
-    return worthwhile(path) and spawn(path)
+    """Fork a child that parses ``path`` when it pays here (:func:`worthwhile`), two for a large plain file
+    when no other task is running on this process's CPUs but one (three processes share them); True when
+    started."""
+    if not worthwhile(path):
+        return False
+    halves = os.environ.get(ENV_READ_CHILD, "").strip() == "1"
+    if not halves:
+        try:
+            halves = busy()[1] + 2 <= len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            halves = False
+    return spawn(path, halves)
 
 
-def spawn(path: str) -> bool:
-    """Fork a child that parses ``path`` as :func:`.exposition.read_recording` with its defaults does (two,
-    each half of it, for a large plain file: :func:`split_point`); True when started (:func:`take` and
-    :func:`read` get the result)."""
+def spawn(path: str, halves: bool = True) -> bool:
+    """Fork a child that parses ``path`` as :func:`.exposition.read_recording` with its defaults does (with
+    ``halves``, two, each half of it, for a large plain file: :func:`split_point`); True when started
+    (:func:`take` and :func:`read` get the result)."""
     if path in _PENDING:
         return False
     from .exposition import parse_recording  # (before the fork: the child imports nothing)
 
-    cut = split_point(path)
+    cut = split_point(path) if halves else None
     spans = [None] if cut is None else [(0, cut), (cut, cut + _size(path) - cut)]
     children = []
     for span in spans:
