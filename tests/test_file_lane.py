@@ -59,13 +59,19 @@ def test_a_log_or_a_trace_given_to_diagnose_file_is_rerouted_by_click_the_same()
         assert _same([str(path), "--format", "json"])  # the lane hands it to click's command (its reroute note)
 
 
-def test_broken_missing_and_hostile_files_same_error(tmp_path):
-    files = {"empty.om": b"", "garbage.om": b"hello world\n" * 40, "nul.om": b"\0" * 4096,
-             "truncated.om.gz": gzip.compress(EXAMPLE.read_bytes())[:300],
-             "no-timestamps-no-meta.om": b"foo 1\nbar 2\n", "bad-utf8.om": b"x{a=\"\xff\"} 1 1700000000\n"}
-    for name, data in files.items():
-        (tmp_path / name).write_bytes(data)
-        _same([str(tmp_path / name)])
+HOSTILE = {"empty.om": b"", "truncated.om.gz": None, "bad-utf8.om": b"x{a=\"\xff\"} 1 1700000000\n",
+           "garbage.om": b"hello world\n" * 40, "nul.om": b"\0" * 4096, "no-timestamps-no-meta.om": b"foo 1\nbar 2\n"}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=[pytest.mark.e2e] if i >= 3 else [])  # (3 in the fast suite)
+                                  for i, n in enumerate(HOSTILE)])
+def test_broken_and_hostile_files_same_error(tmp_path, name):
+    data = HOSTILE[name] if HOSTILE[name] is not None else gzip.compress(EXAMPLE.read_bytes())[:300]
+    (tmp_path / name).write_bytes(data)
+    _same([str(tmp_path / name)])
+
+
+def test_missing_files_and_directories_same_error(tmp_path):
     assert _same([str(tmp_path / "missing.om")])  # not a file: click's path, its own message
     assert _same([str(tmp_path)])  # a directory
 
