@@ -271,8 +271,8 @@ def test_large_plain_file_read_in_two_halves_is_the_whole_files_read(tmp_path, m
     a name typed differently in each), the caller reads the file whole."""
     monkeypatch.setattr(prefetch, "SPLIT_MIN_BYTES", 1)
     path = _split_file(tmp_path, "r.om", _two_families(**case))
-    cut = prefetch.split_point(path)
-    assert cut and 0 < cut < os.path.getsize(path)
+    (a0, cut), (cut_b, end) = prefetch.cut_in_halves(path)
+    assert a0 == 0 and cut == cut_b and 0 < cut < end == os.path.getsize(path)
     assert prefetch.spawn(path) and len(prefetch._PENDING[path]) == 2
     got = prefetch.read(path)
     assert (got is not None) == joined
@@ -314,10 +314,18 @@ def test_busy_cpus_read_in_process_or_in_one_child(tmp_path, monkeypatch):
         monkeypatch.setattr(prefetch, name, 1)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
     path = _split_file(tmp_path, "r.om", _two_families())
-    load, others = prefetch.busy()
-    assert load >= 0.0 and others >= 0
     for busy, children in (((0.5, 2), 0), ((2.5, 0), 0), ((0.5, 1), 1), ((0.5, 0), 2)):
         monkeypatch.setattr(prefetch, "busy", lambda b=busy: b)
         assert prefetch.start(path) == bool(children)
         assert len(prefetch._PENDING.get(path, [])) == children
         prefetch.abandon()
+
+
+def test_busy_reads_the_load_and_the_other_running_tasks(tmp_path):
+    f = tmp_path / "loadavg"
+    f.write_text("0.50 0.40 0.30 3/200 999\n")
+    assert prefetch.busy(str(f)) == (0.5, 2)  # 3 running, this process among them
+    f.write_text("1.25 0.40 0.30 1/200 999\n")
+    assert prefetch.busy(str(f)) == (1.25, 0)
+    f.write_text("garbage\n")  # unreadable: the load average alone, no task counted
+    assert prefetch.busy(str(f))[1] == 0 and prefetch.busy(str(tmp_path / "absent"))[1] == 0

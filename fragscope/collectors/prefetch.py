@@ -48,23 +48,25 @@ _PENDING: dict[str, list[tuple[int, int]]] = {}  # path -> its children: (pid, r
 spawned = 0  # children started by this process (tests)
 
 
-def worthwhile(path: str) -> bool:
-    """Whether reading ``path`` in a child can pay here (see the module's docstring)."""
+def children_for(path: str) -> int:
+    """How many children may read ``path`` here (see the module's docstring): 0 (the command reads it
+    itself), 1, or 2 when no other task runs on this process's CPUs but one (three processes share them;
+    :func:`halves` then says whether the file is one to cut)."""
     forced = os.environ.get(ENV_READ_CHILD, "").strip()
     if forced == "0" or not sys.platform.startswith("linux") or not hasattr(os, "fork"):
-        return False
+        return 0
     threading = sys.modules.get("threading")
     if threading is not None and threading.active_count() != 1:
-        return False
+        return 0
     if forced == "1":
-        return True
+        return 2
     try:
         cpus = len(os.sched_getaffinity(0))
         load, others = busy()
-        if cpus < 2 or load >= cpus or others >= cpus:
-            return False
     except (AttributeError, OSError):
-        return False
+        return 0
+    if cpus < 2 or load >= cpus or others >= cpus:
+        return 0
     from .safefile import OBSERVE_MIN_BYTES
 
     try:
@@ -72,22 +74,29 @@ def worthwhile(path: str) -> bool:
         with open(path, "rb") as fh:
             gz = fh.read(2) == b"\x1f\x8b"
     except OSError:
-        return False  # (the reader says what is wrong, in the parent)
+        return 0  # (the reader says what is wrong, in the parent)
     if size < (MIN_GZIP_BYTES if gz else MIN_BYTES):
-        return False
+        return 0
     try:
         bar = sys.stderr.isatty() and not os.environ.get("NO_COLOR_PROGRESS")  # as cli.base.install_progress
     except (AttributeError, ValueError):
         bar = False
-    return not (bar and size >= OBSERVE_MIN_BYTES)
+    if bar and size >= OBSERVE_MIN_BYTES:
+        return 0
+    return 2 if others + 2 <= cpus else 1
 
 
-def busy() -> tuple[float, int]:
+def worthwhile(path: str) -> bool:
+    """Whether reading ``path`` in a child can pay here (:func:`children_for`)."""
+    return children_for(path) > 0
+
+
+def busy(loadavg: str = "/proc/loadavg") -> tuple[float, int]:
     """(the 1-minute load average, the other tasks running right now): /proc/loadavg's running count less this
     process, which sees a load that began seconds ago where the average lags by a minute; 0 where it cannot
     be read."""
     try:
-        with open("/proc/loadavg") as fh:
+        with open(loadavg) as fh:
             fields = fh.read().split()
         return float(fields[0]), max(0, int(fields[3].split("/")[0]) - 1)
     except (OSError, ValueError, IndexError):
@@ -95,30 +104,20 @@ def busy() -> tuple[float, int]:
 
 
 def start(path: str) -> bool:
-    """Fork a child that parses ``path`` when it pays here (:func:`worthwhile`), two for a large plain file
-    when no other task is running on this process's CPUs but one (three processes share them); True when
-    started."""
-    if not worthwhile(path):
-        return False
-    halves = os.environ.get(ENV_READ_CHILD, "").strip() == "1"
-    if not halves:
-        try:
-            halves = busy()[1] + 2 <= len(os.sched_getaffinity(0))
-        except (AttributeError, OSError):
-            halves = False
-    return spawn(path, halves)
+    """Fork the children that parse ``path`` when it pays here (:func:`children_for`); True when started."""
+    n = children_for(path)
+    return n > 0 and spawn(path, halves=n == 2)
 
 
 def spawn(path: str, halves: bool = True) -> bool:
     """Fork a child that parses ``path`` as :func:`.exposition.read_recording` with its defaults does (with
-    ``halves``, two, each half of it, for a large plain file: :func:`split_point`); True when started
+    ``halves``, two, each half of it, for a large plain file: :func:`cut_in_halves`); True when started
     (:func:`take` and :func:`read` get the result)."""
     if path in _PENDING:
         return False
     from .exposition import parse_recording  # (before the fork: the child imports nothing)
 
-    cut = split_point(path) if halves else None
-    spans = [None] if cut is None else [(0, cut), (cut, cut + _size(path) - cut)]
+    spans = (halves and cut_in_halves(path)) or [None]
     children = []
     for span in spans:
         child = _fork(path, parse_recording, span)
@@ -133,20 +132,14 @@ def spawn(path: str, halves: bool = True) -> bool:
     return True
 
 
-def _size(path: str) -> int:
-    return os.stat(path).st_size
-
-
-def split_point(path: str) -> int | None:
-    """Where to cut ``path`` for two children to parse a half each: the start of the first line after the
+def cut_in_halves(path: str) -> list[tuple[int, int]] | None:
+    """The byte spans of ``path``'s two halves for two children: cut at the start of the first line after the
     middle that begins like a sample (a metric name's first character), for a plain file of SPLIT_MIN_BYTES
     or more; None to read it in one child (gzip, small, no such line near the middle)."""
     try:
-        size = _size(path)
-        if size < SPLIT_MIN_BYTES:
-            return None
         with open(path, "rb") as fh:
-            if fh.read(2) == b"\x1f\x8b":
+            size = os.fstat(fh.fileno()).st_size
+            if size < SPLIT_MIN_BYTES or fh.read(2) == b"\x1f\x8b":
                 return None
             fh.seek(size // 2)
             chunk = fh.read(1 << 16)
@@ -155,7 +148,8 @@ def split_point(path: str) -> int | None:
     i = chunk.find(b"\n")
     while 0 <= i < len(chunk) - 1:
         if chunk[i + 1] in _NAME_START:
-            return size // 2 + i + 1
+            cut = size // 2 + i + 1
+            return [(0, cut), (cut, size)]
         i = chunk.find(b"\n", i + 1)
     return None
 
