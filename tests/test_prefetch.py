@@ -15,7 +15,7 @@ import pytest
 
 from fragscope.cli.file_lane import plain_file
 from fragscope.collectors import prefetch
-from fragscope.collectors.exposition import ParseError, read_recording
+from fragscope.collectors.exposition import ParseError, parse_recording, read_recording
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -329,3 +329,20 @@ def test_busy_reads_the_load_and_the_other_running_tasks(tmp_path):
     assert prefetch.busy(str(f)) == (1.25, 0)
     f.write_text("garbage\n")  # unreadable: the load average alone, no task counted
     assert prefetch.busy(str(f))[1] == 0 and prefetch.busy(str(tmp_path / "absent"))[1] == 0
+
+
+def test_halves_past_the_series_cap_read_whole_and_leave_the_first_unchanged(tmp_path, monkeypatch):
+    from fragscope.collectors.exposition_parse import merge_parts
+
+    lines = _two_families()
+    lines.insert(-1, 'vllm:num_requests_waiting{model_name="m"} 3 1700009999')  # a series of the second half only
+    path = _split_file(tmp_path, "r.om", lines)
+    monkeypatch.setattr(prefetch, "SPLIT_MIN_BYTES", 1)
+    (a0, cut), (_, end) = prefetch.cut_in_halves(path)
+    a, _ = parse_recording(path, span=(a0, cut))
+    b, _ = parse_recording(path, span=(cut, end))
+    before = {k: (list(ts), list(vs)) for k, (ts, vs) in a.cols.items()}
+    assert set(b.cols) - set(a.cols)  # the second half brings a series of its own
+    assert merge_parts(a, b, len(a.cols), 10**9, 10**6) is None
+    assert {k: (list(ts), list(vs)) for k, (ts, vs) in a.cols.items()} == before
+    assert merge_parts(a, b, len(set(a.cols) | set(b.cols)), 10**9, 10**6) is a

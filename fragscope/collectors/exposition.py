@@ -152,6 +152,10 @@ def parse_recording(path: str, scrape_interval_s: float | None = None, *, max_se
     try:
         gz = fh.peek(2)[:2] == b"\x1f\x8b"
         raw = io.BufferedReader(GunzipCapped(fh, cap, path), 1 << 16) if gz else fh
+        if span is None or span[0] == 0:  # (the file's start: what it is, if not text)
+            what = describe_binary(raw.peek(16)[:16])
+            if what:
+                raise ParseError(f"{path}: {what.replace('FILE', path)}", reader_of(what))
         if span is not None:
             if gz:
                 raise ValueError("a span of a gzip file")
@@ -163,10 +167,6 @@ def parse_recording(path: str, scrape_interval_s: float | None = None, *, max_se
                     families = declared_types(head)
             fh.seek(start)
             raw = io.BytesIO(fh.read(end - start))
-        if not (span and span[0]):
-            what = describe_binary(raw.peek(16)[:16] if hasattr(raw, "peek") else raw.getvalue()[:16])
-            if what:
-                raise ParseError(f"{path}: {what.replace('FILE', path)}", reader_of(what))
         text = io.TextIOWrapper(raw, encoding="utf-8", errors="strict", newline=None)
         try:
             p = parse_lines(iter_lines(text), default_ts=None, source=path, scrapes=True,

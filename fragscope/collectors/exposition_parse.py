@@ -614,7 +614,8 @@ def merge_parts(a: Parsed, b: Parsed, max_series: int, max_points: int,
     a's family types, :func:`declared_types`): what parsing the file in one go gives, or None where the parts
     cannot tell (anything noted or dropped, ``a`` past an ``# EOF``, a name typed differently in the parts,
     the caps reached across the parts, a run of lines without samples across the cut); then the caller reads
-    the file whole. The columns are lists (the parts' lists, extended in place)."""
+    the file whole. ``a``'s columns (lists, or arrays as the read children hand them back) are extended in
+    place and ``a`` returned; nothing is changed when None is returned."""
     if any(getattr(a, f) or getattr(b, f) for f in _CLEAN) or a.saw_eof or not a.samples or not b.samples:
         return None
     if a.samples + b.samples >= max_points > 0 or a.tail_without_sample >= max_lines_without_sample:
@@ -622,6 +623,8 @@ def merge_parts(a: Parsed, b: Parsed, max_series: int, max_points: int,
     if any(a.types[n] != t for n, t in b.types.items() if n in a.types):
         return None
     cols = a.cols
+    if len(cols) + sum(k not in cols for k in b.cols) > max_series > 0:
+        return None
     for k, (ts, vs) in b.cols.items():
         col = cols.get(k)
         if col is None:
@@ -629,8 +632,6 @@ def merge_parts(a: Parsed, b: Parsed, max_series: int, max_points: int,
         else:
             col[0].extend(ts)
             col[1].extend(vs)
-    if len(cols) > max_series > 0:
-        return None
     for n, t in b.types.items():
         a.types.setdefault(n, t)
     a.lines += b.lines
